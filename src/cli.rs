@@ -1,0 +1,250 @@
+//! The `switchboard` command line (clap derive): `dispatch`, `tools` and `demo`.
+//!
+//! Exit codes: 0 when the input had the right shape (even if every call failed — failures are
+//! results), 2 for input that is not JSON or not an accepted shape, or for a bad flag, 1 for an
+//! internal failure (a workspace that cannot be opened). Logs go to stderr (`RUST_LOG` filters
+//! them), so `dispatch`'s stdout holds only protocol JSON.
+
+use std::io::{BufRead, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use crate::demo;
+use crate::engine::Engine;
+use crate::protocol::{self, WireFormat};
+use crate::registry::CatalogFormat;
+use crate::tools::builtin_tools;
+use crate::workspace::Workspace;
+
+/// Switchboard: the tool-dispatch engine of LLM agent harnesses.
+#[derive(Debug, Parser)]
+#[command(name = "switchboard", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read one provider turn (JSON) on stdin, run its tool calls, print the message(s) to append.
+    Dispatch {
+        /// Workspace the built-in tools are confined to (default: the current directory).
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+        /// Wire format of input and output.
+        #[arg(long, value_enum, default_value_t = Format::Anthropic)]
+        format: Format,
+        /// One JSON document per line in, one per line out (for piping many turns).
+        #[arg(long)]
+        lines: bool,
+    },
+    /// Print the tool catalog.
+    Tools {
+        /// Catalog shape.
+        #[arg(long, value_enum, default_value_t = CatalogShape::Anthropic)]
+        format: CatalogShape,
+    },
+    /// Run N scripted agent sessions at once on a fresh temporary workspace (offline, no key).
+    Demo {
+        /// How many sessions run at once.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        sessions: u32,
+        /// Use this directory instead of a fresh temporary one (it must exist).
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+    },
+}
+
+/// `--format` of `dispatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Anthropic Messages.
+    Anthropic,
+    /// OpenAI Chat Completions.
+    Openai,
+}
+
+impl From<Format> for WireFormat {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Anthropic => WireFormat::Anthropic,
+            Format::Openai => WireFormat::OpenAi,
+        }
+    }
+}
+
+/// `--format` of `tools`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CatalogShape {
+    /// `{name, description, input_schema}`.
+    Anthropic,
+    /// `{type: "function", function: {…}}`.
+    Openai,
+    /// `{name, description, inputSchema}`.
+    Mcp,
+}
+
+impl From<CatalogShape> for CatalogFormat {
+    fn from(f: CatalogShape) -> Self {
+        match f {
+            CatalogShape::Anthropic => CatalogFormat::Anthropic,
+            CatalogShape::Openai => CatalogFormat::OpenAi,
+            CatalogShape::Mcp => CatalogFormat::Mcp,
+        }
+    }
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(1, &format!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(run(cli))
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kameo=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Dispatch {
+            workspace,
+            format,
+            lines,
+        } => {
+            let engine = match engine_for(workspace) {
+                Ok(engine) => engine,
+                Err(code) => return code,
+            };
+            let code = if lines {
+                dispatch_lines(&engine, format.into()).await
+            } else {
+                dispatch_one(&engine, format.into()).await
+            };
+            engine.shutdown(Duration::from_secs(1)).await;
+            code
+        }
+        Command::Tools { format } => {
+            let engine = match engine_for(None) {
+                Ok(engine) => engine,
+                Err(code) => return code,
+            };
+            match engine.catalog(format.into()).await {
+                Ok(catalog) => {
+                    print_json(&Value::Array(catalog), true);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(1, &e.to_string()),
+            }
+        }
+        Command::Demo {
+            sessions,
+            workspace,
+        } => match demo::run(sessions as usize, workspace).await {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(1, &e),
+        },
+    }
+}
+
+fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
+    let root = workspace.unwrap_or_else(|| PathBuf::from("."));
+    let ws = Workspace::open(&root)
+        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
+    Engine::builder()
+        .tools(builtin_tools(&ws))
+        .build()
+        .map_err(|e| fail(1, &e.to_string()))
+}
+
+async fn dispatch_one(engine: &Engine, format: WireFormat) -> ExitCode {
+    let mut input = String::new();
+    if let Err(e) = std::io::stdin().read_to_string(&mut input) {
+        return fail(2, &format!("cannot read stdin: {e}"));
+    }
+    match dispatch_document(engine, format, &input).await {
+        Ok(out) => {
+            print_json(&out, false);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(2, &e),
+    }
+}
+
+async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
+    let stdin = std::io::stdin();
+    let mut bad = 0usize;
+    for (n, line) in stdin.lock().lines().enumerate() {
+        let line = match line {
+            Ok(line) => line,
+            Err(e) => return fail(2, &format!("cannot read stdin: {e}")),
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        match dispatch_document(engine, format, &line).await {
+            Ok(out) => print_json(&out, false),
+            Err(e) => {
+                bad += 1;
+                eprintln!("switchboard: line {}: {e}", n + 1);
+            }
+        }
+    }
+    if bad > 0 {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Decodes one document, dispatches its calls, encodes the answer. `Err` is a one-line reason.
+pub async fn dispatch_document(
+    engine: &Engine,
+    format: WireFormat,
+    text: &str,
+) -> Result<Value, String> {
+    let doc: Value =
+        serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
+    let calls =
+        protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
+    let results = engine.dispatch(calls).await;
+    Ok(protocol::encode(format, &results))
+}
+
+fn print_json(value: &Value, pretty: bool) {
+    let text = if pretty {
+        serde_json::to_string_pretty(value)
+    } else {
+        serde_json::to_string(value)
+    }
+    .unwrap_or_else(|_| "null".into());
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
+}
+
+fn fail(code: u8, message: &str) -> ExitCode {
+    eprintln!("switchboard: {message}");
+    ExitCode::from(code)
+}

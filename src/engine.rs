@@ -1,0 +1,365 @@
+//! The `Engine`: builds the actors, and is the library's front door.
+//!
+//! `Engine::builder()` → register tools, set pool size and caps → `build()`. The engine owns the
+//! Registry actor, a worker pool, and a few shared Scheduler actors for session-less dispatch;
+//! [`Engine::session`] gives a session its own scheduler. Everything is reached through the
+//! `Engine` value (cheap to clone); there are no globals.
+//!
+//! Shutdown ([`Engine::shutdown`]) stops taking turns, lets in-flight turns finish for a grace
+//! period, then cancels what is still running — every call is still answered (`cancelled`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kameo::prelude::*;
+use serde_json::Value;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
+use crate::registry::{
+    CatalogFormat, GetCatalog, GetSnapshot, Register, RegisteredTool, Registry, RegistryError,
+    Resolve, Unregister,
+};
+use crate::scheduler::{DispatchTurn, Scheduler};
+use crate::tool::ToolSpec;
+use crate::worker::WorkerPool;
+
+/// Default global cap on calls running at once (async and blocking handlers).
+pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
+
+/// Configures and builds an [`Engine`].
+#[derive(Debug, Default)]
+pub struct EngineBuilder {
+    tools: Vec<ToolSpec>,
+    workers: Option<usize>,
+    schedulers: Option<usize>,
+    max_concurrency: Option<usize>,
+}
+
+impl EngineBuilder {
+    /// Registers a tool at build time.
+    pub fn tool(mut self, spec: ToolSpec) -> Self {
+        self.tools.push(spec);
+        self
+    }
+
+    /// Registers several tools at build time.
+    pub fn tools(mut self, specs: impl IntoIterator<Item = ToolSpec>) -> Self {
+        self.tools.extend(specs);
+        self
+    }
+
+    /// Number of worker actors (default: the number of CPUs, at least 2).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n.max(1));
+        self
+    }
+
+    /// Number of shared scheduler actors used by [`Engine::dispatch`] (default: as many as workers).
+    pub fn schedulers(mut self, n: usize) -> Self {
+        self.schedulers = Some(n.max(1));
+        self
+    }
+
+    /// Global cap on async/blocking calls running at once (default 256). Calls beyond it wait for a
+    /// permit (their queue time shows it).
+    pub fn max_concurrency(mut self, n: usize) -> Self {
+        self.max_concurrency = Some(n.max(1));
+        self
+    }
+
+    /// Builds the engine: registers the tools (refusing bad ones) and spawns the actors. Must be
+    /// called inside a tokio runtime.
+    pub fn build(self) -> Result<Engine, RegistryError> {
+        let version = Arc::new(AtomicU64::new(0));
+        let mut registry = Registry::new(Arc::clone(&version));
+        for spec in self.tools {
+            registry.register(spec)?;
+        }
+        let snapshot = registry.snapshot();
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let workers_n = self.workers.unwrap_or(cpus.max(2));
+        let permits = Arc::new(Semaphore::new(
+            self.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY),
+        ));
+        let registry = Registry::spawn(registry);
+        let workers = WorkerPool::spawn(workers_n, Arc::clone(&permits));
+        let schedulers = (0..self.schedulers.unwrap_or(workers_n))
+            .map(|_| {
+                Scheduler::spawn(Scheduler::new(
+                    registry.clone(),
+                    Arc::clone(&version),
+                    Arc::clone(&snapshot),
+                    workers.clone(),
+                ))
+            })
+            .collect();
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                registry,
+                version,
+                workers,
+                schedulers,
+                next: AtomicUsize::new(0),
+                root: CancellationToken::new(),
+                permits,
+                closed: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    registry: ActorRef<Registry>,
+    version: Arc<AtomicU64>,
+    workers: WorkerPool,
+    schedulers: Vec<ActorRef<Scheduler>>,
+    next: AtomicUsize,
+    root: CancellationToken,
+    permits: Arc<Semaphore>,
+    closed: AtomicBool,
+    in_flight: AtomicUsize,
+    idle: Notify,
+}
+
+/// The dispatch engine. Clone it freely: clones share the same actors.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("workers", &self.inner.workers.len())
+            .field("schedulers", &self.inner.schedulers.len())
+            .finish()
+    }
+}
+
+/// The reason an engine-level request (not a tool call) failed: the registry actor is gone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("engine unavailable: {0}")]
+pub struct EngineUnavailable(pub String);
+
+impl Engine {
+    /// Starts configuring an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// Registers a tool at run time. Turns already planned keep the registry they saw.
+    pub async fn register(&self, spec: ToolSpec) -> Result<(), RegistryError> {
+        match self.inner.registry.ask(Register(spec)).await {
+            Ok(()) => Ok(()),
+            Err(SendError::HandlerError(e)) => Err(e),
+            Err(e) => Err(RegistryError::BadSchema {
+                name: String::new(),
+                detail: format!("registry unavailable: {e}"),
+            }),
+        }
+    }
+
+    /// Unregisters a tool; false if it was not registered.
+    pub async fn unregister(&self, name: &str) -> bool {
+        self.inner
+            .registry
+            .ask(Unregister(name.to_string()))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// The catalog in Anthropic, OpenAI or MCP shape: copies the caller may change freely.
+    pub async fn catalog(&self, format: CatalogFormat) -> Result<Vec<Value>, EngineUnavailable> {
+        self.inner
+            .registry
+            .ask(GetCatalog(format))
+            .await
+            .map_err(|e| EngineUnavailable(e.to_string()))
+    }
+
+    /// Resolves every name of a turn in one registry message.
+    pub async fn resolve(
+        &self,
+        names: Vec<Arc<str>>,
+    ) -> Result<Vec<Option<Arc<RegisteredTool>>>, EngineUnavailable> {
+        self.inner
+            .registry
+            .ask(Resolve(names))
+            .await
+            .map_err(|e| EngineUnavailable(e.to_string()))
+    }
+
+    /// How many tools are registered now.
+    pub async fn tool_count(&self) -> usize {
+        self.inner
+            .registry
+            .ask(GetSnapshot)
+            .await
+            .map_or(0, |s| s.len())
+    }
+
+    /// The registry version (bumped by every register/unregister).
+    pub fn registry_version(&self) -> u64 {
+        self.inner.version.load(Ordering::Acquire)
+    }
+
+    /// Dispatches one turn on a shared scheduler: one result per call, in call order. Never fails:
+    /// every problem is a result. Safe to call from many tasks at once.
+    pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
+        let scheduler = &self.inner.schedulers[i];
+        self.dispatch_on(scheduler, calls, self.inner.root.clone())
+            .await
+    }
+
+    /// A new session: its own scheduler and its own cancellation.
+    pub fn session(&self) -> Session {
+        let snapshot = Arc::new(crate::registry::Snapshot::default());
+        let scheduler = Scheduler::spawn(Scheduler::new(
+            self.inner.registry.clone(),
+            Arc::clone(&self.inner.version),
+            snapshot,
+            self.inner.workers.clone(),
+        ));
+        Session {
+            engine: self.clone(),
+            scheduler,
+            cancel: self.inner.root.child_token(),
+        }
+    }
+
+    async fn dispatch_on(
+        &self,
+        scheduler: &ActorRef<Scheduler>,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> Vec<ToolDispatchResult> {
+        if calls.is_empty() {
+            return Vec::new();
+        }
+        // Counted in flight before the check, so shutdown either sees this turn or refuses it.
+        let _guard = InFlight::enter(&self.inner);
+        if self.inner.closed.load(Ordering::Acquire) {
+            return answer_all(&calls, ErrorCode::Cancelled, "the engine is shutting down");
+        }
+        let identities: Vec<_> = calls
+            .iter()
+            .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
+            .collect();
+        match scheduler.ask(DispatchTurn { calls, cancel }).await {
+            Ok(results) => results,
+            Err(e) => identities
+                .into_iter()
+                .map(|(id, name)| {
+                    ToolDispatchResult::error(
+                        id,
+                        name,
+                        ErrorCode::ExecutionError,
+                        &format!("scheduler unavailable: {e}"),
+                        Timing::default(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Shuts down cleanly: new turns are answered `cancelled`; turns in flight get `grace` to
+    /// finish, then everything still running is cancelled (and answered). Actors stop afterwards.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.closed.store(true, Ordering::Release);
+        let drained = tokio::time::timeout(grace, self.wait_idle()).await.is_ok();
+        if !drained {
+            self.inner.root.cancel();
+            self.wait_idle().await;
+        }
+        self.inner.root.cancel();
+        for s in &self.inner.schedulers {
+            let _ = s.stop_gracefully().await;
+        }
+        self.inner.workers.stop().await;
+        let _ = self.inner.registry.stop_gracefully().await;
+        self.inner.permits.close();
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.inner.idle.notified();
+            if self.inner.in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct InFlight<'a>(&'a Inner);
+
+impl<'a> InFlight<'a> {
+    fn enter(inner: &'a Inner) -> Self {
+        inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(inner)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+fn answer_all(calls: &[ToolCall], code: ErrorCode, detail: &str) -> Vec<ToolDispatchResult> {
+    calls
+        .iter()
+        .map(|c| {
+            ToolDispatchResult::error(
+                Arc::clone(&c.id),
+                Arc::clone(&c.name),
+                code,
+                detail,
+                Timing::default(),
+            )
+        })
+        .collect()
+}
+
+/// One agent session's handle: its own scheduler actor (stopped when the last handle is dropped)
+/// and its own cancellation token.
+#[derive(Debug, Clone)]
+pub struct Session {
+    engine: Engine,
+    scheduler: ActorRef<Scheduler>,
+    cancel: CancellationToken,
+}
+
+impl Session {
+    /// Dispatches one turn of this session: one result per call, in call order.
+    pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+        self.engine
+            .dispatch_on(&self.scheduler, calls, self.cancel.clone())
+            .await
+    }
+
+    /// Cancels the session: calls running now are answered `cancelled` (their processes are
+    /// stopped), calls not started are answered `cancelled` without running, and so is every later
+    /// turn of this session.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// True once [`Session::cancel`] (or engine shutdown) happened.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The engine this session belongs to.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}

@@ -1,0 +1,456 @@
+//! Wire formats: provider turns in, `tool_result`s out.
+//!
+//! This module owns the two shapes that cross the dispatch boundary: [`ToolCall`] (what the model
+//! asked for, untrusted) and [`ToolDispatchResult`] (exactly one answer per call). It decodes calls
+//! from Anthropic Messages and OpenAI Chat Completions payloads and encodes results back into them.
+//! Nothing here runs a tool; decoding never fails on a single bad block — a block that cannot be
+//! made into a valid call still becomes a call, which the scheduler answers with an error.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+/// Stable error codes. They are an API: never rename one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// No tool of that exact name is registered.
+    UnknownTool,
+    /// Input not an object, schema violation, bad or duplicate `tool_use_id`.
+    InvalidArguments,
+    /// Refused by policy: a path outside the workspace, a denied command.
+    PermissionDenied,
+    /// The handler ran and failed, or panicked.
+    ExecutionError,
+    /// The call outlived its deadline.
+    Timeout,
+    /// The session or turn was cancelled before or while the call ran.
+    Cancelled,
+    /// Refused by backpressure; nothing ran.
+    Overloaded,
+}
+
+impl ErrorCode {
+    /// Every code, in a fixed order (handy for tables and metrics).
+    pub const ALL: [ErrorCode; 7] = [
+        ErrorCode::UnknownTool,
+        ErrorCode::InvalidArguments,
+        ErrorCode::PermissionDenied,
+        ErrorCode::ExecutionError,
+        ErrorCode::Timeout,
+        ErrorCode::Cancelled,
+        ErrorCode::Overloaded,
+    ];
+
+    /// The snake_case wire name, e.g. `invalid_arguments`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::UnknownTool => "unknown_tool",
+            ErrorCode::InvalidArguments => "invalid_arguments",
+            ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::ExecutionError => "execution_error",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::Overloaded => "overloaded",
+        }
+    }
+
+    /// Parses a wire name back into a code.
+    pub fn parse(s: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One tool call as the model sent it. The arguments are untrusted JSON: the engine validates them
+/// against the tool's schema before any handler sees them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// The provider's call id (`tool_use.id` or `tool_calls[].id`). May be empty if the model sent
+    /// none; such a call is answered `invalid_arguments`.
+    pub id: Arc<str>,
+    /// The tool name exactly as sent (no trimming, no case folding).
+    pub name: Arc<str>,
+    /// The arguments, untrusted. `Value::Null` when [`ToolCall::malformed`] is set.
+    pub arguments: Value,
+    /// Set when the arguments could not be decoded at all (e.g. an OpenAI `function.arguments`
+    /// string that is not JSON). The call is answered `invalid_arguments` with this detail.
+    pub malformed: Option<String>,
+}
+
+impl ToolCall {
+    /// A call with decoded arguments.
+    pub fn new(id: impl Into<Arc<str>>, name: impl Into<Arc<str>>, arguments: Value) -> Self {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments,
+            malformed: None,
+        }
+    }
+
+    /// A call whose arguments could not be decoded; it will be answered `invalid_arguments`.
+    pub fn with_malformed_arguments(
+        id: impl Into<Arc<str>>,
+        name: impl Into<Arc<str>>,
+        detail: impl Into<String>,
+    ) -> Self {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: Value::Null,
+            malformed: Some(detail.into()),
+        }
+    }
+}
+
+/// Time a call spent waiting and running.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    /// From the turn arriving at the scheduler to the handler starting (zero if it never ran).
+    pub queued: Duration,
+    /// The handler's own run time (zero if it never ran).
+    pub run: Duration,
+}
+
+/// The one answer to one call.
+///
+/// It carries the call's identity (id and name) rather than the whole call: the arguments were
+/// moved into the handler, never cloned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDispatchResult {
+    /// The `tool_use_id` this answers.
+    pub tool_use_id: Arc<str>,
+    /// The tool name as the model sent it.
+    pub tool_name: Arc<str>,
+    /// What the model reads. On failure: `Error [<code>]: <detail>`.
+    pub content: String,
+    /// `None` on success; the typed code on failure.
+    pub error: Option<ErrorCode>,
+    /// Queue wait and run time.
+    pub timing: Timing,
+}
+
+impl ToolDispatchResult {
+    /// A successful result.
+    pub fn ok(call_id: Arc<str>, name: Arc<str>, content: String, timing: Timing) -> Self {
+        ToolDispatchResult {
+            tool_use_id: call_id,
+            tool_name: name,
+            content,
+            error: None,
+            timing,
+        }
+    }
+
+    /// A failed result; `content` becomes `Error [<code>]: <detail>`.
+    pub fn error(
+        call_id: Arc<str>,
+        name: Arc<str>,
+        code: ErrorCode,
+        detail: &str,
+        timing: Timing,
+    ) -> Self {
+        ToolDispatchResult {
+            tool_use_id: call_id,
+            tool_name: name,
+            content: format!("Error [{}]: {}", code.as_str(), detail),
+            error: Some(code),
+            timing,
+        }
+    }
+
+    /// True when the call succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// The outcome label: `ok` or the error code.
+    pub fn outcome(&self) -> &'static str {
+        self.error.map_or("ok", ErrorCode::as_str)
+    }
+
+    /// Encodes as an Anthropic `tool_result` content block (`is_error` only on failure).
+    pub fn to_anthropic_block(&self) -> Value {
+        let mut block = Map::with_capacity(4);
+        block.insert("type".into(), Value::from("tool_result"));
+        block.insert("tool_use_id".into(), Value::from(&*self.tool_use_id));
+        block.insert("content".into(), Value::from(self.content.as_str()));
+        if self.error.is_some() {
+            block.insert("is_error".into(), Value::Bool(true));
+        }
+        Value::Object(block)
+    }
+
+    /// Encodes as an OpenAI Chat Completions `{"role":"tool"}` message.
+    pub fn to_openai_message(&self) -> Value {
+        json!({
+            "role": "tool",
+            "tool_call_id": &*self.tool_use_id,
+            "content": self.content,
+        })
+    }
+}
+
+/// The two wire formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WireFormat {
+    /// Anthropic Messages (primary).
+    #[default]
+    Anthropic,
+    /// OpenAI Chat Completions.
+    OpenAi,
+}
+
+/// A payload that is not one of the accepted shapes. Only the whole document can be refused; a
+/// bad individual block still becomes a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeError(pub String);
+
+/// Decodes tool calls from an Anthropic payload: an assistant message (`{"role":"assistant",
+/// "content":[…]}`), a Messages API response (`{"type":"message","content":[…],
+/// "stop_reason":…}`), or a bare array of content blocks. Blocks other than `tool_use` are skipped.
+pub fn decode_anthropic(doc: &Value) -> Result<Vec<ToolCall>, DecodeError> {
+    let blocks = match doc {
+        Value::Array(blocks) => blocks,
+        Value::Object(obj) => match obj.get("content") {
+            Some(Value::Array(blocks)) => blocks,
+            // A plain-text assistant message has no tool calls.
+            Some(Value::String(_)) => return Ok(Vec::new()),
+            Some(_) => {
+                return Err(DecodeError(
+                    "`content` must be an array of content blocks or a string".into(),
+                ));
+            }
+            None => {
+                return Err(DecodeError(
+                    "expected an assistant message, a Messages API response or an array of content blocks (no `content` field)".into(),
+                ));
+            }
+        },
+        _ => {
+            return Err(DecodeError(
+                "expected a JSON object or array of content blocks".into(),
+            ));
+        }
+    };
+    Ok(blocks.iter().filter_map(anthropic_block_to_call).collect())
+}
+
+fn anthropic_block_to_call(block: &Value) -> Option<ToolCall> {
+    let obj = block.as_object()?;
+    if obj.get("type").and_then(Value::as_str) != Some("tool_use") {
+        return None;
+    }
+    let id = str_field(obj, "id");
+    let name = str_field(obj, "name");
+    Some(match obj.get("input") {
+        Some(input) => ToolCall::new(id, name, input.clone()),
+        None => ToolCall::with_malformed_arguments(id, name, "tool_use block has no `input`"),
+    })
+}
+
+/// Decodes tool calls from an OpenAI Chat Completions payload: an assistant message with
+/// `tool_calls`, a whole completion response (`choices[0].message`), or a bare `tool_calls` array.
+/// `function.arguments` is a JSON *string*; one that does not parse gives a call marked malformed.
+pub fn decode_openai(doc: &Value) -> Result<Vec<ToolCall>, DecodeError> {
+    let message = match doc {
+        Value::Object(obj) if obj.contains_key("choices") => obj
+            .get("choices")
+            .and_then(|c| c.get(0))
+            .and_then(|c| c.get("message"))
+            .ok_or_else(|| DecodeError("`choices[0].message` is missing".into()))?,
+        other => other,
+    };
+    let tool_calls = match message {
+        Value::Array(calls) => calls,
+        Value::Object(obj) => match obj.get("tool_calls") {
+            Some(Value::Array(calls)) => calls,
+            None | Some(Value::Null) if obj.contains_key("role") || obj.contains_key("content") => {
+                return Ok(Vec::new());
+            }
+            Some(_) => return Err(DecodeError("`tool_calls` must be an array".into())),
+            None => {
+                return Err(DecodeError(
+                    "expected an assistant message with `tool_calls`, a chat completion or an array of tool calls".into(),
+                ));
+            }
+        },
+        _ => {
+            return Err(DecodeError(
+                "expected a JSON object or array of tool calls".into(),
+            ));
+        }
+    };
+    Ok(tool_calls.iter().filter_map(openai_call_to_call).collect())
+}
+
+fn openai_call_to_call(call: &Value) -> Option<ToolCall> {
+    let obj = call.as_object()?;
+    if let Some(kind) = obj.get("type").and_then(Value::as_str)
+        && kind != "function"
+    {
+        return None;
+    }
+    let id = str_field(obj, "id");
+    let Some(function) = obj.get("function").and_then(Value::as_object) else {
+        return Some(ToolCall::with_malformed_arguments(
+            id,
+            "",
+            "tool call has no `function` object",
+        ));
+    };
+    let name = str_field(function, "name");
+    Some(match function.get("arguments") {
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(args) => ToolCall::new(id, name, args),
+            Err(e) => ToolCall::with_malformed_arguments(
+                id,
+                name,
+                format!("function.arguments is not valid JSON: {e}"),
+            ),
+        },
+        // Some servers send an already-decoded object; accept it as is.
+        Some(Value::Object(args)) => ToolCall::new(id, name, Value::Object(args.clone())),
+        Some(_) => {
+            ToolCall::with_malformed_arguments(id, name, "function.arguments must be a JSON string")
+        }
+        None => ToolCall::with_malformed_arguments(id, name, "function.arguments is missing"),
+    })
+}
+
+fn str_field(obj: &Map<String, Value>, key: &str) -> Arc<str> {
+    match obj.get(key) {
+        Some(Value::String(s)) => Arc::from(s.as_str()),
+        _ => Arc::from(""),
+    }
+}
+
+/// Decodes with the given format.
+pub fn decode(format: WireFormat, doc: &Value) -> Result<Vec<ToolCall>, DecodeError> {
+    match format {
+        WireFormat::Anthropic => decode_anthropic(doc),
+        WireFormat::OpenAi => decode_openai(doc),
+    }
+}
+
+/// The Anthropic message to append after a turn: `{"role":"user","content":[tool_result…]}`, the
+/// results in call order.
+pub fn encode_anthropic(results: &[ToolDispatchResult]) -> Value {
+    json!({
+        "role": "user",
+        "content": results.iter().map(ToolDispatchResult::to_anthropic_block).collect::<Vec<_>>(),
+    })
+}
+
+/// The OpenAI messages to append after a turn: one `{"role":"tool"}` message per call, in order.
+pub fn encode_openai(results: &[ToolDispatchResult]) -> Value {
+    Value::Array(
+        results
+            .iter()
+            .map(ToolDispatchResult::to_openai_message)
+            .collect(),
+    )
+}
+
+/// Encodes with the given format.
+pub fn encode(format: WireFormat, results: &[ToolDispatchResult]) -> Value {
+    match format {
+        WireFormat::Anthropic => encode_anthropic(results),
+        WireFormat::OpenAi => encode_openai(results),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_message_yields_only_tool_use_blocks() {
+        let doc = json!({"role":"assistant","content":[
+            {"type":"text","text":"hi"},
+            {"type":"tool_use","id":"a","name":"glob","input":{"pattern":"*"}},
+            {"type":"thinking","thinking":"…"},
+            {"type":"tool_use","id":"b","name":"bash","input":{"command":"ls"}}
+        ]});
+        let calls = decode_anthropic(&doc).unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(&*calls[0].id, "a");
+        assert_eq!(&*calls[1].name, "bash");
+    }
+
+    #[test]
+    fn messages_response_and_bare_array_decode_alike() {
+        let blocks = json!([{"type":"tool_use","id":"x","name":"t","input":{}}]);
+        let response = json!({"type":"message","content": blocks.clone(),"stop_reason":"tool_use"});
+        assert_eq!(
+            decode_anthropic(&blocks).unwrap(),
+            decode_anthropic(&response).unwrap()
+        );
+    }
+
+    #[test]
+    fn anthropic_shape_errors_are_refused_whole() {
+        assert!(decode_anthropic(&json!(42)).is_err());
+        assert!(decode_anthropic(&json!({"role":"assistant"})).is_err());
+        assert!(decode_anthropic(&json!({"content": 3})).is_err());
+        assert!(
+            decode_anthropic(&json!({"role":"assistant","content":"just text"}))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn openai_arguments_that_are_not_json_mark_only_that_call() {
+        let doc = json!({"role":"assistant","tool_calls":[
+            {"id":"1","type":"function","function":{"name":"glob","arguments":"{\"pattern\":\"*\"}"}},
+            {"id":"2","type":"function","function":{"name":"glob","arguments":"{not json"}}
+        ]});
+        let calls = decode_openai(&doc).unwrap();
+        assert_eq!(calls[0].arguments, json!({"pattern":"*"}));
+        assert!(calls[0].malformed.is_none());
+        assert!(
+            calls[1]
+                .malformed
+                .as_deref()
+                .unwrap()
+                .contains("not valid JSON")
+        );
+    }
+
+    #[test]
+    fn error_results_encode_with_is_error_and_code_prefix() {
+        let r = ToolDispatchResult::error(
+            "c1".into(),
+            "nope".into(),
+            ErrorCode::UnknownTool,
+            "tool is not registered: nope",
+            Timing::default(),
+        );
+        assert_eq!(
+            r.to_anthropic_block(),
+            json!({"type":"tool_result","tool_use_id":"c1","content":"Error [unknown_tool]: tool is not registered: nope","is_error":true})
+        );
+        let ok = ToolDispatchResult::ok("c2".into(), "t".into(), "fine".into(), Timing::default());
+        assert_eq!(ok.to_anthropic_block().get("is_error"), None);
+        assert_eq!(
+            ok.to_openai_message(),
+            json!({"role":"tool","tool_call_id":"c2","content":"fine"})
+        );
+    }
+
+    #[test]
+    fn error_codes_round_trip_their_wire_names() {
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The Registry actor owns every `ToolSpec` and its compiled validator; nothing else holds a mutable
+//! copy.
+//!
+//! Messages (all answered here): [`Register`] → `Result<(), RegistryError>`, [`Unregister`] →
+//! `bool`, [`Resolve`] (every name of a turn in one message) → `Vec<Option<Arc<RegisteredTool>>>`,
+//! [`GetCatalog`] → `Vec<Value>` (detached copies in Anthropic, OpenAI or MCP shape), and
+//! [`GetSnapshot`] → `Arc<Snapshot>`.
+//!
+//! The hot path does not ask the registry per turn: every change bumps a shared version number, and
+//! schedulers keep an `Arc<Snapshot>` they re-fetch only when that number moved. Validators are
+//! compiled once, at registration.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use jsonschema::Validator;
+use kameo::prelude::*;
+use serde_json::{Value, json};
+
+use crate::tool::{Handler, ToolPolicy, ToolSpec};
+use crate::validation;
+
+/// A registered tool: the spec as registered (the registry's own deep copy of the schema) plus its
+/// compiled validator. Shared read-only through `Arc`.
+#[derive(Debug)]
+pub struct RegisteredTool {
+    /// The tool name.
+    pub name: Arc<str>,
+    /// The description.
+    pub description: String,
+    /// The registry's own copy of the input schema.
+    pub input_schema: Value,
+    /// The implementation.
+    pub handler: Handler,
+    /// Concurrency safety, timeout, output cap.
+    pub policy: ToolPolicy,
+    /// Compiled once at registration.
+    pub validator: Validator,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The name is empty.
+    #[error("tool name must not be empty")]
+    EmptyName,
+    /// The name does not match `^[a-zA-Z0-9_-]{1,64}$`.
+    #[error("invalid tool name {0:?}: names must match ^[a-zA-Z0-9_-]{{1,64}}$")]
+    InvalidName(String),
+    /// A tool of that name is already registered.
+    #[error("duplicate tool name: {0}")]
+    Duplicate(String),
+    /// The schema is not an object schema or does not compile.
+    #[error("tool {name}: {detail}")]
+    BadSchema {
+        /// The tool.
+        name: String,
+        /// What is wrong with the schema.
+        detail: String,
+    },
+}
+
+/// True when `name` matches `^[a-zA-Z0-9_-]{1,64}$`.
+pub fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// An immutable view of the registry at one version.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The registry version this view was taken at.
+    pub version: u64,
+    tools: HashMap<Arc<str>, Arc<RegisteredTool>>,
+}
+
+impl Snapshot {
+    /// The tool of exactly this name (no trimming, no case folding).
+    pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {
+        self.tools.get(name)
+    }
+    /// How many tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+    /// True when no tool is registered.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+/// The catalog shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CatalogFormat {
+    /// `{name, description, input_schema}` (Anthropic Messages `tools`).
+    #[default]
+    Anthropic,
+    /// `{type: "function", function: {name, description, parameters}}` (OpenAI Chat Completions).
+    OpenAi,
+    /// `{name, description, inputSchema}` (MCP `tools/list`).
+    Mcp,
+}
+
+/// The Registry actor's state.
+#[derive(Actor)]
+pub struct Registry {
+    /// Registration order, which is catalog order.
+    order: Vec<Arc<RegisteredTool>>,
+    version: Arc<AtomicU64>,
+    snapshot: Arc<Snapshot>,
+}
+
+impl Registry {
+    /// An empty registry publishing its version through `version`.
+    pub fn new(version: Arc<AtomicU64>) -> Self {
+        Registry {
+            order: Vec::new(),
+            snapshot: Arc::new(Snapshot {
+                version: version.load(Ordering::Acquire),
+                tools: HashMap::new(),
+            }),
+            version,
+        }
+    }
+
+    /// Registers a tool (also used by the engine builder before the actor starts).
+    pub fn register(&mut self, spec: ToolSpec) -> Result<(), RegistryError> {
+        if spec.name.is_empty() {
+            return Err(RegistryError::EmptyName);
+        }
+        if !valid_tool_name(&spec.name) {
+            return Err(RegistryError::InvalidName(spec.name));
+        }
+        if self.snapshot.get(&spec.name).is_some() {
+            return Err(RegistryError::Duplicate(spec.name));
+        }
+        let validator =
+            validation::compile(&spec.input_schema).map_err(|detail| RegistryError::BadSchema {
+                name: spec.name.clone(),
+                detail,
+            })?;
+        self.order.push(Arc::new(RegisteredTool {
+            name: Arc::from(spec.name),
+            description: spec.description,
+            input_schema: spec.input_schema,
+            handler: spec.handler,
+            policy: spec.policy,
+            validator,
+        }));
+        self.publish();
+        Ok(())
+    }
+
+    /// Removes a tool; false if it was not registered.
+    pub fn unregister(&mut self, name: &str) -> bool {
+        let before = self.order.len();
+        self.order.retain(|t| &*t.name != name);
+        let removed = self.order.len() != before;
+        if removed {
+            self.publish();
+        }
+        removed
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::clone(&self.snapshot)
+    }
+
+    /// The catalog in the given shape: fresh copies, detached from the registry.
+    pub fn catalog(&self, format: CatalogFormat) -> Vec<Value> {
+        self.order
+            .iter()
+            .map(|t| match format {
+                CatalogFormat::Anthropic => json!({
+                    "name": &*t.name, "description": t.description, "input_schema": t.input_schema,
+                }),
+                CatalogFormat::OpenAi => json!({
+                    "type": "function",
+                    "function": {"name": &*t.name, "description": t.description, "parameters": t.input_schema},
+                }),
+                CatalogFormat::Mcp => json!({
+                    "name": &*t.name, "description": t.description, "inputSchema": t.input_schema,
+                }),
+            })
+            .collect()
+    }
+
+    fn publish(&mut self) {
+        let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+        let tools = self
+            .order
+            .iter()
+            .map(|t| (Arc::clone(&t.name), Arc::clone(t)))
+            .collect();
+        self.snapshot = Arc::new(Snapshot { version, tools });
+    }
+}
+
+/// Register a tool.
+pub struct Register(pub ToolSpec);
+/// Unregister a tool by name.
+pub struct Unregister(pub String);
+/// Resolve every name of a turn at once.
+pub struct Resolve(pub Vec<Arc<str>>);
+/// Ask for the catalog.
+pub struct GetCatalog(pub CatalogFormat);
+/// Ask for the current snapshot.
+pub struct GetSnapshot;
+
+impl Message<Register> for Registry {
+    type Reply = Result<(), RegistryError>;
+    async fn handle(&mut self, msg: Register, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.register(msg.0)
+    }
+}
+
+impl Message<Unregister> for Registry {
+    type Reply = bool;
+    async fn handle(&mut self, msg: Unregister, _: &mut Context<Self, Self::Reply>) -> bool {
+        self.unregister(&msg.0)
+    }
+}
+
+impl Message<Resolve> for Registry {
+    type Reply = Vec<Option<Arc<RegisteredTool>>>;
+    async fn handle(&mut self, msg: Resolve, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        msg.0
+            .iter()
+            .map(|name| self.snapshot.get(name).cloned())
+            .collect()
+    }
+}
+
+impl Message<GetCatalog> for Registry {
+    type Reply = Vec<Value>;
+    async fn handle(&mut self, msg: GetCatalog, _: &mut Context<Self, Self::Reply>) -> Vec<Value> {
+        self.catalog(msg.0)
+    }
+}
+
+impl Message<GetSnapshot> for Registry {
+    type Reply = Arc<Snapshot>;
+    async fn handle(
+        &mut self,
+        _: GetSnapshot,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Arc<Snapshot> {
+        self.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::Handler;
+
+    fn spec(name: &str, schema: Value) -> ToolSpec {
+        ToolSpec::new(name, "d", schema, Handler::inline(|_, _| Ok(String::new())))
+    }
+
+    fn object() -> Value {
+        json!({"type":"object","properties":{"x":{"type":"integer"}}})
+    }
+
+    #[test]
+    fn registration_refuses_bad_names_duplicates_and_schemas() {
+        let mut r = Registry::new(Arc::default());
+        assert_eq!(
+            r.register(spec("", object())),
+            Err(RegistryError::EmptyName)
+        );
+        assert!(matches!(
+            r.register(spec("has space", object())),
+            Err(RegistryError::InvalidName(_))
+        ));
+        assert!(matches!(
+            r.register(spec(&"a".repeat(65), object())),
+            Err(RegistryError::InvalidName(_))
+        ));
+        assert!(r.register(spec("mcp__server__tool", object())).is_ok());
+        assert_eq!(
+            r.register(spec("mcp__server__tool", object()))
+                .unwrap_err()
+                .to_string(),
+            "duplicate tool name: mcp__server__tool"
+        );
+        assert!(matches!(
+            r.register(spec("s", json!({"type":"string"}))),
+            Err(RegistryError::BadSchema { .. })
+        ));
+    }
+
+    #[test]
+    fn every_change_bumps_the_shared_version() {
+        let version = Arc::new(AtomicU64::new(0));
+        let mut r = Registry::new(Arc::clone(&version));
+        r.register(spec("a", object())).unwrap();
+        assert_eq!(version.load(Ordering::Acquire), 1);
+        assert!(r.unregister("a"));
+        assert!(!r.unregister("a"));
+        assert_eq!(version.load(Ordering::Acquire), 2);
+        assert_eq!(r.snapshot().version, 2);
+        assert!(r.snapshot().is_empty());
+    }
+
+    #[test]
+    fn catalogs_are_detached_copies_in_three_shapes() {
+        let mut r = Registry::new(Arc::default());
+        r.register(spec("a", object())).unwrap();
+        let mut cat = r.catalog(CatalogFormat::Anthropic);
+        cat[0]["input_schema"]["properties"]["x"]["type"] = json!("string");
+        assert_eq!(
+            r.catalog(CatalogFormat::Anthropic)[0]["input_schema"],
+            object()
+        );
+        assert_eq!(
+            r.catalog(CatalogFormat::OpenAi)[0]["function"]["parameters"],
+            object()
+        );
+        assert_eq!(r.catalog(CatalogFormat::Mcp)[0]["inputSchema"], object());
+    }
+}

@@ -1,0 +1,71 @@
+//! `edit_file`: replaces the first exact occurrence of a text in a workspace file.
+//!
+//! As in the seed, only the FIRST occurrence is replaced, even when the text appears more than
+//! once. The file is read with the same checks as `read_file` ([`read_text`]) and written back with
+//! [`Workspace::write_atomic`]; every byte outside the replaced span is kept as it was (CRLF line
+//! ends, a BOM, a missing final newline). Text not found is an `execution_error`
+//! (`text not found in PATH`); an empty `old_text` is `invalid_arguments`.
+
+use serde_json::{Value, json};
+
+use crate::tool::{Handler, ToolError, ToolSpec};
+use crate::tools::read_file::read_text;
+use crate::tools::str_arg;
+use crate::workspace::Workspace;
+
+/// The `edit_file` spec: blocking, not concurrency-safe.
+pub fn spec(ws: &Workspace) -> ToolSpec {
+    let ws = ws.clone();
+    ToolSpec::new(
+        "edit_file",
+        "Replace the first exact occurrence of old_text with new_text in a workspace file.",
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File path, relative to the workspace."},
+                "old_text": {"type": "string", "description": "Exact text to find (first occurrence is replaced)."},
+                "new_text": {"type": "string", "description": "Replacement text."}
+            },
+            "required": ["path", "old_text", "new_text"],
+            "additionalProperties": false
+        }),
+        Handler::blocking(move |args, _ctx| run(&ws, args)),
+    )
+    .concurrency_safe(false)
+}
+
+fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
+    let path = str_arg(args, "path")?;
+    let old_text = str_arg(args, "old_text")?;
+    let new_text = str_arg(args, "new_text")?;
+    if old_text.is_empty() {
+        return Err(ToolError::invalid("argument 'old_text' must not be empty"));
+    }
+    let rel = ws.relative(path)?;
+    let text = read_text(ws, &rel, path)?;
+    let edited = replace_first(&text, old_text, new_text)
+        .ok_or_else(|| ToolError::execution(format!("text not found in {path}")))?;
+    ws.write_atomic(&rel, edited.as_bytes(), path)?;
+    Ok(format!("Edited {path}"))
+}
+
+/// `text` with the first `old` replaced by `new`, or `None` when `old` does not occur.
+fn replace_first(text: &str, old: &str, new: &str) -> Option<String> {
+    let at = text.find(old)?;
+    let mut out = String::with_capacity(text.len() - old.len() + new.len());
+    out.push_str(&text[..at]);
+    out.push_str(new);
+    out.push_str(&text[at + old.len()..]);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_first_occurrence_is_replaced() {
+        assert_eq!(replace_first("a-a-a", "a", "b").as_deref(), Some("b-a-a"));
+        assert_eq!(replace_first("abc", "x", "y"), None);
+    }
+}

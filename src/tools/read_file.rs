@@ -1,0 +1,157 @@
+//! `read_file`: reads a UTF-8 text file from the workspace, optionally only its first lines.
+//!
+//! It owns [`read_text`], the checked read that `edit_file` shares: the file is opened through the
+//! workspace handle with `O_NONBLOCK`, so a FIFO or device is refused at once instead of blocking a
+//! thread; anything but a regular file is refused (`is a directory: P`, `not a regular file: P`);
+//! files larger than [`MAX_TEXT_BYTES`] are refused rather than loaded; a NUL byte in the first
+//! 8 KiB means `binary file: P`; invalid UTF-8 names its byte offset.
+//!
+//! As in the seed, the text is split into lines and joined with `\n` (so `\r\n` is shown as `\n`
+//! and a final newline is dropped); `limit` keeps the first N lines and adds `... (K more lines)`.
+
+use std::io::Read;
+use std::path::Path;
+
+use cap_std::fs::{OpenOptions, OpenOptionsExt};
+use serde_json::{Value, json};
+
+use crate::tool::{Handler, ToolError, ToolSpec, cap_output};
+use crate::tools::str_arg;
+use crate::workspace::Workspace;
+
+/// Output cap of `read_file`, in bytes.
+pub const OUTPUT_CAP: usize = 50_000;
+/// Largest file `read_file` and `edit_file` will load, in bytes (64 MiB).
+pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
+/// How much of the start of a file is searched for a NUL byte to call it binary.
+const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+
+/// The `read_file` spec: blocking, concurrency-safe.
+pub fn spec(ws: &Workspace) -> ToolSpec {
+    let ws = ws.clone();
+    ToolSpec::new(
+        "read_file",
+        "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File path, relative to the workspace."},
+                "limit": {"type": "integer", "minimum": 1, "description": "Return at most this many lines."}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        }),
+        Handler::blocking(move |args, _ctx| run(&ws, args)),
+    )
+    .concurrency_safe(true)
+    .output_cap(OUTPUT_CAP)
+}
+
+fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
+    let path = str_arg(args, "path")?;
+    let limit = match args.get("limit") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            _ => {
+                return Err(ToolError::invalid(
+                    "argument 'limit' must be an integer >= 1",
+                ));
+            }
+        },
+    };
+    let rel = ws.relative(path)?;
+    let text = read_text(ws, &rel, path)?;
+    Ok(cap_output(render_lines(&text, limit), OUTPUT_CAP))
+}
+
+/// Reads the regular file at `rel` as UTF-8 text through the workspace handle. `shown` is the
+/// model's path, used in error details.
+pub fn read_text(ws: &Workspace, rel: &Path, shown: &str) -> Result<String, ToolError> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    let file = ws
+        .dir()
+        .open_with(rel, &options)
+        .map_err(|e| Workspace::io_error(shown, &e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Workspace::io_error(shown, &e))?;
+    if meta.is_dir() {
+        return Err(ToolError::execution(format!("is a directory: {shown}")));
+    }
+    if !meta.is_file() {
+        return Err(ToolError::execution(format!("not a regular file: {shown}")));
+    }
+    if meta.len() > MAX_TEXT_BYTES {
+        return Err(ToolError::execution(format!(
+            "file too large ({} bytes, limit {MAX_TEXT_BYTES}): {shown}",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // `take` bounds a file that grows while we read it.
+    (&file)
+        .take(MAX_TEXT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Workspace::io_error(shown, &e))?;
+    if bytes.len() as u64 > MAX_TEXT_BYTES {
+        return Err(ToolError::execution(format!(
+            "file too large (over {MAX_TEXT_BYTES} bytes): {shown}"
+        )));
+    }
+    decode_text(bytes, shown)
+}
+
+/// Checks for binary content and decodes UTF-8, naming the first bad byte offset.
+fn decode_text(bytes: Vec<u8>, shown: &str) -> Result<String, ToolError> {
+    let sniff = &bytes[..bytes.len().min(BINARY_SNIFF_BYTES)];
+    if sniff.contains(&0) {
+        return Err(ToolError::execution(format!("binary file: {shown}")));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        ToolError::execution(format!(
+            "file is not valid UTF-8 (byte offset {}): {shown}",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// The seed's rendering: lines joined by `\n`, cut to `limit` with a `... (K more lines)` line.
+fn render_lines(text: &str, limit: Option<usize>) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    match limit {
+        Some(limit) if limit < lines.len() => {
+            let more = lines.len() - limit;
+            let mut out = lines[..limit].join("\n");
+            out.push_str(&format!("\n... ({more} more lines)"));
+            out
+        }
+        _ => lines.join("\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_keeps_the_first_lines_and_counts_the_rest() {
+        assert_eq!(
+            render_lines("a\nb\nc\nd\n", Some(2)),
+            "a\nb\n... (2 more lines)"
+        );
+        assert_eq!(render_lines("a\r\nb", Some(5)), "a\nb");
+        assert_eq!(render_lines("", None), "");
+    }
+
+    #[test]
+    fn invalid_utf8_names_the_byte_offset() {
+        let err = decode_text(b"ok\xffno".to_vec(), "f").unwrap_err();
+        assert_eq!(err.detail, "file is not valid UTF-8 (byte offset 2): f");
+        let err = decode_text(b"a\0b".to_vec(), "f").unwrap_err();
+        assert_eq!(err.detail, "binary file: f");
+    }
+}

@@ -1,0 +1,40 @@
+//! `write_file`: writes a whole file in the workspace, creating parent directories.
+//!
+//! The write itself is [`Workspace::write_atomic`]: the old content stays until the new content is
+//! complete and synced, then a rename replaces it; the file's permissions are kept. A symlink leaf
+//! is followed only to a target inside the workspace. The result is the seed's
+//! `Wrote N bytes to PATH`, N counting UTF-8 bytes and PATH as the model gave it.
+
+use serde_json::{Value, json};
+
+use crate::tool::{Handler, ToolError, ToolSpec};
+use crate::tools::str_arg;
+use crate::workspace::Workspace;
+
+/// The `write_file` spec: blocking, not concurrency-safe.
+pub fn spec(ws: &Workspace) -> ToolSpec {
+    let ws = ws.clone();
+    ToolSpec::new(
+        "write_file",
+        "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File path, relative to the workspace."},
+                "content": {"type": "string", "description": "The complete new file content."}
+            },
+            "required": ["path", "content"],
+            "additionalProperties": false
+        }),
+        Handler::blocking(move |args, _ctx| run(&ws, args)),
+    )
+    .concurrency_safe(false)
+}
+
+fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
+    let path = str_arg(args, "path")?;
+    let content = str_arg(args, "content")?;
+    let rel = ws.relative(path)?;
+    ws.write_atomic(&rel, content.as_bytes(), path)?;
+    Ok(format!("Wrote {} bytes to {path}", content.len()))
+}

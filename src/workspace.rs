@@ -1,0 +1,255 @@
+//! The workspace: the one directory the built-in file tools may touch, and the only way they touch it.
+//!
+//! A [`Workspace`] owns the canonical root path and a capability handle ([`cap_std::fs::Dir`]) opened
+//! on it. Every file operation of the built-in tools goes through that handle, never through
+//! `std::fs` with a joined path, so confinement does not depend on a check made before the access:
+//!
+//! 1. [`Workspace::relative`] turns the model's path into a workspace-relative one. It refuses empty,
+//!    NUL-containing and over-long paths (`invalid_arguments`), any `..` component, and absolute paths
+//!    that are not inside the canonical root compared component by component (`permission_denied`).
+//!    `~` is never expanded: it is an ordinary file name.
+//! 2. cap-std then resolves the relative path beneath the handle (`openat2(RESOLVE_BENEATH)` on
+//!    Linux, a checked walk elsewhere). A symlink anywhere on the way — leaf, directory component,
+//!    chain, magic `/proc/self/…` link — that would lead outside fails with
+//!    `io::ErrorKind::PermissionDenied` and *no* OS error code ("a path led outside of the
+//!    filesystem"); [`Workspace::io_error`] maps that to `permission_denied`
+//!    `path escapes workspace: P`. A genuine `EACCES` carries an OS code and stays an
+//!    `execution_error`. Note that cap-std refuses any symlink whose target climbs above the root
+//!    even if it comes back down (`../ws/x`).
+//!
+//! It also owns [`Workspace::write_atomic`], the single write path shared by `write_file` and
+//! `edit_file`: temp file beside the target, `sync_all`, rename over it.
+
+use std::io::{self, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cap_std::fs::{Dir, OpenOptions};
+
+use crate::tool::ToolError;
+
+/// Longest path (in bytes) a tool accepts.
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// Distinguishes temp files made by concurrent writes in this process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The directory the file tools are confined to: its canonical path and a capability handle on it.
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    root: PathBuf,
+    dir: Arc<Dir>,
+}
+
+impl Workspace {
+    /// Opens `root`, which must be an existing directory. The path is canonicalized first, so
+    /// absolute paths given by the model are compared against the real location.
+    pub fn open(root: impl AsRef<Path>) -> io::Result<Workspace> {
+        let root = std::fs::canonicalize(root.as_ref())?;
+        if !std::fs::metadata(&root)?.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("workspace root is not a directory: {}", root.display()),
+            ));
+        }
+        let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
+        Ok(Workspace {
+            root,
+            dir: Arc::new(dir),
+        })
+    }
+
+    /// The canonical root path.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The capability handle every file access goes through.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Turns a model-supplied path into a workspace-relative path, or a ToolError.
+    ///
+    /// The result never contains `..`, never is absolute, and is `.` for the root itself. It is
+    /// only a lexical check: symlinks are enforced later by the handle.
+    pub fn relative(&self, path: &str) -> Result<PathBuf, ToolError> {
+        if path.is_empty() {
+            return Err(ToolError::invalid("path must not be empty"));
+        }
+        if path.contains('\0') {
+            return Err(ToolError::invalid("path must not contain NUL bytes"));
+        }
+        if path.len() > MAX_PATH_BYTES {
+            return Err(ToolError::invalid(format!(
+                "path is longer than {MAX_PATH_BYTES} bytes"
+            )));
+        }
+        let given = Path::new(path);
+        if given.components().any(|c| c == Component::ParentDir) {
+            return Err(escapes(path));
+        }
+        let inside = if given.is_absolute() {
+            given.strip_prefix(&self.root).map_err(|_| escapes(path))?
+        } else {
+            given
+        };
+        let mut rel = PathBuf::new();
+        for component in inside.components() {
+            match component {
+                Component::Normal(name) => rel.push(name),
+                Component::CurDir => {}
+                // Unreachable after the checks above, but refuse rather than assume.
+                Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                    return Err(escapes(path));
+                }
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            rel.push(".");
+        }
+        Ok(rel)
+    }
+
+    /// Maps an I/O error from the handle to a ToolError about the model's path `shown`.
+    ///
+    /// cap-std's escape error (`PermissionDenied` without an OS code) becomes `permission_denied`
+    /// `path escapes workspace: P`; `NotFound` becomes `file not found: P`; anything else is an
+    /// `execution_error` carrying the system message.
+    pub fn io_error(shown: &str, err: &io::Error) -> ToolError {
+        match err.kind() {
+            io::ErrorKind::PermissionDenied if err.raw_os_error().is_none() => escapes(shown),
+            io::ErrorKind::NotFound => ToolError::execution(format!("file not found: {shown}")),
+            io::ErrorKind::IsADirectory => ToolError::execution(format!("is a directory: {shown}")),
+            _ => ToolError::execution(format!("{err}: {shown}")),
+        }
+    }
+
+    /// Replaces the file at `rel` with `bytes` atomically; `shown` is the model's path, for errors.
+    ///
+    /// Parent directories are created. The bytes go to a temp file in the same directory, are
+    /// synced, get the old file's permissions if it existed, and the temp file is renamed over the
+    /// target; on any failure the temp file is removed and the old content stays. A symlink leaf is
+    /// resolved through the handle and its target written instead, if that target is inside the
+    /// workspace and exists; otherwise the write is refused (`permission_denied`).
+    pub fn write_atomic(&self, rel: &Path, bytes: &[u8], shown: &str) -> Result<(), ToolError> {
+        let target = self.write_target(rel, shown)?;
+        let (Some(name), parent) = (target.file_name(), target.parent()) else {
+            return Err(ToolError::execution(format!("is a directory: {shown}")));
+        };
+        let parent_dir = match parent {
+            Some(p) if !p.as_os_str().is_empty() => {
+                self.dir
+                    .create_dir_all(p)
+                    .map_err(|e| Self::io_error(shown, &e))?;
+                self.dir
+                    .open_dir(p)
+                    .map_err(|e| Self::io_error(shown, &e))?
+            }
+            _ => self
+                .dir
+                .try_clone()
+                .map_err(|e| Self::io_error(shown, &e))?,
+        };
+        let old_permissions = match parent_dir.symlink_metadata(name) {
+            Ok(meta) if meta.is_dir() => {
+                return Err(ToolError::execution(format!("is a directory: {shown}")));
+            }
+            Ok(meta) if meta.is_file() => Some(meta.permissions()),
+            Ok(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Self::io_error(shown, &e)),
+        };
+
+        let (temp_name, mut file) = create_temp(&parent_dir, name, shown)?;
+        let written = (|| {
+            file.write_all(bytes)?;
+            if let Some(perm) = old_permissions {
+                file.set_permissions(perm)?;
+            }
+            file.sync_all()?;
+            drop(file);
+            parent_dir.rename(&temp_name, &parent_dir, name)
+        })();
+        if let Err(e) = written {
+            let _ = parent_dir.remove_file(&temp_name);
+            return Err(Self::io_error(shown, &e));
+        }
+        // Make the rename durable; a failure here does not undo the write.
+        if let Ok(d) = parent_dir.open(".") {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Where a write to `rel` lands: `rel` itself, or the in-workspace target of a symlink leaf.
+    fn write_target(&self, rel: &Path, shown: &str) -> Result<PathBuf, ToolError> {
+        match self.dir.symlink_metadata(rel) {
+            Ok(meta) if meta.file_type().is_symlink() => match self.dir.canonicalize(rel) {
+                Ok(resolved) => Ok(resolved),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ToolError::permission(
+                    format!("symlink target does not exist: {shown}"),
+                )),
+                Err(e) => Err(Self::io_error(shown, &e)),
+            },
+            Ok(_) => Ok(rel.to_path_buf()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(rel.to_path_buf()),
+            Err(e) => Err(Self::io_error(shown, &e)),
+        }
+    }
+}
+
+/// `permission_denied`: `path escapes workspace: P`.
+fn escapes(shown: &str) -> ToolError {
+    ToolError::permission(format!("path escapes workspace: {shown}"))
+}
+
+/// Creates a fresh temp file `.{name}.switchboard-tmp-{pid}-{n}` in `dir` (never reusing one).
+fn create_temp(
+    dir: &Dir,
+    name: &std::ffi::OsStr,
+    shown: &str,
+) -> Result<(PathBuf, cap_std::fs::File), ToolError> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    let mut last_err = None;
+    for _ in 0..16 {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut temp = std::ffi::OsString::from(".");
+        temp.push(name);
+        temp.push(format!(".switchboard-tmp-{}-{n}", std::process::id()));
+        let temp = PathBuf::from(temp);
+        match dir.open_with(&temp, &options) {
+            Ok(file) => return Ok((temp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(Workspace::io_error(shown, &e)),
+        }
+    }
+    let err = last_err.unwrap_or_else(|| io::Error::other("could not create a temp file"));
+    Err(Workspace::io_error(shown, &err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ErrorCode;
+
+    #[test]
+    fn relative_paths_are_normalised_without_touching_the_disk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        assert_eq!(ws.relative("./a/./b").unwrap(), PathBuf::from("a/b"));
+        assert_eq!(ws.relative(".").unwrap(), PathBuf::from("."));
+        assert_eq!(ws.relative("~/x").unwrap(), PathBuf::from("~/x"));
+        let abs = ws.root().join("z");
+        assert_eq!(
+            ws.relative(abs.to_str().unwrap()).unwrap(),
+            PathBuf::from("z")
+        );
+        assert_eq!(
+            ws.relative("a/../b").unwrap_err().code,
+            ErrorCode::PermissionDenied
+        );
+    }
+}

@@ -1,0 +1,294 @@
+//! Confinement of the file tools: no path the model can write — `..`, absolute, sibling prefixes,
+//! symlinks of every shape, `/proc` magic links — reads, writes or lists anything outside the
+//! workspace. Each test builds `<tmp>/ws` (the workspace) next to `<tmp>/outside` and
+//! `<tmp>/ws-evil`, whose files must stay unread and unchanged.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchboard::protocol::ErrorCode;
+use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tools::{edit_file, glob, read_file, write_file};
+use switchboard::workspace::Workspace;
+use tokio_util::sync::CancellationToken;
+
+/// Calls a spec's handler directly, as the engine would.
+fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
+    let ctx = ToolContext {
+        call_id: "confinement".into(),
+        deadline: Instant::now() + Duration::from_secs(30),
+        cancel: CancellationToken::new(),
+    };
+    match &spec.handler {
+        Handler::Inline(f) | Handler::Blocking(f) => f(&args, &ctx),
+        Handler::Async(f) => futures::executor::block_on(f(args, ctx)),
+    }
+}
+
+const SECRET: &str = "outside secret\n";
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    base: PathBuf,
+    ws: Workspace,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        for dir in ["ws", "outside", "ws-evil"] {
+            std::fs::create_dir(base.join(dir)).unwrap();
+        }
+        std::fs::write(base.join("outside/secret.txt"), SECRET).unwrap();
+        std::fs::write(base.join("ws-evil/secret"), SECRET).unwrap();
+        let ws = Workspace::open(base.join("ws")).unwrap();
+        Fixture {
+            _tmp: tmp,
+            base,
+            ws,
+        }
+    }
+
+    fn ws_path(&self, rel: &str) -> PathBuf {
+        self.base.join("ws").join(rel)
+    }
+
+    fn link(&self, target: impl AsRef<Path>, name: &str) {
+        symlink(target, self.ws_path(name)).unwrap();
+    }
+
+    fn read(&self, path: &str) -> ToolOutcome {
+        call(&read_file::spec(&self.ws), json!({"path": path}))
+    }
+
+    fn write(&self, path: &str) -> ToolOutcome {
+        call(
+            &write_file::spec(&self.ws),
+            json!({"path": path, "content": "pwned\n"}),
+        )
+    }
+
+    fn edit(&self, path: &str) -> ToolOutcome {
+        call(
+            &edit_file::spec(&self.ws),
+            json!({"path": path, "old_text": "secret", "new_text": "pwned"}),
+        )
+    }
+
+    fn glob(&self, pattern: &str) -> ToolOutcome {
+        call(&glob::spec(&self.ws), json!({"pattern": pattern}))
+    }
+
+    fn assert_outside_untouched(&self) {
+        for file in ["outside/secret.txt", "ws-evil/secret"] {
+            assert_eq!(
+                std::fs::read_to_string(self.base.join(file)).unwrap(),
+                SECRET
+            );
+        }
+        let names: Vec<_> = std::fs::read_dir(self.base.join("outside"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["secret.txt"], "something was created outside");
+        assert!(!self.base.join("x").exists());
+    }
+}
+
+fn assert_code(outcome: ToolOutcome, code: ErrorCode, what: &str) {
+    match outcome {
+        Err(e) => assert_eq!(e.code, code, "{what}: {e}"),
+        Ok(text) => panic!("{what}: expected {code}, got success: {text}"),
+    }
+}
+
+fn assert_denied(outcome: ToolOutcome, what: &str) {
+    assert_code(outcome, ErrorCode::PermissionDenied, what);
+}
+
+#[test]
+fn parent_and_foreign_absolute_paths_are_denied_for_every_file_tool() {
+    let f = Fixture::new();
+    let sibling = f.base.join("ws-evil/secret");
+    let sibling = sibling.to_str().unwrap();
+    for path in [
+        "../x",
+        "a/../../x",
+        "/etc/passwd",
+        "../ws-evil/secret",
+        sibling,
+    ] {
+        assert_denied(f.read(path), &format!("read {path}"));
+        assert_denied(f.write(path), &format!("write {path}"));
+        assert_denied(f.edit(path), &format!("edit {path}"));
+    }
+    let sibling_dir = format!("{}/ws-evil/*", f.base.display());
+    for pattern in ["../*", "a/../../*", "/etc/*", "../ws-evil/*", &sibling_dir] {
+        assert_denied(f.glob(pattern), &format!("glob {pattern}"));
+    }
+    f.assert_outside_untouched();
+}
+
+#[test]
+fn the_denial_names_the_path_as_the_model_gave_it() {
+    let f = Fixture::new();
+    let err = f.read("a/../../x").unwrap_err();
+    assert_eq!(err.detail, "path escapes workspace: a/../../x");
+}
+
+#[test]
+fn a_symlink_leaf_to_an_outside_file_is_denied_for_read_write_and_edit() {
+    let f = Fixture::new();
+    f.link(f.base.join("outside/secret.txt"), "leaf");
+    assert_denied(f.read("leaf"), "read");
+    assert_denied(f.write("leaf"), "write");
+    assert_denied(f.edit("leaf"), "edit");
+    f.assert_outside_untouched();
+    assert!(
+        std::fs::symlink_metadata(f.ws_path("leaf"))
+            .unwrap()
+            .is_symlink()
+    );
+}
+
+#[test]
+fn a_dangling_symlink_to_an_outside_path_cannot_be_written_and_nothing_appears_outside() {
+    let f = Fixture::new();
+    f.link(f.base.join("outside/new.txt"), "dangling");
+    assert_denied(f.write("dangling"), "write");
+    assert_denied(f.read("dangling"), "read");
+    assert!(!f.base.join("outside/new.txt").exists());
+    f.assert_outside_untouched();
+}
+
+#[test]
+fn a_directory_symlink_component_pointing_outside_is_denied() {
+    let f = Fixture::new();
+    f.link(f.base.join("outside"), "dirlink");
+    assert_denied(f.read("dirlink/secret.txt"), "read");
+    assert_denied(f.write("dirlink/secret.txt"), "write over");
+    assert_denied(f.write("dirlink/new.txt"), "write new");
+    assert_denied(f.write("dirlink/sub/new.txt"), "write nested");
+    assert_denied(f.edit("dirlink/secret.txt"), "edit");
+    f.assert_outside_untouched();
+}
+
+#[test]
+fn a_symlink_chain_that_ends_outside_is_denied() {
+    let f = Fixture::new();
+    f.link("b", "a");
+    f.link(f.base.join("outside/secret.txt"), "b");
+    assert_denied(f.read("a"), "read");
+    assert_denied(f.write("a"), "write");
+    assert_denied(f.edit("a"), "edit");
+    f.assert_outside_untouched();
+}
+
+#[test]
+fn proc_magic_links_are_refused() {
+    let f = Fixture::new();
+    f.link("/proc/self/root/etc/passwd", "proc_leaf");
+    f.link("/proc/self/root", "proc_dir");
+    assert_denied(f.read("proc_leaf"), "read proc leaf");
+    assert_denied(f.read("proc_dir/etc/passwd"), "read via proc dir");
+    assert_denied(f.write("proc_dir/tmp/x"), "write via proc dir");
+    assert_denied(f.read("/proc/self/root/etc/passwd"), "absolute proc path");
+}
+
+#[test]
+fn a_symlink_inside_pointing_inside_reads_and_writes_its_target() {
+    let f = Fixture::new();
+    std::fs::create_dir(f.ws_path("real")).unwrap();
+    std::fs::write(f.ws_path("real/file.txt"), "inside\n").unwrap();
+    f.link("real/file.txt", "alias");
+    f.link("real", "dir_alias");
+    assert_eq!(f.read("alias").unwrap(), "inside");
+    assert_eq!(f.read("dir_alias/file.txt").unwrap(), "inside");
+    assert_eq!(f.write("alias").unwrap(), "Wrote 6 bytes to alias");
+    assert_eq!(
+        std::fs::read_to_string(f.ws_path("real/file.txt")).unwrap(),
+        "pwned\n"
+    );
+    assert!(
+        std::fs::symlink_metadata(f.ws_path("alias"))
+            .unwrap()
+            .is_symlink()
+    );
+}
+
+#[test]
+fn tilde_is_a_literal_directory_inside_the_workspace() {
+    let f = Fixture::new();
+    assert_eq!(f.write("~/x").unwrap(), "Wrote 6 bytes to ~/x");
+    assert_eq!(
+        std::fs::read_to_string(f.ws_path("~/x")).unwrap(),
+        "pwned\n"
+    );
+    assert_eq!(f.read("~/x").unwrap(), "pwned");
+}
+
+#[test]
+fn empty_nul_and_overlong_paths_are_invalid_arguments() {
+    let f = Fixture::new();
+    let long = "a".repeat(5000);
+    for path in ["", "a\0b", long.as_str()] {
+        let shown = &path[..path.len().min(8)];
+        assert_code(f.read(path), ErrorCode::InvalidArguments, shown);
+        assert_code(f.write(path), ErrorCode::InvalidArguments, shown);
+        assert_code(f.edit(path), ErrorCode::InvalidArguments, shown);
+    }
+    assert_code(f.glob(""), ErrorCode::InvalidArguments, "empty glob");
+}
+
+#[test]
+fn an_absolute_path_inside_the_workspace_works() {
+    let f = Fixture::new();
+    let abs = f.ws_path("sub/abs.txt");
+    let abs = abs.to_str().unwrap();
+    assert_eq!(f.write(abs).unwrap(), format!("Wrote 6 bytes to {abs}"));
+    assert_eq!(f.read(abs).unwrap(), "pwned");
+    assert_eq!(f.read("sub/abs.txt").unwrap(), "pwned");
+}
+
+#[test]
+fn the_root_itself_is_a_directory_not_a_file() {
+    let f = Fixture::new();
+    let err = f.read(".").unwrap_err();
+    assert_eq!(err.code, ErrorCode::ExecutionError);
+    assert_eq!(err.detail, "is a directory: .");
+    assert_code(
+        f.read(f.ws.root().to_str().unwrap()),
+        ErrorCode::ExecutionError,
+        "absolute root",
+    );
+}
+
+#[test]
+fn glob_never_lists_outside_files_and_terminates_on_symlink_loops() {
+    let f = Fixture::new();
+    std::fs::create_dir(f.ws_path("src")).unwrap();
+    std::fs::write(f.ws_path("src/main.txt"), "m").unwrap();
+    f.link(f.base.join("outside"), "dirlink");
+    f.link(".", "self_loop");
+    f.link("loop_b", "loop_a");
+    f.link("loop_a", "loop_b");
+    let listed = f.glob("**").unwrap();
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "dirlink",
+            "loop_a",
+            "loop_b",
+            "self_loop",
+            "src",
+            "src/main.txt"
+        ]
+    );
+    assert_eq!(f.glob("dirlink/*").unwrap(), "(no matches)");
+    assert_eq!(f.glob("**/secret*").unwrap(), "(no matches)");
+    assert_eq!(f.glob("self_loop/**").unwrap(), "(no matches)");
+}
