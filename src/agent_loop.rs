@@ -158,7 +158,14 @@ impl AgentLoop {
                     .await?,
                 max_tokens: self.config.max_tokens,
             };
-            let response = self.provider.complete(&request).await?;
+            let asked = std::time::Instant::now();
+            let response = self.provider.complete(&request).await;
+            let status = match &response {
+                Ok(_) => "ok",
+                Err(e) => e.status_label(),
+            };
+            crate::metrics::model_request(self.provider.name(), status, asked.elapsed());
+            let response = response?;
             self.history
                 .push(json!({"role": "assistant", "content": response.content}));
             let calls = decode_anthropic(&Value::Array(response.content.clone()))

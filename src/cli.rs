@@ -6,6 +6,7 @@
 //! them), so `dispatch`'s stdout holds only protocol JSON.
 
 use std::io::{BufRead, Read, Write};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use serde_json::Value;
 
 use crate::demo;
 use crate::engine::Engine;
+use crate::exporter::{LogFormat, Telemetry, init_logging};
 use crate::protocol::{self, WireFormat};
 use crate::registry::CatalogFormat;
 use crate::tools::builtin_tools;
@@ -24,9 +26,23 @@ use crate::workspace::Workspace;
 #[derive(Debug, Parser)]
 #[command(name = "switchboard", version, about)]
 pub struct Cli {
+    /// Log format on stderr (filter with RUST_LOG).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Metrics flags of the long-running commands.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TelemetryArgs {
+    /// Serve Prometheus metrics on ADDR (`/metrics`, `/healthz`), e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Write the final Prometheus exposition to PATH when the command ends.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// Subcommands.
@@ -43,6 +59,9 @@ pub enum Command {
         /// One JSON document per line in, one per line out (for piping many turns).
         #[arg(long)]
         lines: bool,
+        /// Metrics.
+        #[command(flatten)]
+        telemetry: TelemetryArgs,
     },
     /// Print the tool catalog.
     Tools {
@@ -58,6 +77,13 @@ pub enum Command {
         /// Use this directory instead of a fresh temporary one (it must exist).
         #[arg(long)]
         workspace: Option<PathBuf>,
+        /// Keep running rounds of sessions until this much time has passed (e.g. `20s`); the
+        /// report lists the first round in full and sums up all of them.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+        /// Metrics.
+        #[command(flatten)]
+        telemetry: TelemetryArgs,
     },
 }
 
@@ -103,7 +129,7 @@ impl From<CatalogShape> for CatalogFormat {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -114,22 +140,18 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kameo=warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 async fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Dispatch {
             workspace,
             format,
             lines,
+            telemetry,
         } => {
+            let telemetry = match start_telemetry(telemetry).await {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
             let engine = match engine_for(workspace) {
                 Ok(engine) => engine,
                 Err(code) => return code,
@@ -140,7 +162,7 @@ async fn run(cli: Cli) -> ExitCode {
                 dispatch_one(&engine, format.into()).await
             };
             engine.shutdown(Duration::from_secs(1)).await;
-            code
+            finish_telemetry(telemetry, code).await
         }
         Command::Tools { format } => {
             let engine = match engine_for(None) {
@@ -158,13 +180,35 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Demo {
             sessions,
             workspace,
-        } => match demo::run(sessions as usize, workspace).await {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(1, &e),
-        },
+            duration,
+            telemetry,
+        } => {
+            let telemetry = match start_telemetry(telemetry).await {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
+            let code = match demo::run(sessions as usize, workspace, duration).await {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(1, &e),
+            };
+            finish_telemetry(telemetry, code).await
+        }
+    }
+}
+
+async fn start_telemetry(args: TelemetryArgs) -> Result<Telemetry, ExitCode> {
+    Telemetry::start(args.metrics_addr, args.metrics_file)
+        .await
+        .map_err(|e| fail(2, &e))
+}
+
+async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
+    match telemetry.finish().await {
+        Ok(()) => code,
+        Err(e) => fail(1, &e),
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::observe;
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
+use crate::registry::Snapshot;
 
 /// The slots of one turn.
 #[derive(Debug)]
@@ -17,17 +18,25 @@ pub struct Collector {
     identities: Vec<(Arc<str>, Arc<str>)>,
     slots: Vec<Option<ToolDispatchResult>>,
     open: usize,
+    snapshot: Arc<Snapshot>,
 }
 
 impl Collector {
     /// One empty slot per call; `identities` are the calls' `(tool_use_id, name)` in model order.
-    pub fn new(identities: Vec<(Arc<str>, Arc<str>)>) -> Self {
+    /// `snapshot` is the registry view the turn was planned with (it names the metric handles).
+    pub fn new(identities: Vec<(Arc<str>, Arc<str>)>, snapshot: Arc<Snapshot>) -> Self {
         let n = identities.len();
         Collector {
             identities,
             slots: (0..n).map(|_| None).collect(),
             open: n,
+            snapshot,
         }
+    }
+
+    /// The registry view of this turn.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
     }
 
     /// How many calls the turn has.
@@ -50,7 +59,11 @@ impl Collector {
     pub fn fill(&mut self, index: usize, result: ToolDispatchResult) -> bool {
         match self.slots.get_mut(index) {
             Some(slot @ None) => {
-                observe::call_answered(&result);
+                let metrics = match result.error {
+                    Some(ErrorCode::UnknownTool) => &self.snapshot.metrics.unknown,
+                    _ => self.snapshot.tool_metrics(&result.tool_name),
+                };
+                observe::call_answered(&result, metrics);
                 *slot = Some(result);
                 self.open -= 1;
                 true
@@ -120,7 +133,7 @@ mod tests {
 
     #[test]
     fn results_come_out_in_call_order_whatever_order_they_fill() {
-        let mut c = Collector::new(ids(4));
+        let mut c = Collector::new(ids(4), Arc::default());
         for i in [3, 1, 0, 2] {
             assert!(c.fill(i, ok(i)));
         }
@@ -131,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_slot_is_filled_once_and_late_replies_are_dropped() {
-        let mut c = Collector::new(ids(1));
+        let mut c = Collector::new(ids(1), Arc::default());
         assert!(c.fill_error(0, ErrorCode::Timeout, "late"));
         assert!(!c.fill(0, ok(0)));
         assert!(!c.fill(7, ok(7)));
@@ -142,7 +155,7 @@ mod tests {
 
     #[test]
     fn unanswered_slots_are_answered_at_finish() {
-        let mut c = Collector::new(ids(3));
+        let mut c = Collector::new(ids(3), Arc::default());
         c.fill(1, ok(1));
         let out = c.finish();
         assert_eq!(out.len(), 3);

@@ -104,8 +104,13 @@ struct SessionRun {
     in_order: bool,
 }
 
-/// Runs the demo and returns the report. `workspace` overrides the temporary directory.
-pub async fn run(sessions: usize, workspace: Option<PathBuf>) -> Result<String, String> {
+/// Runs the demo and returns the report. `workspace` overrides the temporary directory;
+/// `duration` keeps running rounds of `sessions` sessions until that much time has passed.
+pub async fn run(
+    sessions: usize,
+    workspace: Option<PathBuf>,
+    duration: Option<Duration>,
+) -> Result<String, String> {
     let temp = match &workspace {
         Some(_) => None,
         None => Some(tempfile::tempdir().map_err(|e| format!("cannot create a workspace: {e}"))?),
@@ -122,6 +127,47 @@ pub async fn run(sessions: usize, workspace: Option<PathBuf>) -> Result<String, 
         .build()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
+    let first = run_round(&engine, &ws, sessions).await?;
+    let mut totals = Totals::default();
+    totals.add(&first);
+    while duration.is_some_and(|d| started.elapsed() < d) {
+        totals.add(&run_round(&engine, &ws, sessions).await?);
+    }
+    let total = started.elapsed();
+    engine.shutdown(Duration::from_secs(1)).await;
+    Ok(report(&first, &totals, total, ws.root()))
+}
+
+/// Sums over every round.
+#[derive(Default)]
+struct Totals {
+    rounds: usize,
+    sessions: usize,
+    verified: usize,
+    outcomes: BTreeMap<&'static str, usize>,
+}
+
+impl Totals {
+    fn add(&mut self, runs: &[SessionRun]) {
+        self.rounds += 1;
+        self.sessions += runs.len();
+        self.verified += runs
+            .iter()
+            .filter(|r| r.result.is_ok() && r.edit_seen && r.in_order)
+            .count();
+        for r in runs.iter().filter_map(|r| r.result.as_ref().ok()) {
+            for res in r.dispatches.iter().flatten() {
+                *self.outcomes.entry(res.outcome()).or_default() += 1;
+            }
+        }
+    }
+}
+
+async fn run_round(
+    engine: &Engine,
+    ws: &Workspace,
+    sessions: usize,
+) -> Result<Vec<SessionRun>, String> {
     let mut tasks = Vec::with_capacity(sessions);
     for s in 1..=sessions {
         let engine = engine.clone();
@@ -168,12 +214,10 @@ pub async fn run(sessions: usize, workspace: Option<PathBuf>) -> Result<String, 
                 .map_err(|e| format!("a session task failed: {e}"))?,
         );
     }
-    let total = started.elapsed();
-    engine.shutdown(Duration::from_secs(1)).await;
-    Ok(report(&runs, total, ws.root()))
+    Ok(runs)
 }
 
-fn report(runs: &[SessionRun], total: Duration, root: &std::path::Path) -> String {
+fn report(runs: &[SessionRun], totals: &Totals, total: Duration, root: &std::path::Path) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -181,8 +225,6 @@ fn report(runs: &[SessionRun], total: Duration, root: &std::path::Path) -> Strin
         runs.len(),
         root.display()
     );
-    let mut outcomes: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut calls_total = 0;
     for (i, run) in runs.iter().enumerate() {
         let _ = writeln!(out, "session {}", i + 1);
         match &run.result {
@@ -201,8 +243,6 @@ fn report(runs: &[SessionRun], total: Duration, root: &std::path::Path) -> Strin
                             res.outcome(),
                             res.timing.run.as_secs_f64() * 1000.0
                         );
-                        *outcomes.entry(res.outcome()).or_default() += 1;
-                        calls_total += 1;
                     }
                 }
                 let _ = writeln!(
@@ -240,23 +280,27 @@ fn report(runs: &[SessionRun], total: Duration, root: &std::path::Path) -> Strin
             );
         }
     }
-    let outcome_list: Vec<String> = outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let calls: usize = totals.outcomes.values().sum();
+    let outcome_list: Vec<String> = totals
+        .outcomes
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let rounds = if totals.rounds > 1 {
+        format!(" over {} rounds", totals.rounds)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "\n{} calls in {:.1} ms: {}",
-        calls_total,
+        "\n{calls} calls in {:.1} ms{rounds}: {}",
         total.as_secs_f64() * 1000.0,
         outcome_list.join(", ")
     );
-    let failed = runs
-        .iter()
-        .filter(|r| r.result.is_err() || !r.edit_seen || !r.in_order)
-        .count();
     let _ = writeln!(
         out,
         "{} of {} sessions finished with every call answered once, in order",
-        runs.len() - failed,
-        runs.len()
+        totals.verified, totals.sessions
     );
     out
 }

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::EngineMetrics;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::{
     CatalogFormat, GetCatalog, GetSnapshot, Register, RegisteredTool, Registry, RegistryError,
@@ -71,10 +72,12 @@ impl EngineBuilder {
     }
 
     /// Builds the engine: registers the tools (refusing bad ones) and spawns the actors. Must be
-    /// called inside a tokio runtime.
+    /// called inside a tokio runtime. Metric handles are taken from the recorder installed now
+    /// (install one first to export metrics; see [`crate::metrics`]).
     pub fn build(self) -> Result<Engine, RegistryError> {
         let version = Arc::new(AtomicU64::new(0));
-        let mut registry = Registry::new(Arc::clone(&version));
+        let metrics = Arc::new(EngineMetrics::new());
+        let mut registry = Registry::new(Arc::clone(&version), Arc::clone(&metrics));
         for spec in self.tools {
             registry.register(spec)?;
         }
@@ -85,7 +88,7 @@ impl EngineBuilder {
             self.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY),
         ));
         let registry = Registry::spawn(registry);
-        let workers = WorkerPool::spawn(workers_n, Arc::clone(&permits));
+        let workers = WorkerPool::spawn(workers_n, Arc::clone(&permits), Arc::clone(&metrics));
         let schedulers = (0..self.schedulers.unwrap_or(workers_n))
             .map(|_| {
                 Scheduler::spawn(Scheduler::new(
@@ -108,6 +111,7 @@ impl EngineBuilder {
                 closed: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
+                metrics,
             }),
         })
     }
@@ -124,6 +128,7 @@ struct Inner {
     closed: AtomicBool,
     in_flight: AtomicUsize,
     idle: Notify,
+    metrics: Arc<EngineMetrics>,
 }
 
 /// The dispatch engine. Clone it freely: clones share the same actors.
@@ -217,7 +222,8 @@ impl Engine {
             .await
     }
 
-    /// A new session: its own scheduler and its own cancellation.
+    /// A new session: its own scheduler and its own cancellation. The scheduler stops when the
+    /// last clone of the session is dropped.
     pub fn session(&self) -> Session {
         let snapshot = Arc::new(crate::registry::Snapshot::default());
         let scheduler = Scheduler::spawn(Scheduler::new(
@@ -226,10 +232,13 @@ impl Engine {
             snapshot,
             self.inner.workers.clone(),
         ));
+        self.inner.metrics.sessions(1.0);
         Session {
-            engine: self.clone(),
-            scheduler,
-            cancel: self.inner.root.child_token(),
+            inner: Arc::new(SessionInner {
+                engine: self.clone(),
+                scheduler,
+                cancel: self.inner.root.child_token(),
+            }),
         }
     }
 
@@ -330,19 +339,31 @@ fn answer_all(calls: &[ToolCall], code: ErrorCode, detail: &str) -> Vec<ToolDisp
 }
 
 /// One agent session's handle: its own scheduler actor (stopped when the last handle is dropped)
-/// and its own cancellation token.
+/// and its own cancellation token. Clones share the session.
 #[derive(Debug, Clone)]
 pub struct Session {
+    inner: Arc<SessionInner>,
+}
+
+#[derive(Debug)]
+struct SessionInner {
     engine: Engine,
     scheduler: ActorRef<Scheduler>,
     cancel: CancellationToken,
 }
 
+impl Drop for SessionInner {
+    fn drop(&mut self) {
+        self.engine.inner.metrics.sessions(-1.0);
+    }
+}
+
 impl Session {
     /// Dispatches one turn of this session: one result per call, in call order.
     pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
-        self.engine
-            .dispatch_on(&self.scheduler, calls, self.cancel.clone())
+        self.inner
+            .engine
+            .dispatch_on(&self.inner.scheduler, calls, self.inner.cancel.clone())
             .await
     }
 
@@ -350,16 +371,16 @@ impl Session {
     /// stopped), calls not started are answered `cancelled` without running, and so is every later
     /// turn of this session.
     pub fn cancel(&self) {
-        self.cancel.cancel();
+        self.inner.cancel.cancel();
     }
 
     /// True once [`Session::cancel`] (or engine shutdown) happened.
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
+        self.inner.cancel.is_cancelled()
     }
 
     /// The engine this session belongs to.
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.inner.engine
     }
 }

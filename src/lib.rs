@@ -8,6 +8,8 @@ pub mod cli;
 pub mod collector;
 pub mod demo;
 pub mod engine;
+pub mod exporter;
+pub mod metrics;
 pub mod observe;
 pub mod protocol;
 pub mod provider;

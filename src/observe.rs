@@ -1,17 +1,24 @@
 //! The one place where a call's timing and outcome, a stage and a turn are recorded.
 //!
 //! The collector calls [`call_answered`] for every result it accepts; the scheduler calls
-//! [`stage_started`] and [`turn_dispatched`]. Today these emit `tracing` events at `debug`/`trace`
-//! level (nearly free when disabled); metrics plug in here and nowhere else.
+//! [`stage_started`] and [`turn_dispatched`]; the worker opens a [`call_span`] around every
+//! handler. Each records into the cached metric handles of [`crate::metrics`] and into `tracing`
+//! (spans and events named after the OpenTelemetry GenAI conventions: `gen_ai.operation.name =
+//! "execute_tool"`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `error.type` on failure). Disabled
+//! tracing levels cost a static check; metric handles cost an atomic add.
 
 use std::time::Duration;
 
-use crate::protocol::ToolDispatchResult;
+use tracing::Span;
+
+use crate::metrics::{EngineMetrics, ToolMetrics};
+use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::scheduler::StageMode;
 
 /// A call has been answered (exactly once).
 #[inline]
-pub fn call_answered(result: &ToolDispatchResult) {
+pub fn call_answered(result: &ToolDispatchResult, metrics: &ToolMetrics) {
+    metrics.record(result);
     tracing::trace!(
         gen_ai.operation.name = "execute_tool",
         gen_ai.tool.name = %result.tool_name,
@@ -35,16 +42,49 @@ pub fn late_reply_dropped(result: &ToolDispatchResult) {
 
 /// A stage is about to run.
 #[inline]
-pub fn stage_started(mode: StageMode, calls: usize) {
+pub fn stage_started(mode: StageMode, calls: usize, metrics: &EngineMetrics) {
+    metrics.stage(mode == StageMode::Concurrent, calls);
     tracing::trace!(mode = mode.as_str(), calls, "stage started");
 }
 
 /// A turn went in and its ordered results came out.
 #[inline]
-pub fn turn_dispatched(calls: usize, elapsed: Duration) {
+pub fn turn_dispatched(calls: usize, elapsed: Duration, metrics: &EngineMetrics) {
+    metrics.turn(calls, elapsed);
     tracing::debug!(
         calls,
         elapsed_us = elapsed.as_micros() as u64,
         "turn dispatched"
     );
+}
+
+/// The span of one turn.
+#[inline]
+pub fn turn_span(calls: usize) -> Span {
+    tracing::info_span!(
+        "dispatch_turn",
+        gen_ai.operation.name = "dispatch_turn",
+        calls
+    )
+}
+
+/// The span of one call, a child of its turn's span; `error.type` is filled by [`call_finished`].
+#[inline]
+pub fn call_span(parent: &Span, call: &ToolCall) -> Span {
+    tracing::info_span!(
+        parent: parent,
+        "execute_tool",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %call.name,
+        gen_ai.tool.call.id = %call.id,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// Marks a call's span with its outcome.
+#[inline]
+pub fn call_finished(span: &Span, result: &ToolDispatchResult) {
+    if let Some(code) = result.error {
+        span.record("error.type", code.as_str());
+    }
 }

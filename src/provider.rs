@@ -72,6 +72,17 @@ pub enum ProviderError {
     Request(String),
 }
 
+impl ProviderError {
+    /// The `status` label of `switchboard_model_requests_total` for this failure.
+    pub fn status_label(&self) -> &'static str {
+        match self {
+            ProviderError::ScriptExhausted(_) => "script_exhausted",
+            ProviderError::BadResponse(_) => "bad_response",
+            ProviderError::Request(_) => "error",
+        }
+    }
+}
+
 /// A model endpoint.
 pub trait Provider: Send + Sync {
     /// A short name for logs and metrics (`scripted`, `anthropic`, …).

@@ -18,6 +18,7 @@ use jsonschema::Validator;
 use kameo::prelude::*;
 use serde_json::{Value, json};
 
+use crate::metrics::{EngineMetrics, ToolMetrics};
 use crate::tool::{Handler, ToolPolicy, ToolSpec};
 use crate::validation;
 
@@ -37,6 +38,8 @@ pub struct RegisteredTool {
     pub policy: ToolPolicy,
     /// Compiled once at registration.
     pub validator: Validator,
+    /// Metric handles of this tool's label, created once at registration.
+    pub metrics: ToolMetrics,
 }
 
 /// Why a registration was refused.
@@ -75,9 +78,17 @@ pub struct Snapshot {
     /// The registry version this view was taken at.
     pub version: u64,
     tools: HashMap<Arc<str>, Arc<RegisteredTool>>,
+    /// The engine's metric handles (shared by every snapshot of one engine).
+    pub metrics: Arc<EngineMetrics>,
 }
 
 impl Snapshot {
+    /// The metric handles for a call to `name`: the tool's own, or the `_unknown` label's.
+    pub fn tool_metrics(&self, name: &str) -> &ToolMetrics {
+        self.tools
+            .get(name)
+            .map_or(&self.metrics.unknown, |t| &t.metrics)
+    }
     /// The tool of exactly this name (no trimming, no case folding).
     pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {
         self.tools.get(name)
@@ -111,18 +122,22 @@ pub struct Registry {
     order: Vec<Arc<RegisteredTool>>,
     version: Arc<AtomicU64>,
     snapshot: Arc<Snapshot>,
+    metrics: Arc<EngineMetrics>,
 }
 
 impl Registry {
-    /// An empty registry publishing its version through `version`.
-    pub fn new(version: Arc<AtomicU64>) -> Self {
+    /// An empty registry publishing its version through `version` and recording into `metrics`.
+    pub fn new(version: Arc<AtomicU64>, metrics: Arc<EngineMetrics>) -> Self {
+        metrics.registry_tools(0);
         Registry {
             order: Vec::new(),
             snapshot: Arc::new(Snapshot {
                 version: version.load(Ordering::Acquire),
                 tools: HashMap::new(),
+                metrics: Arc::clone(&metrics),
             }),
             version,
+            metrics,
         }
     }
 
@@ -142,7 +157,9 @@ impl Registry {
                 name: spec.name.clone(),
                 detail,
             })?;
+        let metrics = ToolMetrics::new(&spec.name);
         self.order.push(Arc::new(RegisteredTool {
+            metrics,
             name: Arc::from(spec.name),
             description: spec.description,
             input_schema: spec.input_schema,
@@ -196,7 +213,12 @@ impl Registry {
             .iter()
             .map(|t| (Arc::clone(&t.name), Arc::clone(t)))
             .collect();
-        self.snapshot = Arc::new(Snapshot { version, tools });
+        self.metrics.registry_tools(self.order.len());
+        self.snapshot = Arc::new(Snapshot {
+            version,
+            tools,
+            metrics: Arc::clone(&self.metrics),
+        });
     }
 }
 
@@ -268,7 +290,7 @@ mod tests {
 
     #[test]
     fn registration_refuses_bad_names_duplicates_and_schemas() {
-        let mut r = Registry::new(Arc::default());
+        let mut r = Registry::new(Arc::default(), Arc::default());
         assert_eq!(
             r.register(spec("", object())),
             Err(RegistryError::EmptyName)
@@ -297,7 +319,7 @@ mod tests {
     #[test]
     fn every_change_bumps_the_shared_version() {
         let version = Arc::new(AtomicU64::new(0));
-        let mut r = Registry::new(Arc::clone(&version));
+        let mut r = Registry::new(Arc::clone(&version), Arc::default());
         r.register(spec("a", object())).unwrap();
         assert_eq!(version.load(Ordering::Acquire), 1);
         assert!(r.unregister("a"));
@@ -309,7 +331,7 @@ mod tests {
 
     #[test]
     fn catalogs_are_detached_copies_in_three_shapes() {
-        let mut r = Registry::new(Arc::default());
+        let mut r = Registry::new(Arc::default(), Arc::default());
         r.register(spec("a", object())).unwrap();
         let mut cat = r.catalog(CatalogFormat::Anthropic);
         cat[0]["input_schema"]["properties"]["x"]["type"] = json!("string");

@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
+use tracing::Span;
 
 use crate::collector::Collector;
 use crate::observe;
@@ -96,15 +97,18 @@ pub struct TurnPlan {
     pub stages: Vec<Stage>,
     /// When the turn arrived.
     pub arrived: Instant,
+    /// The turn's tracing span (parent of every call span).
+    pub span: Span,
 }
 
 /// Looks up, validates and partitions a turn against a registry snapshot.
-pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, arrived: Instant) -> TurnPlan {
+pub fn plan(snapshot: &Arc<Snapshot>, calls: Vec<ToolCall>, arrived: Instant) -> TurnPlan {
     let identities = calls
         .iter()
         .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
         .collect();
-    let mut collector = Collector::new(identities);
+    let span = observe::turn_span(calls.len());
+    let mut collector = Collector::new(identities, Arc::clone(snapshot));
     if let Some(dup) = duplicate_id(&calls) {
         collector.fill_open(
             ErrorCode::InvalidArguments,
@@ -115,6 +119,7 @@ pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, arrived: Instant) -> Turn
             runnable: Vec::new(),
             stages: Vec::new(),
             arrived,
+            span,
         };
     }
     let mut runnable = Vec::with_capacity(calls.len());
@@ -163,6 +168,7 @@ pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, arrived: Instant) -> Turn
         stages: partition(&safe),
         runnable,
         arrived,
+        span,
     }
 }
 
@@ -205,10 +211,14 @@ impl TurnPlan {
     /// Runs an all-inline plan in place.
     pub fn run_inline(mut self, cancel: &CancellationToken) -> Vec<ToolDispatchResult> {
         for stage in &self.stages {
-            observe::stage_started(stage.mode, stage.calls.len());
+            observe::stage_started(
+                stage.mode,
+                stage.calls.len(),
+                &self.collector.snapshot().metrics,
+            );
         }
         for p in std::mem::take(&mut self.runnable) {
-            let result = run_inline(p.call, &p.tool, self.arrived, cancel);
+            let result = run_inline(p.call, &p.tool, self.arrived, cancel, &self.span);
             self.collector.fill(p.index, result);
         }
         self.finish()
@@ -233,10 +243,10 @@ impl TurnPlan {
                 }
                 continue;
             }
-            observe::stage_started(stage.mode, calls.len());
+            observe::stage_started(stage.mode, calls.len(), &self.collector.snapshot().metrics);
             if calls.iter().all(|p| p.tool.handler.is_inline()) {
                 for p in calls {
-                    let result = run_inline(p.call, &p.tool, self.arrived, cancel);
+                    let result = run_inline(p.call, &p.tool, self.arrived, cancel, &self.span);
                     self.collector.fill(p.index, result);
                 }
                 continue;
@@ -248,6 +258,7 @@ impl TurnPlan {
                     calls,
                     arrived: self.arrived,
                     cancel: cancel.clone(),
+                    span: self.span.clone(),
                 })
                 .await;
             match reply {
@@ -270,10 +281,12 @@ impl TurnPlan {
     }
 
     fn finish(self) -> Vec<ToolDispatchResult> {
-        let calls = self.collector.len();
-        let results = self.collector.finish();
-        observe::turn_dispatched(calls, self.arrived.elapsed());
-        results
+        observe::turn_dispatched(
+            self.collector.len(),
+            self.arrived.elapsed(),
+            &self.collector.snapshot().metrics,
+        );
+        self.collector.finish()
     }
 }
 

@@ -16,6 +16,10 @@ use futures::future::join_all;
 use kameo::prelude::*;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
+
+use crate::metrics::EngineMetrics;
+use crate::observe;
 
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
 use crate::registry::RegisteredTool;
@@ -36,12 +40,13 @@ pub struct Planned {
 #[derive(Actor)]
 pub struct Worker {
     permits: Arc<Semaphore>,
+    metrics: Arc<EngineMetrics>,
 }
 
 impl Worker {
     /// A worker drawing on the shared permit pool.
-    pub fn new(permits: Arc<Semaphore>) -> Self {
-        Worker { permits }
+    pub fn new(permits: Arc<Semaphore>, metrics: Arc<EngineMetrics>) -> Self {
+        Worker { permits, metrics }
     }
 }
 
@@ -55,6 +60,8 @@ pub struct RunStage {
     pub arrived: Instant,
     /// The turn's cancellation.
     pub cancel: CancellationToken,
+    /// The turn's span (parent of the call spans).
+    pub span: Span,
 }
 
 /// A stage's answers: `(index in the turn, result)`.
@@ -68,15 +75,14 @@ impl Message<RunStage> for Worker {
             calls,
             arrived,
             cancel,
+            span,
         } = msg;
         let mut done = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for planned in calls {
             if planned.tool.handler.is_inline() {
-                done.push((
-                    planned.index,
-                    run_inline(planned.call, &planned.tool, arrived, &cancel),
-                ));
+                let result = run_inline(planned.call, &planned.tool, arrived, &cancel, &span);
+                done.push((planned.index, result));
             } else {
                 waiting.push(planned);
             }
@@ -85,11 +91,17 @@ impl Message<RunStage> for Worker {
             return ctx.reply(done);
         }
         let permits = Arc::clone(&self.permits);
+        let metrics = Arc::clone(&self.metrics);
         ctx.spawn(async move {
             let runs = waiting.into_iter().map(|p| {
-                let permits = Arc::clone(&permits);
-                let cancel = cancel.clone();
-                async move { (p.index, run_call(p, arrived, cancel, permits).await) }
+                let stage = Stage {
+                    arrived,
+                    cancel: &cancel,
+                    permits: &permits,
+                    metrics: &metrics,
+                    span: &span,
+                };
+                async move { (p.index, run_call(p, stage).await) }
             });
             done.extend(join_all(runs).await);
             done
@@ -104,6 +116,7 @@ pub fn run_inline(
     tool: &RegisteredTool,
     arrived: Instant,
     cancel: &CancellationToken,
+    turn_span: &Span,
 ) -> ToolDispatchResult {
     let Handler::Inline(f) = &tool.handler else {
         unreachable!("run_inline is only called for inline handlers")
@@ -117,30 +130,51 @@ pub fn run_inline(
         deadline: started + tool.policy.timeout,
         cancel: cancel.clone(),
     };
-    let outcome = catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx)))
+    let span = observe::call_span(turn_span, &call);
+    let outcome = span
+        .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
         .unwrap_or_else(|panic| Err(panicked(&*panic)));
     let timing = Timing {
         queued: started.saturating_duration_since(arrived),
         run: started.elapsed(),
     };
-    to_result(call, tool, outcome, timing)
+    let result = to_result(call, tool, outcome, timing);
+    observe::call_finished(&span, &result);
+    result
+}
+
+/// What every waiting call of one stage shares.
+#[derive(Clone, Copy)]
+pub struct Stage<'a> {
+    /// When the turn reached the scheduler.
+    pub arrived: Instant,
+    /// The turn's cancellation.
+    pub cancel: &'a CancellationToken,
+    /// The global concurrency cap.
+    pub permits: &'a Arc<Semaphore>,
+    /// The engine's metric handles.
+    pub metrics: &'a EngineMetrics,
+    /// The turn's span.
+    pub span: &'a Span,
 }
 
 /// Runs an async or blocking handler: waits for a global permit (or cancellation), then races the
 /// handler against its deadline and the turn's cancellation. A timed-out or cancelled handler's
 /// task is aborted (dropping its future, which kills what it started); its late reply, if any, is
 /// dropped.
-pub async fn run_call(
-    planned: Planned,
-    arrived: Instant,
-    cancel: CancellationToken,
-    permits: Arc<Semaphore>,
-) -> ToolDispatchResult {
+pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult {
+    let Stage {
+        arrived,
+        cancel,
+        permits,
+        metrics,
+        span: turn_span,
+    } = stage;
     let Planned { mut call, tool, .. } = planned;
     let _permit = tokio::select! {
         biased;
         _ = cancel.cancelled() => return not_started(call, ErrorCode::Cancelled, "cancelled before it started"),
-        permit = permits.acquire_owned() => match permit {
+        permit = Arc::clone(permits).acquire_owned() => match permit {
             Ok(p) => p,
             Err(_) => return not_started(call, ErrorCode::Cancelled, "the engine is shut down"),
         },
@@ -152,20 +186,23 @@ pub async fn run_call(
         deadline,
         cancel: cancel.clone(),
     };
+    let span = observe::call_span(turn_span, &call);
     let mut handle = match &tool.handler {
         Handler::Async(f) => {
             let args = std::mem::take(&mut call.arguments);
-            tokio::spawn(f(args, ctx))
+            tokio::spawn(f(args, ctx).instrument(span.clone()))
         }
         Handler::Blocking(f) => {
             let f = Arc::clone(f);
             let args = std::mem::take(&mut call.arguments);
-            tokio::task::spawn_blocking(move || f(&args, &ctx))
+            let span = span.clone();
+            tokio::task::spawn_blocking(move || span.in_scope(|| f(&args, &ctx)))
         }
         Handler::Inline(_) => {
-            return run_inline(call, &tool, arrived, &cancel);
+            return run_inline(call, &tool, arrived, cancel, turn_span);
         }
     };
+    metrics.in_flight(1.0);
     let outcome = tokio::select! {
         joined = &mut handle => match joined {
             Ok(outcome) => outcome,
@@ -184,11 +221,14 @@ pub async fn run_call(
             Err(ToolError::new(ErrorCode::Cancelled, "cancelled while running"))
         }
     };
+    metrics.in_flight(-1.0);
     let timing = Timing {
         queued: started.saturating_duration_since(arrived),
         run: started.elapsed(),
     };
-    to_result(call, &tool, outcome, timing)
+    let result = to_result(call, &tool, outcome, timing);
+    observe::call_finished(&span, &result);
+    result
 }
 
 fn to_result(
@@ -248,9 +288,9 @@ pub struct WorkerPool {
 
 impl WorkerPool {
     /// Spawns `size` workers sharing `permits` (must run inside a tokio runtime).
-    pub fn spawn(size: usize, permits: Arc<Semaphore>) -> Self {
+    pub fn spawn(size: usize, permits: Arc<Semaphore>, metrics: Arc<EngineMetrics>) -> Self {
         let workers: Vec<_> = (0..size.max(1))
-            .map(|_| Worker::spawn(Worker::new(Arc::clone(&permits))))
+            .map(|_| Worker::spawn(Worker::new(Arc::clone(&permits), Arc::clone(&metrics))))
             .collect();
         WorkerPool {
             workers: workers.into(),

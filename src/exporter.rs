@@ -1,0 +1,156 @@
+//! The Prometheus exporter and log setup of the long-running commands.
+//!
+//! `--metrics-addr ADDR` installs the Prometheus recorder and serves `GET /metrics` (text
+//! exposition format) and `GET /healthz` on `ADDR`; `--metrics-file PATH` writes the final
+//! exposition when the command ends. With neither flag no recorder is installed and every metric
+//! handle is a no-op. The recorder is installed before the engine is built, because the engine
+//! caches its metric handles at build time. Logs go to stderr, as text or JSON lines.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::task::JoinHandle;
+
+use crate::metrics::{COUNT_BUCKETS, DURATION_BUCKETS, STAGE_CALLS, TURN_CALLS, describe_all};
+
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
+
+/// A running exporter (or none). Call [`Telemetry::finish`] when the command ends.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    handle: Option<PrometheusHandle>,
+    tasks: Vec<JoinHandle<()>>,
+    metrics_file: Option<PathBuf>,
+    local_addr: Option<SocketAddr>,
+}
+
+/// The recorder with Switchboard's buckets: real Prometheus histograms, not summaries.
+pub fn prometheus_builder() -> Result<PrometheusBuilder, String> {
+    let err = |e: metrics_exporter_prometheus::BuildError| format!("metrics buckets: {e}");
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(TURN_CALLS.into()), COUNT_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(STAGE_CALLS.into()), COUNT_BUCKETS)
+        .map_err(err)
+}
+
+impl Telemetry {
+    /// Installs the recorder and starts the HTTP endpoint if asked to. Must run inside a tokio
+    /// runtime, before the engine is built.
+    pub async fn start(
+        metrics_addr: Option<SocketAddr>,
+        metrics_file: Option<PathBuf>,
+    ) -> Result<Telemetry, String> {
+        if metrics_addr.is_none() && metrics_file.is_none() {
+            return Ok(Telemetry::default());
+        }
+        let handle = prometheus_builder()?
+            .install_recorder()
+            .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+        describe_all();
+        let mut tasks = Vec::new();
+        let upkeep = handle.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP_PERIOD);
+            loop {
+                tick.tick().await;
+                upkeep.run_upkeep();
+            }
+        }));
+        let mut local_addr = None;
+        if let Some(addr) = metrics_addr {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
+            local_addr = listener.local_addr().ok();
+            let render = handle.clone();
+            let app = Router::new()
+                .route(
+                    "/metrics",
+                    get(move || {
+                        let render = render.clone();
+                        async move { render.render() }
+                    }),
+                )
+                .route("/healthz", get(|| async { "ok\n" }));
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!("metrics endpoint stopped: {e}");
+                }
+            }));
+            tracing::info!(
+                "serving metrics on http://{}/metrics",
+                local_addr.unwrap_or(addr)
+            );
+        }
+        Ok(Telemetry {
+            handle: Some(handle),
+            tasks,
+            metrics_file,
+            local_addr,
+        })
+    }
+
+    /// The address `/metrics` is served on (useful with port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// The exposition text now (None without a recorder).
+    pub fn render(&self) -> Option<String> {
+        self.handle.as_ref().map(|h| {
+            h.run_upkeep();
+            h.render()
+        })
+    }
+
+    /// Writes `--metrics-file` (if set) and stops the endpoint.
+    pub async fn finish(self) -> Result<(), String> {
+        let result = match (&self.metrics_file, self.render()) {
+            (Some(path), Some(text)) => std::fs::write(path, text)
+                .map_err(|e| format!("cannot write metrics file {}: {e}", path.display())),
+            _ => Ok(()),
+        };
+        for task in &self.tasks {
+            task.abort();
+        }
+        result
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (with the current span and its parents).
+    Json,
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`; kameo's per-message spans are kept at
+/// `warn` unless asked for).
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,kameo=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
+}

@@ -1,0 +1,358 @@
+//! Every metric Switchboard exports: names, kinds, units, help text, buckets, and cached handles.
+//!
+//! This is the only module that calls the `metrics` macros. Conventions (Prometheus): counters end
+//! in `_total`, durations are `_seconds` histograms with explicit buckets from 50 µs to 120 s,
+//! levels are gauges. Labels are bounded: `tool` is a registered tool name, with every unknown name
+//! folded into [`UNKNOWN_TOOL`]; `outcome` is `ok` or an error code; `mode` is `concurrent` or
+//! `serial`; `provider` and `status` come from the provider layer. Never a call id or session id.
+//!
+//! Handles are cached (per tool at registration, per engine at build) so the hot path does no
+//! label hashing or registry lookup: a recorder must be installed *before* the engine is built,
+//! or the engine records into the no-op recorder.
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Unit, counter, gauge, histogram};
+
+use crate::protocol::{ErrorCode, ToolDispatchResult};
+
+/// The `tool` label value that every unknown tool name is folded into.
+pub const UNKNOWN_TOOL: &str = "_unknown";
+
+/// Calls answered, by tool and outcome.
+pub const TOOL_CALLS_TOTAL: &str = "switchboard_tool_calls_total";
+/// Handler run time, by tool.
+pub const TOOL_CALL_DURATION_SECONDS: &str = "switchboard_tool_call_duration_seconds";
+/// From scheduled (turn arrived) to handler started, by tool.
+pub const TOOL_CALL_QUEUE_SECONDS: &str = "switchboard_tool_call_queue_seconds";
+/// A turn in to its ordered results out.
+pub const TURN_DISPATCH_SECONDS: &str = "switchboard_turn_dispatch_seconds";
+/// Calls per turn.
+pub const TURN_CALLS: &str = "switchboard_turn_calls";
+/// Stages run, by mode.
+pub const STAGES_TOTAL: &str = "switchboard_stages_total";
+/// Calls per stage, by mode.
+pub const STAGE_CALLS: &str = "switchboard_stage_calls";
+/// Async and blocking calls running now.
+pub const CALLS_IN_FLIGHT: &str = "switchboard_calls_in_flight";
+/// Sessions open now.
+pub const SESSIONS_ACTIVE: &str = "switchboard_sessions_active";
+/// Tools registered now.
+pub const REGISTRY_TOOLS: &str = "switchboard_registry_tools";
+/// Worker actors replaced after dying.
+pub const WORKER_RESTARTS_TOTAL: &str = "switchboard_worker_restarts_total";
+/// Model requests, by provider and status.
+pub const MODEL_REQUESTS_TOTAL: &str = "switchboard_model_requests_total";
+/// Model request latency, by provider.
+pub const MODEL_REQUEST_SECONDS: &str = "switchboard_model_request_seconds";
+/// Always 1; the `version` label carries the crate version.
+pub const BUILD_INFO: &str = "switchboard_build_info";
+
+/// What kind of metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic counter.
+    Counter,
+    /// Level.
+    Gauge,
+    /// Histogram with [`DURATION_BUCKETS`] or [`COUNT_BUCKETS`].
+    Histogram,
+}
+
+/// The declaration of one metric.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricDef {
+    /// Full Prometheus name.
+    pub name: &'static str,
+    /// Kind.
+    pub kind: Kind,
+    /// Unit.
+    pub unit: Unit,
+    /// Labels it carries.
+    pub labels: &'static [&'static str],
+    /// HELP text.
+    pub help: &'static str,
+}
+
+/// Every metric, declared once.
+pub const METRICS: &[MetricDef] = &[
+    MetricDef {
+        name: TOOL_CALLS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["tool", "outcome"],
+        help: "Tool calls answered, by tool (unknown names folded into _unknown) and outcome (ok or an error code).",
+    },
+    MetricDef {
+        name: TOOL_CALL_DURATION_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["tool"],
+        help: "Handler run time of tool calls that ran.",
+    },
+    MetricDef {
+        name: TOOL_CALL_QUEUE_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["tool"],
+        help: "Time from a call's turn reaching the scheduler to its handler starting.",
+    },
+    MetricDef {
+        name: TURN_DISPATCH_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &[],
+        help: "Time from a turn reaching the scheduler to its ordered results being ready.",
+    },
+    MetricDef {
+        name: TURN_CALLS,
+        kind: Kind::Histogram,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Tool calls per dispatched turn.",
+    },
+    MetricDef {
+        name: STAGES_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["mode"],
+        help: "Stages run, by mode (concurrent or serial).",
+    },
+    MetricDef {
+        name: STAGE_CALLS,
+        kind: Kind::Histogram,
+        unit: Unit::Count,
+        labels: &["mode"],
+        help: "Calls per stage, by mode.",
+    },
+    MetricDef {
+        name: CALLS_IN_FLIGHT,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Async and blocking tool calls running now (inline calls finish in microseconds and are not counted).",
+    },
+    MetricDef {
+        name: SESSIONS_ACTIVE,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Engine sessions open now.",
+    },
+    MetricDef {
+        name: REGISTRY_TOOLS,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Tools registered now.",
+    },
+    MetricDef {
+        name: WORKER_RESTARTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Worker actors replaced after dying.",
+    },
+    MetricDef {
+        name: MODEL_REQUESTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["provider", "status"],
+        help: "Model requests made by agent loops, by provider and status (ok, an HTTP status, or error).",
+    },
+    MetricDef {
+        name: MODEL_REQUEST_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["provider"],
+        help: "Model request latency, by provider.",
+    },
+    MetricDef {
+        name: BUILD_INFO,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &["version"],
+        help: "Always 1; the version label carries the Switchboard version.",
+    },
+];
+
+/// Buckets of every `_seconds` histogram: 50 µs to 120 s.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Buckets of the calls-per-turn and calls-per-stage histograms.
+pub const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0];
+
+/// Registers HELP text and units with the installed recorder. Call right after installing it.
+pub fn describe_all() {
+    for m in METRICS {
+        match m.kind {
+            Kind::Counter => metrics::describe_counter!(m.name, m.unit, m.help),
+            Kind::Gauge => metrics::describe_gauge!(m.name, m.unit, m.help),
+            Kind::Histogram => metrics::describe_histogram!(m.name, m.unit, m.help),
+        }
+    }
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// Cached handles of one tool label.
+#[derive(Debug, Clone)]
+pub struct ToolMetrics {
+    ok: Counter,
+    errors: [Counter; ErrorCode::ALL.len()],
+    duration: Histogram,
+    queue: Histogram,
+}
+
+impl ToolMetrics {
+    /// Handles for `tool` (a registered name, or [`UNKNOWN_TOOL`]).
+    pub fn new(tool: &str) -> Self {
+        let tool = tool.to_string();
+        let outcome =
+            |o: &'static str| counter!(TOOL_CALLS_TOTAL, "tool" => tool.clone(), "outcome" => o);
+        ToolMetrics {
+            ok: outcome("ok"),
+            errors: ErrorCode::ALL.map(|c| outcome(c.as_str())),
+            duration: histogram!(TOOL_CALL_DURATION_SECONDS, "tool" => tool.clone()),
+            queue: histogram!(TOOL_CALL_QUEUE_SECONDS, "tool" => tool),
+        }
+    }
+
+    /// Records one answered call. Run and queue time are recorded only for calls that ran.
+    #[inline]
+    pub fn record(&self, result: &ToolDispatchResult) {
+        match result.error {
+            None => self.ok.increment(1),
+            Some(code) => self.errors[code as usize].increment(1),
+        }
+        if result.timing.run > Duration::ZERO || result.timing.queued > Duration::ZERO {
+            self.duration.record(result.timing.run);
+            self.queue.record(result.timing.queued);
+        }
+    }
+}
+
+/// Cached handles of one engine.
+#[derive(Debug, Clone)]
+pub struct EngineMetrics {
+    /// Handles of the `_unknown` tool label.
+    pub unknown: ToolMetrics,
+    turn_dispatch: Histogram,
+    turn_calls: Histogram,
+    stages_concurrent: Counter,
+    stages_serial: Counter,
+    stage_calls_concurrent: Histogram,
+    stage_calls_serial: Histogram,
+    in_flight: Gauge,
+    sessions: Gauge,
+    registry_tools: Gauge,
+    worker_restarts: Counter,
+}
+
+impl EngineMetrics {
+    /// Handles from the recorder installed now.
+    pub fn new() -> Self {
+        let restarts = counter!(WORKER_RESTARTS_TOTAL);
+        restarts.increment(0);
+        let in_flight = gauge!(CALLS_IN_FLIGHT);
+        in_flight.increment(0.0);
+        let sessions = gauge!(SESSIONS_ACTIVE);
+        sessions.increment(0.0);
+        EngineMetrics {
+            unknown: ToolMetrics::new(UNKNOWN_TOOL),
+            turn_dispatch: histogram!(TURN_DISPATCH_SECONDS),
+            turn_calls: histogram!(TURN_CALLS),
+            stages_concurrent: counter!(STAGES_TOTAL, "mode" => "concurrent"),
+            stages_serial: counter!(STAGES_TOTAL, "mode" => "serial"),
+            stage_calls_concurrent: histogram!(STAGE_CALLS, "mode" => "concurrent"),
+            stage_calls_serial: histogram!(STAGE_CALLS, "mode" => "serial"),
+            in_flight,
+            sessions,
+            registry_tools: gauge!(REGISTRY_TOOLS),
+            worker_restarts: restarts,
+        }
+    }
+
+    /// A turn finished.
+    #[inline]
+    pub fn turn(&self, calls: usize, elapsed: Duration) {
+        self.turn_dispatch.record(elapsed);
+        self.turn_calls.record(calls as f64);
+    }
+
+    /// A stage started.
+    #[inline]
+    pub fn stage(&self, concurrent: bool, calls: usize) {
+        if concurrent {
+            self.stages_concurrent.increment(1);
+            self.stage_calls_concurrent.record(calls as f64);
+        } else {
+            self.stages_serial.increment(1);
+            self.stage_calls_serial.record(calls as f64);
+        }
+    }
+
+    /// An async or blocking call started (`+1`) or ended (`-1`).
+    #[inline]
+    pub fn in_flight(&self, delta: f64) {
+        self.in_flight.increment(delta);
+    }
+
+    /// A session opened (`+1`) or closed (`-1`).
+    pub fn sessions(&self, delta: f64) {
+        self.sessions.increment(delta);
+    }
+
+    /// The registry now holds `n` tools.
+    pub fn registry_tools(&self, n: usize) {
+        self.registry_tools.set(n as f64);
+    }
+
+    /// A worker was replaced.
+    pub fn worker_restarted(&self) {
+        self.worker_restarts.increment(1);
+    }
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Records one model request (the slow path: labels are looked up per call).
+pub fn model_request(provider: &str, status: &str, elapsed: Duration) {
+    counter!(MODEL_REQUESTS_TOTAL, "provider" => provider.to_string(), "status" => status.to_string())
+        .increment(1);
+    histogram!(MODEL_REQUEST_SECONDS, "provider" => provider.to_string()).record(elapsed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for m in METRICS {
+            assert!(m.name.starts_with("switchboard_"), "{}", m.name);
+            match m.kind {
+                Kind::Counter => assert!(m.name.ends_with("_total"), "{}", m.name),
+                Kind::Histogram if m.unit == Unit::Seconds => {
+                    assert!(m.name.ends_with("_seconds"), "{}", m.name)
+                }
+                _ => assert!(!m.name.ends_with("_total"), "{}", m.name),
+            }
+            assert!(!m.help.is_empty());
+            assert!(!m.labels.iter().any(|l| l.ends_with("id")), "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn duration_buckets_span_50us_to_120s_in_order() {
+        assert_eq!(DURATION_BUCKETS.first(), Some(&0.00005));
+        assert_eq!(DURATION_BUCKETS.last(), Some(&120.0));
+        assert!(DURATION_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+    }
+}
