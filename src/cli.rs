@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::demo;
 use crate::engine::Engine;
@@ -85,6 +86,9 @@ pub enum Command {
         #[command(flatten)]
         telemetry: TelemetryArgs,
     },
+    /// Drive the engine with many concurrent sessions and report throughput, latency and memory,
+    /// optionally beside the direct in-process baseline (`--baseline direct`).
+    Load(crate::load::LoadArgs),
 }
 
 /// `--format` of `dispatch`.
@@ -196,6 +200,7 @@ async fn run(cli: Cli) -> ExitCode {
             };
             finish_telemetry(telemetry, code).await
         }
+        Command::Load(args) => crate::load::run(args).await,
     }
 }
 
@@ -222,24 +227,69 @@ fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
         .map_err(|e| fail(1, &e.to_string()))
 }
 
+/// Exit code after ctrl-c (128 + SIGINT), as shells report it.
+const INTERRUPTED: u8 = 130;
+
+/// Cancelled on ctrl-c. Installing it means ctrl-c no longer kills the process: the command
+/// answers every call of the turn in flight (`cancelled`, with partial output), prints the
+/// answer, and exits 130.
+fn interrupt_token() -> CancellationToken {
+    let token = CancellationToken::new();
+    let on_signal = token.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_signal.cancel();
+        }
+    });
+    token
+}
+
 async fn dispatch_one(engine: &Engine, format: WireFormat) -> ExitCode {
-    let mut input = String::new();
-    if let Err(e) = std::io::stdin().read_to_string(&mut input) {
-        return fail(2, &format!("cannot read stdin: {e}"));
-    }
-    match dispatch_document(engine, format, &input).await {
+    let interrupt = interrupt_token();
+    let read = tokio::task::spawn_blocking(|| {
+        let mut input = String::new();
+        std::io::stdin().read_to_string(&mut input).map(|_| input)
+    });
+    let input = tokio::select! {
+        read = read => match read {
+            Ok(Ok(input)) => input,
+            Ok(Err(e)) => return fail(2, &format!("cannot read stdin: {e}")),
+            Err(e) => return fail(1, &format!("cannot read stdin: {e}")),
+        },
+        _ = interrupt.cancelled() => return fail(INTERRUPTED, "interrupted before any input"),
+    };
+    match dispatch_document(engine, format, &input, interrupt.child_token()).await {
         Ok(out) => {
             print_json(&out, false);
-            ExitCode::SUCCESS
+            if interrupt.is_cancelled() {
+                ExitCode::from(INTERRUPTED)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => fail(2, &e),
     }
 }
 
 async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
-    let stdin = std::io::stdin();
+    let interrupt = interrupt_token();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            if tx.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
     let mut bad = 0usize;
-    for (n, line) in stdin.lock().lines().enumerate() {
+    let mut n = 0usize;
+    loop {
+        let line = tokio::select! {
+            line = rx.recv() => line,
+            _ = interrupt.cancelled() => return fail(INTERRUPTED, "interrupted"),
+        };
+        let Some(line) = line else { break };
+        n += 1;
         let line = match line {
             Ok(line) => line,
             Err(e) => return fail(2, &format!("cannot read stdin: {e}")),
@@ -247,12 +297,15 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
         if line.trim().is_empty() {
             continue;
         }
-        match dispatch_document(engine, format, &line).await {
+        match dispatch_document(engine, format, &line, interrupt.child_token()).await {
             Ok(out) => print_json(&out, false),
             Err(e) => {
                 bad += 1;
-                eprintln!("switchboard: line {}: {e}", n + 1);
+                eprintln!("switchboard: line {n}: {e}");
             }
+        }
+        if interrupt.is_cancelled() {
+            return fail(INTERRUPTED, "interrupted; the turn in flight was answered");
         }
     }
     if bad > 0 {
@@ -262,17 +315,19 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
     }
 }
 
-/// Decodes one document, dispatches its calls, encodes the answer. `Err` is a one-line reason.
+/// Decodes one document, dispatches its calls (cancelled with `cancel`), encodes the answer.
+/// `Err` is a one-line reason.
 pub async fn dispatch_document(
     engine: &Engine,
     format: WireFormat,
     text: &str,
+    cancel: CancellationToken,
 ) -> Result<Value, String> {
     let doc: Value =
         serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
     let calls =
         protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
-    let results = engine.dispatch(calls).await;
+    let results = engine.dispatch_with_cancel(calls, cancel).await;
     Ok(protocol::encode(format, &results))
 }
 

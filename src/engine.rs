@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use kameo::prelude::*;
 use serde_json::Value;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::{
@@ -29,6 +30,8 @@ use crate::worker::WorkerPool;
 
 /// Default global cap on calls running at once (async and blocking handlers).
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
+/// Default bound on calls waiting for the global cap; beyond it calls are answered `overloaded`.
+pub const DEFAULT_MAX_QUEUED: usize = 10_000;
 
 /// Configures and builds an [`Engine`].
 #[derive(Debug, Default)]
@@ -37,6 +40,7 @@ pub struct EngineBuilder {
     workers: Option<usize>,
     schedulers: Option<usize>,
     max_concurrency: Option<usize>,
+    max_queued: Option<usize>,
 }
 
 impl EngineBuilder {
@@ -71,6 +75,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Bound on calls waiting for the global cap (default 10,000). A call that finds the line
+    /// full is answered `overloaded` at once and nothing runs, so a flood cannot grow memory.
+    pub fn max_queued(mut self, n: usize) -> Self {
+        self.max_queued = Some(n);
+        self
+    }
+
     /// Builds the engine: registers the tools (refusing bad ones) and spawns the actors. Must be
     /// called inside a tokio runtime. Metric handles are taken from the recorder installed now
     /// (install one first to export metrics; see [`crate::metrics`]).
@@ -84,11 +95,12 @@ impl EngineBuilder {
         let snapshot = registry.snapshot();
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let workers_n = self.workers.unwrap_or(cpus.max(2));
-        let permits = Arc::new(Semaphore::new(
+        let limiter = Arc::new(Limiter::new(
             self.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY),
+            self.max_queued.unwrap_or(DEFAULT_MAX_QUEUED),
         ));
         let registry = Registry::spawn(registry);
-        let workers = WorkerPool::spawn(workers_n, Arc::clone(&permits), Arc::clone(&metrics));
+        let workers = WorkerPool::spawn(workers_n, Arc::clone(&limiter), Arc::clone(&metrics));
         let schedulers = (0..self.schedulers.unwrap_or(workers_n))
             .map(|_| {
                 Scheduler::spawn(Scheduler::new(
@@ -107,7 +119,7 @@ impl EngineBuilder {
                 schedulers,
                 next: AtomicUsize::new(0),
                 root: CancellationToken::new(),
-                permits,
+                limiter,
                 closed: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
@@ -124,7 +136,7 @@ struct Inner {
     schedulers: Vec<ActorRef<Scheduler>>,
     next: AtomicUsize,
     root: CancellationToken,
-    permits: Arc<Semaphore>,
+    limiter: Arc<Limiter>,
     closed: AtomicBool,
     in_flight: AtomicUsize,
     idle: Notify,
@@ -222,6 +234,29 @@ impl Engine {
             .await
     }
 
+    /// Like [`Engine::dispatch`], cancellable on its own: cancelling `cancel` answers the turn's
+    /// running and pending calls `cancelled`. Make `cancel` with [`Engine::turn_token`] so engine
+    /// shutdown cancels it too.
+    pub async fn dispatch_with_cancel(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> Vec<ToolDispatchResult> {
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
+        let scheduler = &self.inner.schedulers[i];
+        self.dispatch_on(scheduler, calls, cancel).await
+    }
+
+    /// A cancellation token for one turn, cancelled also when the engine shuts down.
+    pub fn turn_token(&self) -> CancellationToken {
+        self.inner.root.child_token()
+    }
+
+    /// The worker pool (for diagnostics and fault injection: [`WorkerPool::kill`]).
+    pub fn workers(&self) -> &WorkerPool {
+        &self.inner.workers
+    }
+
     /// A new session: its own scheduler and its own cancellation. The scheduler stops when the
     /// last clone of the session is dropped.
     pub fn session(&self) -> Session {
@@ -292,7 +327,7 @@ impl Engine {
         }
         self.inner.workers.stop().await;
         let _ = self.inner.registry.stop_gracefully().await;
-        self.inner.permits.close();
+        self.inner.limiter.close();
     }
 
     async fn wait_idle(&self) {
@@ -365,6 +400,24 @@ impl Session {
             .engine
             .dispatch_on(&self.inner.scheduler, calls, self.inner.cancel.clone())
             .await
+    }
+
+    /// Like [`Session::dispatch`], cancellable on its own. Make `cancel` with
+    /// [`Session::turn_token`] so that cancelling the session (or the engine) cancels it too.
+    pub async fn dispatch_with_cancel(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> Vec<ToolDispatchResult> {
+        self.inner
+            .engine
+            .dispatch_on(&self.inner.scheduler, calls, cancel)
+            .await
+    }
+
+    /// A cancellation token for one turn of this session (a child of the session's).
+    pub fn turn_token(&self) -> CancellationToken {
+        self.inner.cancel.child_token()
     }
 
     /// Cancels the session: calls running now are answered `cancelled` (their processes are

@@ -4,11 +4,13 @@
 
 pub mod agent_loop;
 pub mod baseline;
+pub mod breaker;
 pub mod cli;
 pub mod collector;
 pub mod demo;
 pub mod engine;
 pub mod exporter;
+pub mod limiter;
 pub mod metrics;
 pub mod observe;
 pub mod protocol;

@@ -18,6 +18,8 @@ use jsonschema::Validator;
 use kameo::prelude::*;
 use serde_json::{Value, json};
 
+use crate::breaker::Breaker;
+use crate::limiter::Limiter;
 use crate::metrics::{EngineMetrics, ToolMetrics};
 use crate::tool::{Handler, ToolPolicy, ToolSpec};
 use crate::validation;
@@ -40,7 +42,14 @@ pub struct RegisteredTool {
     pub validator: Validator,
     /// Metric handles of this tool's label, created once at registration.
     pub metrics: ToolMetrics,
+    /// The per-tool concurrency cap, if the policy sets one.
+    pub limiter: Option<Limiter>,
+    /// Restart intensity: trips the tool after repeated panics.
+    pub breaker: Breaker,
 }
+
+/// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
+pub const TOOL_QUEUE_LIMIT: usize = 1024;
 
 /// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,8 +167,14 @@ impl Registry {
                 detail,
             })?;
         let metrics = ToolMetrics::new(&spec.name);
+        let limiter = spec
+            .policy
+            .max_concurrency
+            .map(|n| Limiter::new(n, TOOL_QUEUE_LIMIT));
         self.order.push(Arc::new(RegisteredTool {
             metrics,
+            limiter,
+            breaker: Breaker::default(),
             name: Arc::from(spec.name),
             description: spec.description,
             input_schema: spec.input_schema,

@@ -145,6 +145,21 @@ pub fn plan(snapshot: &Arc<Snapshot>, calls: Vec<ToolCall>, arrived: Instant) ->
             );
             continue;
         };
+        if let Some(left) = tool.breaker.tripped() {
+            let (max, window) = tool.breaker.limit();
+            collector.fill_error(
+                index,
+                ErrorCode::ExecutionError,
+                &format!(
+                    "tool {} is disabled: its handler panicked more than {max} times within {}s; \
+                     it is retried in {}s",
+                    tool.name,
+                    window.as_secs(),
+                    left.as_secs().max(1)
+                ),
+            );
+            continue;
+        }
         if let Some(detail) = &call.malformed {
             collector.fill_error(index, ErrorCode::InvalidArguments, detail);
             continue;
@@ -252,8 +267,8 @@ impl TurnPlan {
                 continue;
             }
             let indices: Vec<usize> = calls.iter().map(|p| p.index).collect();
-            let reply = workers
-                .pick()
+            let (slot, worker) = workers.pick();
+            let reply = worker
                 .ask(RunStage {
                     calls,
                     arrived: self.arrived,
@@ -268,7 +283,8 @@ impl TurnPlan {
                     }
                 }
                 Err(e) => {
-                    // The worker is gone: its calls are still answered, once.
+                    // The worker is gone: its calls are still answered, once, and it is replaced.
+                    workers.replace_if_dead(slot);
                     let detail = format!("worker unavailable: {e}");
                     for index in indices {
                         self.collector

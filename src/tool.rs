@@ -150,15 +150,21 @@ pub struct ToolPolicy {
     /// Largest `content` handed back, in bytes; longer output keeps head and tail around a
     /// `… N bytes truncated …` marker.
     pub output_cap: usize,
+    /// At most this many calls of this tool run at once (async and blocking handlers); `None`:
+    /// only the engine's global cap applies. Calls beyond it wait in a bounded line, then are
+    /// answered `overloaded`.
+    pub max_concurrency: Option<usize>,
 }
 
 impl Default for ToolPolicy {
-    /// Not concurrency-safe (the conservative choice), 120 s timeout, 50,000-byte output cap.
+    /// Not concurrency-safe (the conservative choice), 120 s timeout, 50,000-byte output cap,
+    /// no per-tool concurrency cap.
     fn default() -> Self {
         ToolPolicy {
             concurrency_safe: false,
             timeout: Duration::from_secs(120),
             output_cap: 50_000,
+            max_concurrency: None,
         }
     }
 }
@@ -210,6 +216,12 @@ impl ToolSpec {
     /// Sets the output cap in bytes.
     pub fn output_cap(mut self, bytes: usize) -> Self {
         self.policy.output_cap = bytes;
+        self
+    }
+
+    /// Caps how many calls of this tool run at once.
+    pub fn max_concurrency(mut self, n: usize) -> Self {
+        self.policy.max_concurrency = Some(n.max(1));
         self
     }
 }

@@ -8,16 +8,16 @@
 //! → handler (panic caught) → output cap. The pool ([`WorkerPool`]) hands stages out round-robin.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use kameo::prelude::*;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
+use crate::limiter::{Limiter, Refusal};
 use crate::metrics::EngineMetrics;
 use crate::observe;
 
@@ -39,14 +39,14 @@ pub struct Planned {
 /// A worker. Stateless apart from the shared global concurrency cap.
 #[derive(Actor)]
 pub struct Worker {
-    permits: Arc<Semaphore>,
+    limiter: Arc<Limiter>,
     metrics: Arc<EngineMetrics>,
 }
 
 impl Worker {
-    /// A worker drawing on the shared permit pool.
-    pub fn new(permits: Arc<Semaphore>, metrics: Arc<EngineMetrics>) -> Self {
-        Worker { permits, metrics }
+    /// A worker drawing on the shared global limiter.
+    pub fn new(limiter: Arc<Limiter>, metrics: Arc<EngineMetrics>) -> Self {
+        Worker { limiter, metrics }
     }
 }
 
@@ -90,14 +90,14 @@ impl Message<RunStage> for Worker {
         if waiting.is_empty() {
             return ctx.reply(done);
         }
-        let permits = Arc::clone(&self.permits);
+        let limiter = Arc::clone(&self.limiter);
         let metrics = Arc::clone(&self.metrics);
         ctx.spawn(async move {
             let runs = waiting.into_iter().map(|p| {
                 let stage = Stage {
                     arrived,
                     cancel: &cancel,
-                    permits: &permits,
+                    limiter: &limiter,
                     metrics: &metrics,
                     span: &span,
                 };
@@ -133,7 +133,10 @@ pub fn run_inline(
     let span = observe::call_span(turn_span, &call);
     let outcome = span
         .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
-        .unwrap_or_else(|panic| Err(panicked(&*panic)));
+        .unwrap_or_else(|panic| {
+            tool.breaker.record_panic();
+            Err(panicked(&*panic))
+        });
     let timing = Timing {
         queued: started.saturating_duration_since(arrived),
         run: started.elapsed(),
@@ -151,40 +154,56 @@ pub struct Stage<'a> {
     /// The turn's cancellation.
     pub cancel: &'a CancellationToken,
     /// The global concurrency cap.
-    pub permits: &'a Arc<Semaphore>,
+    pub limiter: &'a Limiter,
     /// The engine's metric handles.
     pub metrics: &'a EngineMetrics,
     /// The turn's span.
     pub span: &'a Span,
 }
 
-/// Runs an async or blocking handler: waits for a global permit (or cancellation), then races the
-/// handler against its deadline and the turn's cancellation. A timed-out or cancelled handler's
-/// task is aborted (dropping its future, which kills what it started); its late reply, if any, is
-/// dropped.
+/// How long a handler that was told to stop (deadline passed, turn cancelled) may take to answer
+/// with its partial output before its task is aborted.
+pub const STOP_GRACE: Duration = Duration::from_millis(500);
+
+/// Runs an async or blocking handler through the stack: tool cap → global cap (each a bounded
+/// waiting line; full → `overloaded`) → deadline and cancellation → handler (panic caught) →
+/// output cap.
+///
+/// At the deadline, or when the turn is cancelled, the call's own token is cancelled so the
+/// handler can stop and answer with what it has (bash returns its partial output); after
+/// [`STOP_GRACE`] its task is aborted, which drops its future and kills what it started. Either
+/// way the call is answered `timeout` / `cancelled`; a success that arrives after the deadline is
+/// kept only as partial output of a `timeout`.
 pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult {
     let Stage {
         arrived,
         cancel,
-        permits,
+        limiter,
         metrics,
         span: turn_span,
     } = stage;
     let Planned { mut call, tool, .. } = planned;
-    let _permit = tokio::select! {
-        biased;
-        _ = cancel.cancelled() => return not_started(call, ErrorCode::Cancelled, "cancelled before it started"),
-        permit = Arc::clone(permits).acquire_owned() => match permit {
-            Ok(p) => p,
-            Err(_) => return not_started(call, ErrorCode::Cancelled, "the engine is shut down"),
+    if matches!(tool.handler, Handler::Inline(_)) {
+        return run_inline(call, &tool, arrived, cancel, turn_span);
+    }
+    let _tool_place = match &tool.limiter {
+        Some(tool_limiter) => match tool_limiter.acquire(cancel).await {
+            Ok(place) => Some(place),
+            Err(refusal) => return refused(call, refusal, &format!("tool {}", tool.name)),
         },
+        None => None,
+    };
+    let _place = match limiter.acquire(cancel).await {
+        Ok(place) => place,
+        Err(refusal) => return refused(call, refusal, "the engine"),
     };
     let started = Instant::now();
     let deadline = started + tool.policy.timeout;
+    let stop = cancel.child_token();
     let ctx = ToolContext {
         call_id: Arc::clone(&call.id),
         deadline,
-        cancel: cancel.clone(),
+        cancel: stop.clone(),
     };
     let span = observe::call_span(turn_span, &call);
     let mut handle = match &tool.handler {
@@ -198,27 +217,34 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
             let span = span.clone();
             tokio::task::spawn_blocking(move || span.in_scope(|| f(&args, &ctx)))
         }
-        Handler::Inline(_) => {
-            return run_inline(call, &tool, arrived, cancel, turn_span);
-        }
+        Handler::Inline(_) => unreachable!("inline handlers returned above"),
     };
     metrics.in_flight(1.0);
-    let outcome = tokio::select! {
-        joined = &mut handle => match joined {
-            Ok(outcome) => outcome,
-            Err(e) if e.is_panic() => Err(panicked(&*e.into_panic())),
-            Err(e) => Err(ToolError::execution(format!("handler task failed: {e}"))),
-        },
-        _ = tokio::time::sleep_until(deadline.into()) => {
+    let stopped = tokio::select! {
+        joined = &mut handle => Ok(joined),
+        _ = tokio::time::sleep_until(deadline.into()) => Err(ErrorCode::Timeout),
+        _ = cancel.cancelled() => Err(ErrorCode::Cancelled),
+    };
+    let outcome = match stopped {
+        Ok(joined) => joined_outcome(joined, &tool),
+        Err(code) => {
+            stop.cancel();
+            let late = tokio::time::timeout(STOP_GRACE, &mut handle).await;
             handle.abort();
-            Err(ToolError::new(
-                ErrorCode::Timeout,
-                format!("timed out after {}", human_duration(tool.policy.timeout)),
-            ))
-        }
-        _ = cancel.cancelled() => {
-            handle.abort();
-            Err(ToolError::new(ErrorCode::Cancelled, "cancelled while running"))
+            let what = match code {
+                ErrorCode::Timeout => {
+                    format!("timed out after {}", human_duration(tool.policy.timeout))
+                }
+                _ => "cancelled while running".to_string(),
+            };
+            match late.map(|joined| joined_outcome(joined, &tool)) {
+                // The handler answered for itself (e.g. bash with its partial output).
+                Ok(Err(e)) if e.code == code => Err(e),
+                Ok(Ok(text)) | Ok(Err(ToolError { detail: text, .. })) if !text.is_empty() => {
+                    Err(ToolError::new(code, format!("{what}; partial output:\n{text}")))
+                }
+                _ => Err(ToolError::new(code, what)),
+            }
         }
     };
     metrics.in_flight(-1.0);
@@ -229,6 +255,32 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
     let result = to_result(call, &tool, outcome, timing);
     observe::call_finished(&span, &result);
     result
+}
+
+fn joined_outcome(
+    joined: Result<ToolOutcome, tokio::task::JoinError>,
+    tool: &RegisteredTool,
+) -> ToolOutcome {
+    match joined {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_panic() => {
+            tool.breaker.record_panic();
+            Err(panicked(&*e.into_panic()))
+        }
+        Err(e) => Err(ToolError::execution(format!("handler task failed: {e}"))),
+    }
+}
+
+fn refused(call: crate::protocol::ToolCall, refusal: Refusal, whose: &str) -> ToolDispatchResult {
+    match refusal {
+        Refusal::Overloaded => not_started(
+            call,
+            ErrorCode::Overloaded,
+            &format!("too many calls waiting for {whose}; nothing ran, retry later"),
+        ),
+        Refusal::Cancelled => not_started(call, ErrorCode::Cancelled, "cancelled before it started"),
+        Refusal::Closed => not_started(call, ErrorCode::Cancelled, "the engine is shut down"),
+    }
 }
 
 fn to_result(
@@ -279,47 +331,96 @@ fn human_duration(d: std::time::Duration) -> String {
     }
 }
 
-/// The worker pool: a fixed set of worker actors, handed stages round-robin.
+/// The worker pool: a fixed number of worker actors, handed stages round-robin. A worker found
+/// dead is replaced (and counted in `switchboard_worker_restarts_total`); the stage that found it
+/// dead is still answered, once.
 #[derive(Clone)]
 pub struct WorkerPool {
-    workers: Arc<[ActorRef<Worker>]>,
-    next: Arc<AtomicUsize>,
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    slots: Box<[RwLock<ActorRef<Worker>>]>,
+    next: AtomicUsize,
+    limiter: Arc<Limiter>,
+    metrics: Arc<EngineMetrics>,
 }
 
 impl WorkerPool {
-    /// Spawns `size` workers sharing `permits` (must run inside a tokio runtime).
-    pub fn spawn(size: usize, permits: Arc<Semaphore>, metrics: Arc<EngineMetrics>) -> Self {
-        let workers: Vec<_> = (0..size.max(1))
-            .map(|_| Worker::spawn(Worker::new(Arc::clone(&permits), Arc::clone(&metrics))))
+    /// Spawns `size` workers sharing `limiter` (must run inside a tokio runtime).
+    pub fn spawn(size: usize, limiter: Arc<Limiter>, metrics: Arc<EngineMetrics>) -> Self {
+        let slots = (0..size.max(1))
+            .map(|_| RwLock::new(Worker::spawn(Worker::new(Arc::clone(&limiter), Arc::clone(&metrics)))))
             .collect();
         WorkerPool {
-            workers: workers.into(),
-            next: Arc::default(),
+            inner: Arc::new(PoolInner {
+                slots,
+                next: AtomicUsize::new(0),
+                limiter,
+                metrics,
+            }),
         }
     }
 
-    /// The next worker in turn.
-    pub fn pick(&self) -> &ActorRef<Worker> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        &self.workers[i]
+    /// The next worker in turn (replaced first if it is dead), with its slot number.
+    pub fn pick(&self) -> (usize, ActorRef<Worker>) {
+        let slot = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        let worker = self.inner.slots[slot]
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if worker.is_alive() {
+            return (slot, worker);
+        }
+        (slot, self.replace_if_dead(slot))
+    }
+
+    /// Replaces the worker of `slot` if it is no longer running; returns the slot's worker.
+    pub fn replace_if_dead(&self, slot: usize) -> ActorRef<Worker> {
+        let mut worker = self.inner.slots[slot]
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if !worker.is_alive() {
+            *worker = Worker::spawn(Worker::new(
+                Arc::clone(&self.inner.limiter),
+                Arc::clone(&self.inner.metrics),
+            ));
+            self.inner.metrics.worker_restarted();
+            tracing::warn!(slot, "worker replaced");
+        }
+        worker.clone()
+    }
+
+    /// Kills the worker of `slot` at once (fault injection for tests and soak runs). The next
+    /// stage that lands on the slot gets a fresh worker.
+    pub fn kill(&self, slot: usize) {
+        if let Some(lock) = self.inner.slots.get(slot) {
+            lock.read().unwrap_or_else(|p| p.into_inner()).kill();
+        }
     }
 
     /// How many workers.
     pub fn len(&self) -> usize {
-        self.workers.len()
+        self.inner.slots.len()
     }
 
     /// Never true (a pool has at least one worker).
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.inner.slots.is_empty()
     }
 
     /// Stops every worker after the stages already queued.
     pub async fn stop(&self) {
-        for w in self.workers.iter() {
+        let workers: Vec<_> = self
+            .inner
+            .slots
+            .iter()
+            .map(|lock| lock.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect();
+        for w in &workers {
             let _ = w.stop_gracefully().await;
         }
-        for w in self.workers.iter() {
+        for w in &workers {
             w.wait_for_shutdown().await;
         }
     }
