@@ -174,10 +174,7 @@ impl Engine {
         match self.inner.registry.ask(Register(spec)).await {
             Ok(()) => Ok(()),
             Err(SendError::HandlerError(e)) => Err(e),
-            Err(e) => Err(RegistryError::BadSchema {
-                name: String::new(),
-                detail: format!("registry unavailable: {e}"),
-            }),
+            Err(e) => Err(RegistryError::Unavailable(e.to_string())),
         }
     }
 

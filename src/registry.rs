@@ -71,6 +71,9 @@ pub enum RegistryError {
         /// What is wrong with the schema.
         detail: String,
     },
+    /// The registry actor is not running (the engine was shut down).
+    #[error("registry unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// True when `name` matches `^[a-zA-Z0-9_-]{1,64}$`.
