@@ -42,7 +42,10 @@ impl Limiter {
     }
 
     /// Takes a place, waiting in line if needed.
-    pub async fn acquire(&self, cancel: &CancellationToken) -> Result<OwnedSemaphorePermit, Refusal> {
+    pub async fn acquire(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<OwnedSemaphorePermit, Refusal> {
         match Arc::clone(&self.running).try_acquire_owned() {
             Ok(permit) => return Ok(permit),
             Err(TryAcquireError::Closed) => return Err(Refusal::Closed),
@@ -94,7 +97,10 @@ mod tests {
         while limiter.waiting() == 0 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(limiter.acquire(&cancel).await.err(), Some(Refusal::Overloaded));
+        assert_eq!(
+            limiter.acquire(&cancel).await.err(),
+            Some(Refusal::Overloaded)
+        );
         drop(held);
         assert_eq!(waiter.await.unwrap(), Ok(()));
         assert_eq!(limiter.waiting(), 0);
@@ -106,7 +112,10 @@ mod tests {
         let cancel = CancellationToken::new();
         let _held = limiter.acquire(&cancel).await.unwrap();
         cancel.cancel();
-        assert_eq!(limiter.acquire(&cancel).await.err(), Some(Refusal::Cancelled));
+        assert_eq!(
+            limiter.acquire(&cancel).await.err(),
+            Some(Refusal::Cancelled)
+        );
         assert_eq!(limiter.waiting(), 0);
     }
 }

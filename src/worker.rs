@@ -8,11 +8,12 @@
 //! → handler (panic caught) → output cap. The pool ([`WorkerPool`]) hands stages out round-robin.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, RwLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
+use futures::FutureExt;
+use futures::future::{BoxFuture, join_all};
 use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
@@ -206,22 +207,39 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
         cancel: stop.clone(),
     };
     let span = observe::call_span(turn_span, &call);
-    let mut handle = match &tool.handler {
+    // Async handlers run on this stage's task (no spawn per call; the calls of a concurrent stage
+    // are polled together); blocking ones go to the blocking pool. Dropping `running` drops the
+    // handler's future, which kills whatever it started.
+    let running: BoxFuture<'static, Joined> = match &tool.handler {
         Handler::Async(f) => {
             let args = std::mem::take(&mut call.arguments);
-            tokio::spawn(f(args, ctx).instrument(span.clone()))
+            AssertUnwindSafe(f(args, ctx))
+                .catch_unwind()
+                .instrument(span.clone())
+                .boxed()
         }
         Handler::Blocking(f) => {
             let f = Arc::clone(f);
             let args = std::mem::take(&mut call.arguments);
             let span = span.clone();
-            tokio::task::spawn_blocking(move || span.in_scope(|| f(&args, &ctx)))
+            let handle = tokio::task::spawn_blocking(move || {
+                span.in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&args, &ctx))))
+            });
+            async move {
+                handle.await.unwrap_or_else(|e| {
+                    Ok(Err(ToolError::execution(format!(
+                        "handler thread failed: {e}"
+                    ))))
+                })
+            }
+            .boxed()
         }
         Handler::Inline(_) => unreachable!("inline handlers returned above"),
     };
+    let mut running = std::pin::pin!(running);
     metrics.in_flight(1.0);
     let stopped = tokio::select! {
-        joined = &mut handle => Ok(joined),
+        joined = &mut running => Ok(joined),
         _ = tokio::time::sleep_until(deadline.into()) => Err(ErrorCode::Timeout),
         _ = cancel.cancelled() => Err(ErrorCode::Cancelled),
     };
@@ -229,8 +247,7 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
         Ok(joined) => joined_outcome(joined, &tool),
         Err(code) => {
             stop.cancel();
-            let late = tokio::time::timeout(STOP_GRACE, &mut handle).await;
-            handle.abort();
+            let late = tokio::time::timeout(STOP_GRACE, &mut running).await;
             let what = match code {
                 ErrorCode::Timeout => {
                     format!("timed out after {}", human_duration(tool.policy.timeout))
@@ -240,9 +257,9 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
             match late.map(|joined| joined_outcome(joined, &tool)) {
                 // The handler answered for itself (e.g. bash with its partial output).
                 Ok(Err(e)) if e.code == code => Err(e),
-                Ok(Ok(text)) | Ok(Err(ToolError { detail: text, .. })) if !text.is_empty() => {
-                    Err(ToolError::new(code, format!("{what}; partial output:\n{text}")))
-                }
+                Ok(Ok(text)) | Ok(Err(ToolError { detail: text, .. })) if !text.is_empty() => Err(
+                    ToolError::new(code, format!("{what}; partial output:\n{text}")),
+                ),
                 _ => Err(ToolError::new(code, what)),
             }
         }
@@ -257,18 +274,14 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
     result
 }
 
-fn joined_outcome(
-    joined: Result<ToolOutcome, tokio::task::JoinError>,
-    tool: &RegisteredTool,
-) -> ToolOutcome {
-    match joined {
-        Ok(outcome) => outcome,
-        Err(e) if e.is_panic() => {
-            tool.breaker.record_panic();
-            Err(panicked(&*e.into_panic()))
-        }
-        Err(e) => Err(ToolError::execution(format!("handler task failed: {e}"))),
-    }
+/// A handler's end: its outcome, or the payload of its panic.
+type Joined = Result<ToolOutcome, Box<dyn std::any::Any + Send>>;
+
+fn joined_outcome(joined: Joined, tool: &RegisteredTool) -> ToolOutcome {
+    joined.unwrap_or_else(|panic| {
+        tool.breaker.record_panic();
+        Err(panicked(&*panic))
+    })
 }
 
 fn refused(call: crate::protocol::ToolCall, refusal: Refusal, whose: &str) -> ToolDispatchResult {
@@ -278,7 +291,9 @@ fn refused(call: crate::protocol::ToolCall, refusal: Refusal, whose: &str) -> To
             ErrorCode::Overloaded,
             &format!("too many calls waiting for {whose}; nothing ran, retry later"),
         ),
-        Refusal::Cancelled => not_started(call, ErrorCode::Cancelled, "cancelled before it started"),
+        Refusal::Cancelled => {
+            not_started(call, ErrorCode::Cancelled, "cancelled before it started")
+        }
         Refusal::Closed => not_started(call, ErrorCode::Cancelled, "the engine is shut down"),
     }
 }
@@ -350,7 +365,12 @@ impl WorkerPool {
     /// Spawns `size` workers sharing `limiter` (must run inside a tokio runtime).
     pub fn spawn(size: usize, limiter: Arc<Limiter>, metrics: Arc<EngineMetrics>) -> Self {
         let slots = (0..size.max(1))
-            .map(|_| RwLock::new(Worker::spawn(Worker::new(Arc::clone(&limiter), Arc::clone(&metrics)))))
+            .map(|_| {
+                RwLock::new(Worker::spawn(Worker::new(
+                    Arc::clone(&limiter),
+                    Arc::clone(&metrics),
+                )))
+            })
             .collect();
         WorkerPool {
             inner: Arc::new(PoolInner {
