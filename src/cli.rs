@@ -175,7 +175,10 @@ async fn run(cli: Cli) -> ExitCode {
             };
             match engine.catalog(format.into()).await {
                 Ok(catalog) => {
-                    print_json(&Value::Array(catalog), true);
+                    print_line(
+                        &serde_json::to_string_pretty(&Value::Array(catalog))
+                            .unwrap_or_else(|_| "[]".into()),
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(1, &e.to_string()),
@@ -260,7 +263,7 @@ async fn dispatch_one(engine: &Engine, format: WireFormat) -> ExitCode {
     };
     match dispatch_document(engine, format, &input, interrupt.child_token()).await {
         Ok(out) => {
-            print_json(&out, false);
+            print_line(&out);
             if interrupt.is_cancelled() {
                 ExitCode::from(INTERRUPTED)
             } else {
@@ -298,7 +301,7 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
             continue;
         }
         match dispatch_document(engine, format, &line, interrupt.child_token()).await {
-            Ok(out) => print_json(&out, false),
+            Ok(out) => print_line(&out),
             Err(e) => {
                 bad += 1;
                 eprintln!("switchboard: line {n}: {e}");
@@ -322,22 +325,19 @@ pub async fn dispatch_document(
     format: WireFormat,
     text: &str,
     cancel: CancellationToken,
-) -> Result<Value, String> {
+) -> Result<String, String> {
     let doc: Value =
         serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
     let calls =
         protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
     let results = engine.dispatch_with_cancel(calls, cancel).await;
-    Ok(protocol::encode(format, &results))
+    let mut out = Vec::with_capacity(256);
+    protocol::write_json(format, &results, &mut out)
+        .map_err(|e| format!("cannot encode the results: {e}"))?;
+    String::from_utf8(out).map_err(|e| format!("cannot encode the results: {e}"))
 }
 
-fn print_json(value: &Value, pretty: bool) {
-    let text = if pretty {
-        serde_json::to_string_pretty(value)
-    } else {
-        serde_json::to_string(value)
-    }
-    .unwrap_or_else(|_| "null".into());
+fn print_line(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{text}");
     let _ = out.flush();

@@ -360,6 +360,66 @@ pub fn encode_openai(results: &[ToolDispatchResult]) -> Value {
     )
 }
 
+#[derive(serde::Serialize)]
+struct AnthropicBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    tool_use_id: &'a str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    is_error: bool,
+}
+
+#[derive(serde::Serialize)]
+struct AnthropicMessage<'a> {
+    role: &'static str,
+    content: Vec<AnthropicBlock<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct OpenAiMessage<'a> {
+    role: &'static str,
+    tool_call_id: &'a str,
+    content: &'a str,
+}
+
+/// Writes the same JSON as [`encode`] straight to bytes, without building a `Value` (the fast
+/// path for a harness that sends the bytes on; what `dispatch` prints).
+pub fn write_json(
+    format: WireFormat,
+    results: &[ToolDispatchResult],
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
+    match format {
+        WireFormat::Anthropic => serde_json::to_writer(
+            out,
+            &AnthropicMessage {
+                role: "user",
+                content: results
+                    .iter()
+                    .map(|r| AnthropicBlock {
+                        kind: "tool_result",
+                        tool_use_id: &r.tool_use_id,
+                        content: &r.content,
+                        is_error: r.error.is_some(),
+                    })
+                    .collect(),
+            },
+        ),
+        WireFormat::OpenAi => serde_json::to_writer(
+            out,
+            &results
+                .iter()
+                .map(|r| OpenAiMessage {
+                    role: "tool",
+                    tool_call_id: &r.tool_use_id,
+                    content: &r.content,
+                })
+                .collect::<Vec<_>>(),
+        ),
+    }
+}
+
 /// Encodes with the given format.
 pub fn encode(format: WireFormat, results: &[ToolDispatchResult]) -> Value {
     match format {
@@ -445,6 +505,31 @@ mod tests {
             ok.to_openai_message(),
             json!({"role":"tool","tool_call_id":"c2","content":"fine"})
         );
+    }
+
+    #[test]
+    fn fast_encoding_writes_the_same_json_as_the_value_encoding() {
+        let results = vec![
+            ToolDispatchResult::ok(
+                "a".into(),
+                "t".into(),
+                "quote \" and \n".into(),
+                Timing::default(),
+            ),
+            ToolDispatchResult::error(
+                "b".into(),
+                "t".into(),
+                ErrorCode::Timeout,
+                "slow",
+                Timing::default(),
+            ),
+        ];
+        for format in [WireFormat::Anthropic, WireFormat::OpenAi] {
+            let mut bytes = Vec::new();
+            write_json(format, &results, &mut bytes).unwrap();
+            let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(parsed, encode(format, &results));
+        }
     }
 
     #[test]
