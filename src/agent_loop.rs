@@ -5,15 +5,39 @@
 //! of the turn's `tool_result`s as one user message — until the model gives a final answer, stops
 //! on `max_tokens` with no tool calls, or `max_turns` model calls have been made. The loop knows
 //! nothing about any tool: schemas, handlers and policies all live in the registry.
+//!
+//! **Eager dispatch.** With streaming on ([`StreamOptions`]), a `tool_use` block is looked up in
+//! the registry as soon as the provider reports it complete. If its tool is concurrency-safe and
+//! every earlier call of the same answer was also started this way, it starts at once, as a
+//! one-call turn of the session, while the rest of the answer is still streaming. The other
+//! calls (from the first one that did not qualify to the end) run as one ordinary turn after the
+//! stream ended and every eager call finished, so a serial call still waits for everything
+//! before it. Results are merged in call order and the user message carries every result, in
+//! order, exactly as without eager dispatch.
+//!
+//! A duplicate `tool_use_id` cannot un-run a call that already started. So eager dispatch stops
+//! at the first block whose id is empty or repeats an earlier one; calls already started keep
+//! their real results; and if the answer turns out to hold a duplicate id, every call that had
+//! not started is answered `invalid_arguments` without running (the engine's rule for a
+//! duplicate, applied to the calls it can still apply to).
+//!
+//! If the stream fails after eager calls started, the loop waits for them to finish before it
+//! returns the error (nothing outlives the prompt), and the HTTP providers do not retry a stream
+//! that already reported a block.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use kameo::prelude::*;
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 use crate::engine::{EngineUnavailable, Session};
-use crate::protocol::{ToolDispatchResult, decode_anthropic, encode_anthropic};
-use crate::provider::{ModelRequest, Provider, ProviderError};
+use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, encode_anthropic};
+use crate::provider::{
+    ModelRequest, ModelResponse, Provider, ProviderError, StreamEvent, history_content,
+    tool_call_of, tool_calls_of,
+};
 use crate::registry::CatalogFormat;
 
 /// The seed's default turn limit.
@@ -49,6 +73,25 @@ impl Default for LoopConfig {
             system: default_system_prompt(std::path::Path::new(".")),
             max_tokens: DEFAULT_MAX_TOKENS,
             max_turns: DEFAULT_MAX_TURNS,
+        }
+    }
+}
+
+/// How the loop reads the model's answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Ask for a streamed answer ([`Provider::complete_streaming`]).
+    pub stream: bool,
+    /// While streaming, start concurrency-safe calls as soon as their block is complete.
+    pub eager: bool,
+}
+
+impl Default for StreamOptions {
+    /// Not streaming; eager dispatch on (it applies once streaming is turned on).
+    fn default() -> Self {
+        StreamOptions {
+            stream: false,
+            eager: true,
         }
     }
 }
@@ -90,6 +133,9 @@ pub struct LoopResult {
     pub provider_stop_reason: Option<String>,
     /// Each dispatched turn's results, in order.
     pub dispatches: Vec<Vec<ToolDispatchResult>>,
+    /// For each dispatched turn, how many of its calls (a prefix) were started eagerly, while
+    /// the answer was still streaming.
+    pub eager: Vec<usize>,
 }
 
 /// A loop failure that is not a tool failure.
@@ -113,6 +159,7 @@ pub struct AgentLoop {
     provider: Arc<dyn Provider>,
     config: LoopConfig,
     history: Vec<Value>,
+    stream: StreamOptions,
 }
 
 impl AgentLoop {
@@ -130,7 +177,19 @@ impl AgentLoop {
             provider,
             config,
             history: Vec::new(),
+            stream: StreamOptions::default(),
         })
+    }
+
+    /// Streaming and eager dispatch settings (default: not streaming).
+    pub fn with_stream(mut self, options: StreamOptions) -> Self {
+        self.stream = options;
+        self
+    }
+
+    /// The streaming settings.
+    pub fn stream_options(&self) -> StreamOptions {
+        self.stream
     }
 
     /// The message history so far.
@@ -144,6 +203,7 @@ impl AgentLoop {
             .push(json!({"role": "user", "content": prompt}));
         let mut tool_calls = 0;
         let mut dispatches = Vec::new();
+        let mut eager_counts = Vec::new();
         let mut turn = 0;
         loop {
             turn += 1;
@@ -158,19 +218,18 @@ impl AgentLoop {
                     .await?,
                 max_tokens: self.config.max_tokens,
             };
-            let asked = std::time::Instant::now();
-            let response = self.provider.complete(&request).await;
-            let status = match &response {
-                Ok(_) => "ok",
-                Err(e) => e.status_label(),
+            let (response, eager) = if self.stream.stream {
+                self.call_streaming(&request).await?
+            } else {
+                (self.provider.complete(&request).await?, Eager::new(false))
             };
-            crate::metrics::model_request(self.provider.name(), status, asked.elapsed());
-            let response = response?;
-            self.history
-                .push(json!({"role": "assistant", "content": response.content}));
-            let calls = decode_anthropic(&Value::Array(response.content.clone()))
-                .map_err(|e| ProviderError::BadResponse(e.0))?;
+            self.history.push(json!({
+                "role": "assistant",
+                "content": history_content(&response.content),
+            }));
+            let calls = tool_calls_of(&response.content);
             if calls.is_empty() {
+                eager.join().await;
                 let stop_reason = if response.stop_reason.as_deref() == Some("max_tokens") {
                     StopReason::MaxTokens
                 } else {
@@ -183,12 +242,14 @@ impl AgentLoop {
                     final_text: joined_text(&response.content),
                     provider_stop_reason: response.stop_reason,
                     dispatches,
+                    eager: eager_counts,
                 });
             }
             tool_calls += calls.len();
-            let results = self.session.dispatch(calls).await;
+            let (results, eager_n) = eager.finish(calls, &self.session).await;
             self.history.push(encode_anthropic(&results));
             dispatches.push(results);
+            eager_counts.push(eager_n);
             if turn == self.config.max_turns {
                 return Ok(LoopResult {
                     stop_reason: StopReason::MaxTurns,
@@ -197,9 +258,176 @@ impl AgentLoop {
                     final_text: joined_text(&response.content),
                     provider_stop_reason: response.stop_reason,
                     dispatches,
+                    eager: eager_counts,
                 });
             }
         }
+    }
+
+    /// One streamed model call; completed blocks go to eager dispatch while it streams.
+    async fn call_streaming(
+        &self,
+        request: &ModelRequest,
+    ) -> Result<(ModelResponse, Eager), AgentError> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut eager = Eager::new(self.stream.eager);
+        let result = {
+            let answer = self.provider.complete_streaming(request, tx);
+            tokio::pin!(answer);
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(StreamEvent::BlockComplete(block)) = rx.recv() => {
+                        eager.on_block(&block, &self.session).await;
+                    }
+                    result = &mut answer => break result,
+                }
+            }
+        };
+        // Blocks reported in the stream's last moment are not started eagerly: the stream has
+        // ended, so they run with the rest of the turn.
+        match result {
+            Ok(response) => Ok((response, eager)),
+            Err(e) => {
+                eager.join().await;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// The calls of one answer started while it was still streaming.
+struct Eager {
+    open: bool,
+    seen: usize,
+    ids: HashSet<Arc<str>>,
+    started: Vec<Started>,
+}
+
+/// One call started eagerly: its identity and its one-call turn.
+struct Started {
+    id: Arc<str>,
+    name: Arc<str>,
+    turn: JoinHandle<Vec<ToolDispatchResult>>,
+}
+
+impl Eager {
+    fn new(enabled: bool) -> Self {
+        Eager {
+            open: enabled,
+            seen: 0,
+            ids: HashSet::new(),
+            started: Vec::new(),
+        }
+    }
+
+    /// A block is complete: start its call now if it qualifies.
+    async fn on_block(&mut self, block: &Value, session: &Session) {
+        let Some(call) = tool_call_of(block) else {
+            return;
+        };
+        self.seen += 1;
+        if !self.open {
+            return;
+        }
+        if self.seen != self.started.len() + 1
+            || call.id.is_empty()
+            || !self.ids.insert(Arc::clone(&call.id))
+            || session.is_cancelled()
+        {
+            self.open = false;
+            return;
+        }
+        let safe = match session.engine().resolve(vec![Arc::clone(&call.name)]).await {
+            Ok(tools) => tools
+                .first()
+                .and_then(Option::as_ref)
+                .is_some_and(|tool| tool.policy.concurrency_safe),
+            Err(_) => false,
+        };
+        if !safe {
+            self.open = false;
+            return;
+        }
+        tracing::debug!(tool = %call.name, id = %call.id, "started while the answer streams");
+        let (id, name) = (Arc::clone(&call.id), Arc::clone(&call.name));
+        let session = session.clone();
+        self.started.push(Started {
+            id,
+            name,
+            turn: tokio::spawn(async move { session.dispatch(vec![call]).await }),
+        });
+    }
+
+    /// Waits for every eager call; one result each, in call order.
+    async fn join(self) -> Vec<ToolDispatchResult> {
+        let mut results = Vec::with_capacity(self.started.len());
+        for Started { id, name, turn } in self.started {
+            let result = match turn.await {
+                Ok(mut r) if r.len() == 1 => r.pop(),
+                _ => None,
+            };
+            results.push(result.unwrap_or_else(|| {
+                ToolDispatchResult::error(
+                    id,
+                    name,
+                    ErrorCode::ExecutionError,
+                    "the call's dispatch task failed",
+                    Timing::default(),
+                )
+            }));
+        }
+        results
+    }
+
+    /// Runs the calls not started yet (after the eager ones finished) and merges the results in
+    /// call order. Returns them with the number of eager calls.
+    async fn finish(
+        self,
+        calls: Vec<ToolCall>,
+        session: &Session,
+    ) -> (Vec<ToolDispatchResult>, usize) {
+        if self.started.is_empty() {
+            return (session.dispatch(calls).await, 0);
+        }
+        let mut results = self.join().await;
+        if results.len() > calls.len()
+            || results
+                .iter()
+                .zip(&calls)
+                .any(|(r, c)| r.tool_use_id != c.id)
+        {
+            tracing::warn!("the streamed blocks and the final answer disagree on the tool calls");
+            results.truncate(calls.len());
+        }
+        let n = results.len();
+        let rest: Vec<ToolCall> = calls.iter().skip(n).cloned().collect();
+        let duplicate = {
+            let mut seen = HashSet::new();
+            calls
+                .iter()
+                .find(|c| !c.id.is_empty() && !seen.insert(&*c.id))
+                .map(|c| c.id.to_string())
+        };
+        let rest_results = match duplicate {
+            Some(dup) => rest
+                .iter()
+                .map(|c| {
+                    ToolDispatchResult::error(
+                        Arc::clone(&c.id),
+                        Arc::clone(&c.name),
+                        ErrorCode::InvalidArguments,
+                        &format!(
+                            "duplicate tool_use_id in this turn: {dup}; the calls not started while the answer streamed were not run"
+                        ),
+                        Timing::default(),
+                    )
+                })
+                .collect(),
+            None => session.dispatch(rest).await,
+        };
+        results.extend(rest_results);
+        (results, n)
     }
 }
 

@@ -49,6 +49,11 @@ pub struct TelemetryArgs {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run one prompt through the agent loop (Anthropic, an OpenAI-compatible server, or an
+    /// offline script) and print the final text and the stop reason.
+    Run(crate::run_cmd::RunArgs),
+    /// Chat with the model interactively, keeping one history (q, exit or an empty line quits).
+    Chat(crate::run_cmd::ChatArgs),
     /// Read one provider turn (JSON) on stdin, run its tool calls, print the message(s) to append.
     Dispatch {
         /// Workspace the built-in tools are confined to (default: the current directory).
@@ -146,6 +151,8 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.command {
+        Command::Run(args) => crate::run_cmd::run(args).await,
+        Command::Chat(args) => crate::run_cmd::chat(args).await,
         Command::Dispatch {
             workspace,
             format,

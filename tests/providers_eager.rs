@@ -1,0 +1,198 @@
+//! Eager dispatch with the scripted provider's simulated stream: a safe call starts before the
+//! stream ends (proven by the order of logged events), serial calls wait for everything before
+//! them, results stay in call order, duplicates cannot un-run a started call, and a provider
+//! without real streaming still works with streaming on.
+
+mod common_mock;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common_mock::*;
+use futures::future::BoxFuture;
+use serde_json::json;
+use switchboard::agent_loop::{AgentLoop, StreamOptions};
+use switchboard::protocol::encode_anthropic;
+use switchboard::provider::{
+    EventLog, MALFORMED_INPUT_KEY, ModelRequest, ModelResponse, Provider, ProviderError,
+    ScriptedProvider,
+};
+
+fn answer(content: Vec<serde_json::Value>, stop: &str) -> ModelResponse {
+    ModelResponse {
+        content,
+        stop_reason: Some(stop.into()),
+    }
+}
+
+fn run_with(engine: &switchboard::Engine, provider: Arc<dyn Provider>, eager: bool) -> AgentLoop {
+    AgentLoop::new(engine.session(), provider, config(8))
+        .unwrap()
+        .with_stream(StreamOptions {
+            stream: true,
+            eager,
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_safe_call_starts_while_the_scripted_stream_is_still_running() {
+    let log = EventLog::default();
+    let engine = test_engine(&log);
+    let provider = Arc::new(
+        ScriptedProvider::new([
+            answer(
+                vec![
+                    text("Reading."),
+                    tool_use("a", "reader", json!({"ms": 5})),
+                    tool_use("b", "reader", json!({})),
+                    tool_use("c", "writer", json!({})),
+                ],
+                "tool_use",
+            ),
+            answer(vec![text("done")], "end_turn"),
+        ])
+        .with_stream_delays(Duration::from_millis(1), Duration::ZERO)
+        .with_log(log.clone())
+        .hold_after_block(2, "started reader b"),
+    );
+    let mut agent = run_with(&engine, provider.clone(), true);
+    let r = tokio::time::timeout(BOUND, agent.run("go"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(position(&log, "started reader a") < position(&log, "stream ended"));
+    assert!(position(&log, "started reader b") < position(&log, "stream ended"));
+    assert!(position(&log, "finished reader a") < position(&log, "started writer c"));
+    assert!(position(&log, "stream ended") < position(&log, "started writer c"));
+    assert_eq!(r.eager, [2]);
+    let ids: Vec<&str> = r.dispatches[0].iter().map(|r| &*r.tool_use_id).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert_eq!(
+        provider.requests()[1].messages[2],
+        encode_anthropic(&r.dispatches[0])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_id_stops_eager_dispatch_and_refuses_the_calls_not_started() {
+    let log = EventLog::default();
+    let engine = test_engine(&log);
+    let blocks = || {
+        vec![
+            tool_use("x", "reader", json!({})),
+            tool_use("x", "reader", json!({})),
+            tool_use("y", "echo", json!({"text": "y"})),
+        ]
+    };
+    let provider = Arc::new(
+        ScriptedProvider::new([
+            answer(blocks(), "tool_use"),
+            answer(vec![text("done")], "end_turn"),
+        ])
+        .with_log(log.clone())
+        .hold_after_block(0, "started reader x"),
+    );
+    let mut agent = run_with(&engine, provider, true);
+    let r = agent.run("go").await.unwrap();
+    // The first x had started and cannot be un-run: it keeps its real result.
+    assert_eq!(r.eager, [1]);
+    assert_eq!(
+        outcomes(&r.dispatches[0]),
+        ["ok", "invalid_arguments", "invalid_arguments"]
+    );
+    assert!(r.dispatches[0][1].content.contains("duplicate tool_use_id"));
+    assert_eq!(
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.starts_with("started"))
+            .count(),
+        1
+    );
+
+    // Without eager dispatch the engine's own rule applies: nothing of the turn runs.
+    let log = EventLog::default();
+    let engine = test_engine(&log);
+    let provider = Arc::new(ScriptedProvider::new([
+        answer(blocks(), "tool_use"),
+        answer(vec![text("done")], "end_turn"),
+    ]));
+    let mut agent = run_with(&engine, provider, false);
+    let r = agent.run("go").await.unwrap();
+    assert_eq!(
+        outcomes(&r.dispatches[0]),
+        [
+            "invalid_arguments",
+            "invalid_arguments",
+            "invalid_arguments"
+        ]
+    );
+    assert!(log.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_marked_malformed_is_answered_invalid_arguments_and_kept_clean_in_history() {
+    let log = EventLog::default();
+    let engine = test_engine(&log);
+    let bad = || {
+        let mut b = tool_use("m", "echo", json!({}));
+        b[MALFORMED_INPUT_KEY] = "tool arguments are not valid JSON (EOF)".into();
+        b
+    };
+    for stream in [false, true] {
+        let provider = Arc::new(ScriptedProvider::new([
+            answer(vec![bad()], "tool_use"),
+            answer(vec![text("ok")], "end_turn"),
+        ]));
+        let mut agent = AgentLoop::new(engine.session(), provider.clone(), config(4))
+            .unwrap()
+            .with_stream(StreamOptions {
+                stream,
+                eager: true,
+            });
+        let r = agent.run("go").await.unwrap();
+        assert_eq!(
+            r.dispatches[0][0].content,
+            "Error [invalid_arguments]: tool arguments are not valid JSON (EOF)"
+        );
+        assert_eq!(
+            provider.requests()[1].messages[1],
+            json!({"role":"assistant","content":[tool_use("m", "echo", json!({}))]})
+        );
+    }
+}
+
+/// A provider that only implements `complete`: the default `complete_streaming` is used.
+struct WholeOnly(ScriptedProvider);
+
+impl Provider for WholeOnly {
+    fn name(&self) -> &str {
+        "whole-only"
+    }
+    fn complete<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+    ) -> BoxFuture<'a, Result<ModelResponse, ProviderError>> {
+        self.0.complete(request)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_without_streaming_still_works_with_streaming_on() {
+    let log = EventLog::default();
+    let engine = test_engine(&log);
+    let provider = Arc::new(WholeOnly(ScriptedProvider::new([
+        answer(
+            vec![
+                tool_use("a", "reader", json!({})),
+                tool_use("b", "echo", json!({"text": "b"})),
+            ],
+            "tool_use",
+        ),
+        answer(vec![text("done")], "end_turn"),
+    ])));
+    let mut agent = run_with(&engine, provider, true);
+    let r = agent.run("go").await.unwrap();
+    assert_eq!(r.final_text, "done");
+    assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok"]);
+}
