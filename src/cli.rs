@@ -139,6 +139,9 @@ impl From<CatalogShape> for CatalogFormat {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    if let Err(e) = crate::process_guard::harden_current_process() {
+        tracing::warn!("cannot mark the process non-dumpable: {e}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

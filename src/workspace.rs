@@ -5,7 +5,7 @@
 //! `std::fs` with a joined path, so confinement does not depend on a check made before the access:
 //!
 //! 1. [`Workspace::relative`] turns the model's path into a workspace-relative one. It refuses empty,
-//!    NUL-containing and over-long paths (`invalid_arguments`), any `..` component, and absolute paths
+//!    NUL-containing and over-long paths or names (`invalid_arguments`), any `..` component, and absolute paths
 //!    that are not inside the canonical root compared component by component (`permission_denied`).
 //!    `~` is never expanded: it is an ordinary file name.
 //! 2. cap-std then resolves the relative path beneath the handle (`openat2(RESOLVE_BENEATH)` on
@@ -26,11 +26,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cap_std::fs::{Dir, OpenOptions};
+use tokio_util::sync::CancellationToken;
 
+use crate::protocol::ErrorCode;
 use crate::tool::ToolError;
 
 /// Longest path (in bytes) a tool accepts.
 pub const MAX_PATH_BYTES: usize = 4096;
+
+/// Longest single path component (file or directory name), in bytes, as on Linux filesystems.
+pub const MAX_NAME_BYTES: usize = 255;
 
 /// Distinguishes temp files made by concurrent writes in this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -98,6 +103,11 @@ impl Workspace {
         let mut rel = PathBuf::new();
         for component in inside.components() {
             match component {
+                Component::Normal(name) if name.len() > MAX_NAME_BYTES => {
+                    return Err(ToolError::invalid(format!(
+                        "path component is longer than {MAX_NAME_BYTES} bytes"
+                    )));
+                }
                 Component::Normal(name) => rel.push(name),
                 Component::CurDir => {}
                 // Unreachable after the checks above, but refuse rather than assume.
@@ -129,11 +139,38 @@ impl Workspace {
     /// Replaces the file at `rel` with `bytes` atomically; `shown` is the model's path, for errors.
     ///
     /// Parent directories are created. The bytes go to a temp file in the same directory, are
-    /// synced, get the old file's permissions if it existed, and the temp file is renamed over the
-    /// target; on any failure the temp file is removed and the old content stays. A symlink leaf is
-    /// resolved through the handle and its target written instead, if that target is inside the
-    /// workspace and exists; otherwise the write is refused (`permission_denied`).
+    /// synced, get the old file's permissions (and, when the engine may, its owner) if it existed,
+    /// and the temp file is renamed over the target; on any failure the temp file is removed and
+    /// the old content stays. A symlink leaf is resolved through the handle and its target
+    /// written instead, if that target is inside the workspace and exists; otherwise the write is
+    /// refused (`permission_denied`). The rename replaces a directory entry of a handle opened
+    /// beneath the root, so a symlink swapped in meanwhile is replaced, never followed.
     pub fn write_atomic(&self, rel: &Path, bytes: &[u8], shown: &str) -> Result<(), ToolError> {
+        self.write_atomic_unless(rel, bytes, shown, &CancellationToken::new())
+    }
+
+    /// [`Workspace::write_atomic`] that gives up, leaving the old content and no temp file, when
+    /// `cancel` is cancelled before the rename (`cancelled`). Tools pass their call's token, so a
+    /// call the engine already answered `cancelled` or `timeout` does not change the file after
+    /// the fact (unless the rename was already under way).
+    pub fn write_atomic_unless(
+        &self,
+        rel: &Path,
+        bytes: &[u8],
+        shown: &str,
+        cancel: &CancellationToken,
+    ) -> Result<(), ToolError> {
+        self.write_atomic_with(rel, shown, cancel, |file| file.write_all(bytes))
+    }
+
+    /// [`Workspace::write_atomic_unless`] with the temp file's content produced by `fill`.
+    fn write_atomic_with(
+        &self,
+        rel: &Path,
+        shown: &str,
+        cancel: &CancellationToken,
+        fill: impl FnOnce(&mut cap_std::fs::File) -> io::Result<()>,
+    ) -> Result<(), ToolError> {
         let target = self.write_target(rel, shown)?;
         let (Some(name), parent) = (target.file_name(), target.parent()) else {
             return Err(ToolError::execution(format!("is a directory: {shown}")));
@@ -152,29 +189,58 @@ impl Workspace {
                 .try_clone()
                 .map_err(|e| Self::io_error(shown, &e))?,
         };
-        let old_permissions = match parent_dir.symlink_metadata(name) {
+        let old = match parent_dir.symlink_metadata(name) {
             Ok(meta) if meta.is_dir() => {
                 return Err(ToolError::execution(format!("is a directory: {shown}")));
             }
-            Ok(meta) if meta.is_file() => Some(meta.permissions()),
-            Ok(_) => None,
+            Ok(meta) if meta.is_file() => Some(meta),
+            // A symlink swapped in meanwhile is replaced by the rename, never followed.
+            Ok(meta) if meta.file_type().is_symlink() => None,
+            // FIFOs, sockets and devices are not files to overwrite.
+            Ok(_) => {
+                return Err(ToolError::execution(format!("not a regular file: {shown}")));
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(Self::io_error(shown, &e)),
         };
 
         let (temp_name, mut file) = create_temp(&parent_dir, name, shown)?;
         let written = (|| {
-            file.write_all(bytes)?;
-            if let Some(perm) = old_permissions {
-                file.set_permissions(perm)?;
+            fill(&mut file)?;
+            if let Some(meta) = &old {
+                use cap_std::fs::MetadataExt;
+                // Keep the owner where we may (root); an ordinary user keeps its own.
+                if (meta.uid(), meta.gid())
+                    != (
+                        rustix::process::geteuid().as_raw(),
+                        rustix::process::getegid().as_raw(),
+                    )
+                {
+                    let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
+                }
+                file.set_permissions(meta.permissions())?;
             }
             file.sync_all()?;
             drop(file);
-            parent_dir.rename(&temp_name, &parent_dir, name)
+            if cancel.is_cancelled() {
+                return Ok(false);
+            }
+            parent_dir.rename(&temp_name, &parent_dir, name)?;
+            Ok(true)
         })();
-        if let Err(e) = written {
-            let _ = parent_dir.remove_file(&temp_name);
-            return Err(Self::io_error(shown, &e));
+        match written {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = parent_dir.remove_file(&temp_name);
+                return Err(ToolError::new(
+                    ErrorCode::Cancelled,
+                    format!("cancelled before {shown} was replaced; it is unchanged"),
+                ));
+            }
+            Err(e) => {
+                let _ = parent_dir.remove_file(&temp_name);
+                return Err(Self::io_error(shown, &e));
+            }
         }
         // Make the rename durable; a failure here does not undo the write.
         if let Ok(d) = parent_dir.open(".") {
@@ -205,7 +271,8 @@ fn escapes(shown: &str) -> ToolError {
     ToolError::permission(format!("path escapes workspace: {shown}"))
 }
 
-/// Creates a fresh temp file `.{name}.switchboard-tmp-{pid}-{n}` in `dir` (never reusing one).
+/// Creates a fresh temp file `.{name}.switchboard-tmp-{pid}-{n}` in `dir` (never reusing one;
+/// `name` cut to its first 64 bytes).
 fn create_temp(
     dir: &Dir,
     name: &std::ffi::OsStr,
@@ -213,13 +280,20 @@ fn create_temp(
 ) -> Result<(PathBuf, cap_std::fs::File), ToolError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
+    // A prefix of the name, so that the temp name stays within the limit for a long name.
+    let lossy = name.to_string_lossy();
+    let mut cut = lossy.len().min(64);
+    while !lossy.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let stem = &lossy[..cut];
     let mut last_err = None;
     for _ in 0..16 {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut temp = std::ffi::OsString::from(".");
-        temp.push(name);
-        temp.push(format!(".switchboard-tmp-{}-{n}", std::process::id()));
-        let temp = PathBuf::from(temp);
+        let temp = PathBuf::from(format!(
+            ".{stem}.switchboard-tmp-{}-{n}",
+            std::process::id()
+        ));
         match dir.open_with(&temp, &options) {
             Ok(file) => return Ok((temp, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
@@ -233,7 +307,6 @@ fn create_temp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ErrorCode;
 
     #[test]
     fn relative_paths_are_normalised_without_touching_the_disk() {
@@ -251,5 +324,86 @@ mod tests {
             ws.relative("a/../b").unwrap_err().code,
             ErrorCode::PermissionDenied
         );
+        for bad in ["..", "../x", "a/..", "./..", "a/b/../../..", "/..", "//.."] {
+            assert_eq!(
+                ws.relative(bad).unwrap_err().code,
+                ErrorCode::PermissionDenied,
+                "{bad}"
+            );
+        }
+        for bad in ["", "a\0b", &"x".repeat(MAX_PATH_BYTES + 1)] {
+            assert_eq!(
+                ws.relative(bad).unwrap_err().code,
+                ErrorCode::InvalidArguments
+            );
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_write_that_fails_midway_keeps_the_old_content_and_leaves_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        std::fs::write(ws.root().join("f.txt"), "old content").unwrap();
+        let failing = |file: &mut cap_std::fs::File| -> io::Result<()> {
+            file.write_all(b"half of the new")?;
+            Err(io::Error::other("disk full"))
+        };
+        let err = ws
+            .write_atomic_with(
+                Path::new("f.txt"),
+                "f.txt",
+                &CancellationToken::new(),
+                failing,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ExecutionError);
+        assert!(err.detail.contains("disk full"), "{}", err.detail);
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join("f.txt")).unwrap(),
+            "old content"
+        );
+        assert_eq!(names(ws.root()), ["f.txt"]);
+
+        // A new file that fails is not created at all.
+        std::fs::create_dir(ws.root().join("sub")).unwrap();
+        let err = ws
+            .write_atomic_with(
+                Path::new("sub/new.txt"),
+                "sub/new.txt",
+                &CancellationToken::new(),
+                failing,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ExecutionError);
+        assert!(names(&ws.root().join("sub")).is_empty());
+    }
+
+    #[test]
+    fn a_write_cancelled_before_the_rename_changes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        std::fs::write(ws.root().join("f.txt"), "old").unwrap();
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        for name in ["f.txt", "new.txt"] {
+            let err = ws
+                .write_atomic_unless(Path::new(name), b"new", name, &cancel)
+                .unwrap_err();
+            assert_eq!(err.code, ErrorCode::Cancelled);
+        }
+        assert_eq!(
+            std::fs::read_to_string(ws.root().join("f.txt")).unwrap(),
+            "old"
+        );
+        assert_eq!(names(ws.root()), ["f.txt"]);
     }
 }

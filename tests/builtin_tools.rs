@@ -69,24 +69,38 @@ impl Tools {
     }
 }
 
-/// True once the process is gone (or only a zombie awaiting a reaper that is not us).
-fn process_is_gone(pid: &str) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
-    }
+/// A call id no other test uses, so its environment marker finds only this call's processes.
+fn unique_id(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{tag}-{}-{n}", std::process::id())
 }
 
-async fn wait_until_gone(pid: &str) -> bool {
+/// Live processes whose environment carries `SWITCHBOARD_CALL_ID=<call_id>` (zombies have an
+/// empty environment and are not counted).
+fn marked_processes(call_id: &str) -> Vec<String> {
+    let needle = format!("SWITCHBOARD_CALL_ID={call_id}\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// Waits (bounded) until no process of the call is left; returns the survivors, if any.
+async fn survivors(call_id: &str) -> Vec<String> {
     for _ in 0..40 {
-        if process_is_gone(pid) {
-            return true;
+        let left = marked_processes(call_id);
+        if left.is_empty() {
+            return left;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    false
+    marked_processes(call_id)
 }
 
 #[test]
@@ -104,7 +118,18 @@ fn the_five_tools_come_in_seed_order_with_closed_schemas() {
         assert_eq!(spec.input_schema["additionalProperties"], false);
     }
     assert!(matches!(t.spec("bash").handler, Handler::Async(_)));
-    assert_eq!(t.spec("bash").policy.timeout, Duration::from_secs(120));
+    // The engine's bound is the largest per-call `timeout_ms`; the default applies inside.
+    assert_eq!(t.spec("bash").policy.timeout, Duration::from_secs(600));
+    let timeout_ms = &t.spec("bash").input_schema["properties"]["timeout_ms"];
+    assert_eq!(
+        (
+            &timeout_ms["type"],
+            &timeout_ms["minimum"],
+            &timeout_ms["maximum"]
+        ),
+        (&json!("integer"), &json!(1), &json!(600_000))
+    );
+    assert!(t.spec("edit_file").description.contains("FIRST"));
 }
 
 #[tokio::test]
@@ -335,12 +360,22 @@ async fn bash_dangerous_commands_are_denied_without_running() {
 #[tokio::test]
 async fn bash_does_not_wait_for_a_backgrounded_child_and_kills_it() {
     let t = Tools::new();
-    let out = t.bash("sleep 32 & echo $!").await.unwrap();
-    let pid = out.trim();
-    assert!(pid.parse::<u32>().is_ok(), "expected a pid, got {out:?}");
-    assert!(
-        wait_until_gone(pid).await,
-        "background sleep {pid} survived"
+    let id = unique_id("bg");
+    let spec = t.spec("bash");
+    let args = json!({"command": "sleep 32 & echo started"});
+    let run = call_with(
+        spec,
+        args,
+        ctx(&id, Duration::from_secs(60), CancellationToken::new()),
+    );
+    let out = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("a background child holding the pipe does not hold the result back");
+    assert_eq!(out.unwrap(), "started");
+    assert_eq!(
+        survivors(&id).await,
+        Vec::<String>::new(),
+        "background sleep survived"
     );
 }
 
@@ -357,16 +392,18 @@ async fn bash_deadline_times_out_and_kills_the_process_group() {
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Timeout);
-    assert!(err.detail.starts_with("timeout ("), "{}", err.detail);
+    assert_eq!(err.detail, "timeout (0.3s)");
 
-    let short = ctx("call-3", Duration::from_secs(1), CancellationToken::new());
+    let id = unique_id("deadline");
+    let short = ctx(&id, Duration::from_secs(1), CancellationToken::new());
     let command = json!({"command": "sleep 31 & echo $! > pid; wait"});
     let bounded = tokio::time::timeout(Duration::from_secs(10), call_with(spec, command, short));
     assert_eq!(bounded.await.unwrap().unwrap_err().code, ErrorCode::Timeout);
-    let pid = std::fs::read_to_string(t.path("pid")).unwrap();
-    assert!(
-        wait_until_gone(pid.trim()).await,
-        "sleep {pid} survived the timeout"
+    assert!(t.path("pid").exists(), "the command ran");
+    assert_eq!(
+        survivors(&id).await,
+        Vec::<String>::new(),
+        "sleep survived the timeout"
     );
 }
 
@@ -398,11 +435,13 @@ async fn bash_cancellation_answers_cancelled() {
 async fn bash_huge_output_is_capped_with_a_truncation_marker() {
     let t = Tools::new();
     let out = t.bash("yes | head -c 5000000").await.unwrap();
-    assert!(out.len() <= 50_000 + 200, "{} bytes", out.len());
-    assert!(
-        out.contains("\n… 4950000 bytes truncated …\n"),
-        "marker missing"
-    );
+    assert!(out.len() <= 50_000, "{} bytes", out.len());
+    let (head, rest) = out.split_once("\n… ").expect("marker");
+    let (count, tail) = rest.split_once(" bytes truncated …\n").expect("marker");
+    let dropped: usize = count.parse().unwrap();
+    // 5,000,000 bytes less the final newline, which the seed's trim removes.
+    assert_eq!(head.len() + dropped + tail.len(), 4_999_999);
+    assert!(head.len() > 20_000 && tail.len() > 20_000);
     assert!(out.starts_with("y\ny\n") && out.ends_with("y\ny"));
 }
 

@@ -1,76 +1,192 @@
-//! `bash`: runs `bash -c <command>` in the workspace, in its own process group, and returns its
-//! output the way the seed does (stdout then stderr, trimmed, `(no output)` when empty).
+//! `bash`: runs `bash -c <command>` in the workspace and returns its output the way the seed does
+//! (stdout then stderr, trimmed, `(no output)` when empty).
 //!
-//! This module owns the child process for the length of one call, and nothing outlives the call:
+//! This module owns the child processes of one call, and nothing it starts outlives the call:
 //!
-//! * The environment is rebuilt from an allowlist: `PATH`, `LANG`, every `LC_*`, `TMPDIR` from the
-//!   parent if present; `HOME` and `PWD` set to the workspace root; `SWITCHBOARD_CALL_ID` set to the
-//!   call's id. Nothing else of the engine's environment (API keys, agent sockets) reaches the
-//!   command. The working directory is the workspace root; stdin is `/dev/null`.
-//! * The shell leads a new process group. A guard kills the whole group (`SIGKILL`) when the call
-//!   ends for any reason — normal exit, deadline, cancellation, or the engine dropping the future.
-//! * `ctx.deadline` is enforced here too (`timeout (Ns)`), and `ctx.cancel` ends the call with
-//!   `cancelled`.
-//! * stdout and stderr are read concurrently into bounded buffers (head and rolling tail, at most
-//!   the output cap per stream); a flood never grows memory. After the shell exits, the pipes are
-//!   drained for at most 200 ms — a backgrounded child that still holds them does not hold the
-//!   result back — then the group is killed.
+//! * **Environment: an allowlist.** The child's environment is rebuilt from nothing: `PATH`,
+//!   `LANG`, `LANGUAGE`, the standard locale categories (`LC_ALL`, `LC_CTYPE`, … — see
+//!   [`INHERITED_ENV`]) and `TMPDIR` are copied from the engine if present; `HOME` and `PWD` are
+//!   the workspace root; `SWITCHBOARD_CALL_ID` is the call's id (a marker naming the call, so
+//!   its processes can be found). Nothing else of the engine's environment reaches the command,
+//!   whatever its name: API keys, `DATABASE_URL`, `SSH_AUTH_SOCK`, `BASH_ENV`, `ENV`,
+//!   `LD_PRELOAD` included. The working directory is the workspace root; stdin is `/dev/null`.
+//! * **The engine's own environment is out of reach.** When the system allows it (root, or
+//!   unprivileged user namespaces), the command runs inside fresh PID and mount namespaces:
+//!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
+//!   when plain `unshare` is refused). A tiny init shell is pid 1 and runs the command's shell as
+//!   pid 2, so the command behaves as usual (a command killed by a signal reports exit code
+//!   128 + N there). Inside, `/proc` shows only the call's own processes, so
+//!   `/proc/$PPID/environ` (`$PPID` is that init, with the same allowlisted environment),
+//!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
+//!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
+//!   probed once per tool instance (the first call); where it does not, bash runs directly and a
+//!   warning is logged once.
+//! * **Process control.** The process started for the call leads a new process group; a guard
+//!   kills the whole group (`SIGKILL`) when the call ends for any reason — exit, deadline,
+//!   cancellation, or the engine dropping the future. In namespace mode, when the namespace's
+//!   init ends (after the command's shell, or killed with the group) the kernel kills every
+//!   process left in the namespace, including ones that left the process group (`setsid`,
+//!   double forks, daemons). Pids printed by a command are pids of its namespace; the
+//!   `SWITCHBOARD_CALL_ID` marker is how to find its processes from outside. In direct mode a second sweep kills every process whose environment still carries the
+//!   call's private token (`SWITCHBOARD_CALL_TOKEN`, set only in that mode).
+//! * **Deadlines.** `timeout_ms` (1 to [`MAX_TIMEOUT_MS`], default [`DEFAULT_TIMEOUT`]) bounds
+//!   one call; the engine's policy timeout ([`MAX_TIMEOUT`]) stays the outer bound. On timeout
+//!   the answer is `timeout (Ns)`, on cancellation `cancelled`, each followed by
+//!   `; partial output:\n…` with what the command printed so far (capped) when it printed
+//!   anything.
+//! * **Bounded output.** stdout and stderr are read concurrently into bounded buffers (head and
+//!   rolling tail, at most the output cap per stream); a flood never grows memory. After the
+//!   shell exits, the pipes are drained for at most 200 ms — a backgrounded child that still
+//!   holds them does not hold the result back — then the group is killed.
 //!
 //! Deliberate additions to the seed: a non-zero exit status is still a successful result, but a
 //! final line `[exit code: N]` (or `[killed by signal N]`) is appended so the model can see it; a
 //! blocked or timed-out command is a real error (`permission_denied`, `timeout`), not text.
 //!
-//! The seed's dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity. It is a
-//! substring match that any rephrasing defeats: it is no security boundary. Confinement of what a
-//! command can do needs an OS sandbox, which this crate does not provide.
+//! **bash is not sandboxed by the workspace's path guard.** The namespaces isolate processes and
+//! `/proc`, not files or the network: a command can read and write anything the engine's user
+//! can (as root: everything), reach the network, and ask services outside (a container runtime
+//! socket, `systemd-run`, cron) to start processes the engine does not own. The seed's
+//! dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a substring match
+//! that any rephrasing defeats, no security boundary.
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal, kill_process_group};
+use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
+use tokio::sync::OnceCell;
 
 use crate::protocol::ErrorCode;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec, cap_output};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
-/// Policy timeout of `bash`.
-pub const TIMEOUT: Duration = Duration::from_secs(120);
+/// Timeout of one call when it gives no `timeout_ms`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest `timeout_ms` a call may ask for (10 minutes).
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// The tool's policy timeout: the engine's outer bound, equal to the largest `timeout_ms`.
+pub const MAX_TIMEOUT: Duration = Duration::from_millis(MAX_TIMEOUT_MS);
 /// Output cap of `bash`, in bytes.
 pub const OUTPUT_CAP: usize = 50_000;
 /// The seed's refused substrings (parity only; see the module docs).
 pub const DANGEROUS_SUBSTRINGS: [&str; 5] = ["rm -rf /", "sudo", "shutdown", "reboot", "> /dev/"];
+/// Variables copied from the engine's environment when present; nothing else is.
+pub const INHERITED_ENV: [&str; 17] = [
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TMPDIR",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_COLLATE",
+    "LC_MESSAGES",
+    "LC_MONETARY",
+    "LC_NUMERIC",
+    "LC_TIME",
+    "LC_ADDRESS",
+    "LC_IDENTIFICATION",
+    "LC_MEASUREMENT",
+    "LC_NAME",
+    "LC_PAPER",
+    "LC_TELEPHONE",
+];
+/// The marker variable naming the call in every process it starts.
+pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
+/// Init of a call's PID namespace (pid 1): runs the command's shell as its child, so that shell
+/// is an ordinary process (pid 2; `kill $$` works), and exits with its status. The init's own
+/// stderr goes to `/dev/null` so its job notices ("Killed") do not mix into the output; the
+/// command's stderr is the real one.
+const NAMESPACE_INIT: &str = r#"exec 3>&2 2>/dev/null; "$@" 2>&3 3>&-; exit $?"#;
+/// Direct mode only: a token unique to one call, used to find its escaped processes.
+const CALL_TOKEN_VAR: &str = "SWITCHBOARD_CALL_TOKEN";
 /// How long the pipes are still read after the shell itself has exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+/// How long the pipes are still read after the call's processes were killed.
+const DRAIN_AFTER_KILL: Duration = Duration::from_millis(100);
+/// Room left in the output cap for the `timeout (Ns); partial output:` prefix.
+const PARTIAL_CAP: usize = OUTPUT_CAP - 100;
+/// Bound on the one-time namespace probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The `bash` spec: async, not concurrency-safe, 120 s, 50,000 bytes.
+/// Distinguishes the tokens of concurrent calls in direct mode.
+static TOKEN_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Whether `bash` may isolate its commands in PID and mount namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Use namespaces when the system allows it (probed once per tool instance), else run bash
+    /// directly and log a warning.
+    #[default]
+    Auto,
+    /// Always run bash directly (the engine's environment is then protected only by
+    /// [`crate::process_guard`] and file permissions, which do not stop a root child).
+    Off,
+}
+
+/// How commands actually run, decided once per tool instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Launcher {
+    /// `<unshare> <flags…> bash -c …`: the command is init of fresh PID and mount namespaces.
+    Namespaces {
+        /// Absolute path of `unshare`.
+        unshare: PathBuf,
+        /// The flags that worked.
+        flags: Vec<&'static str>,
+    },
+    /// `bash -c …` directly.
+    Direct,
+}
+
+/// The `bash` spec: async, not concurrency-safe, policy timeout [`MAX_TIMEOUT`] (each call is
+/// bounded by its own `timeout_ms`, default 120 s), 50,000 bytes. Namespaces are used when they
+/// work ([`Isolation::Auto`]).
 pub fn spec(ws: &Workspace) -> ToolSpec {
-    let root: Arc<Path> = Arc::from(ws.root());
+    spec_with(ws, Isolation::Auto)
+}
+
+/// The `bash` spec with an explicit [`Isolation`] choice.
+pub fn spec_with(ws: &Workspace, isolation: Isolation) -> ToolSpec {
+    let tool = Arc::new(Bash {
+        root: Arc::from(ws.root()),
+        isolation,
+        launcher: OnceCell::new(),
+    });
     ToolSpec::new(
         "bash",
-        "Run a shell command in the workspace.",
+        "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then \
+         stderr, capped keeping head and tail). Every process it starts is stopped when the call \
+         ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at \
+         most 600000).",
         json!({
             "type": "object",
             "properties": {
-                "command": {"type": "string", "description": "The command, run with `bash -c`."}
+                "command": {"type": "string", "description": "The command, run with `bash -c`."},
+                "timeout_ms": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_TIMEOUT_MS,
+                    "description": "Time limit of this call in milliseconds (default 120000, at most 600000)."
+                }
             },
             "required": ["command"],
             "additionalProperties": false
         }),
         Handler::future(move |args, ctx| {
-            let root = Arc::clone(&root);
-            async move { run(&root, args, ctx).await }
+            let tool = Arc::clone(&tool);
+            async move { tool.run(args, ctx).await }
         }),
     )
     .concurrency_safe(false)
-    .timeout(TIMEOUT)
+    .timeout(MAX_TIMEOUT)
     .output_cap(OUTPUT_CAP)
 }
 
@@ -81,90 +197,270 @@ pub fn blocked_by(command: &str) -> Option<&'static str> {
         .find(|bad| command.contains(bad))
 }
 
-async fn run(root: &Path, args: Value, ctx: ToolContext) -> ToolOutcome {
-    let command = str_arg(&args, "command")?;
-    if let Some(which) = blocked_by(command) {
-        return Err(ToolError::permission(format!(
-            "dangerous command blocked: {which}"
-        )));
-    }
-    if ctx.cancel.is_cancelled() {
-        return Err(ToolError::new(ErrorCode::Cancelled, "cancelled"));
-    }
-    let budget = ctx
-        .deadline
-        .saturating_duration_since(std::time::Instant::now());
-    let deadline = tokio::time::Instant::from_std(ctx.deadline);
-
-    let mut child = shell(root, command, &ctx.call_id)
-        .spawn()
-        .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
-    // The shell is the group leader, so its pid is the group id.
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .and_then(Pid::from_raw)
-        .map(GroupKiller);
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let mut out = Capture::new(OUTPUT_CAP);
-    let mut err = Capture::new(OUTPUT_CAP);
-
-    let status = {
-        let reading = futures::future::join(out.fill(stdout), err.fill(stderr));
-        tokio::pin!(reading);
-        let mut read_all = false;
-        let status = loop {
-            tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => {
-                    return Err(ToolError::new(ErrorCode::Cancelled, "cancelled"));
-                }
-                () = tokio::time::sleep_until(deadline) => {
-                    return Err(ToolError::new(
-                        ErrorCode::Timeout,
-                        format!("timeout ({})", seconds(budget)),
-                    ));
-                }
-                _ = &mut reading, if !read_all => read_all = true,
-                status = child.wait() => break status,
-            }
-        };
-        if !read_all {
-            // Something the shell left behind still holds the pipes: wait briefly, no more.
-            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut reading).await;
-        }
-        status
+/// Finds out whether commands can run in fresh PID and mount namespaces, trying plain `unshare`
+/// and then `unshare --user --map-root-user`. Runs a probe command (bounded by a few seconds)
+/// that checks it is init of its namespace and that `/proc` shows that namespace.
+pub async fn probe_launcher() -> Launcher {
+    let Some(unshare) = find_program("unshare") else {
+        return Launcher::Direct;
     };
-    drop(group);
-    let status = status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
-
-    let mut text = combine(out, err, OUTPUT_CAP);
-    if let Some(code) = status.code() {
-        if code != 0 {
-            text.push_str(&format!("\n[exit code: {code}]"));
+    let base = ["--pid", "--fork", "--mount-proc", "--kill-child"];
+    let with_user = [
+        "--user",
+        "--map-root-user",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+    ];
+    for flags in [&base[..], &with_user[..]] {
+        let mut cmd = Command::new(&unshare);
+        cmd.args(flags)
+            .arg("bash")
+            .arg("-c")
+            .arg(r#"read -r c < /proc/1/comm && [ "$$" = 1 ] && [ "$c" = bash ] && [ ! -e /proc/2 ]"#)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
         }
-    } else if let Some(signal) = status.signal() {
-        text.push_str(&format!("\n[killed by signal {signal}]"));
+        let ok = match cmd.spawn() {
+            Ok(mut child) => matches!(
+                tokio::time::timeout(PROBE_TIMEOUT, child.wait()).await,
+                Ok(Ok(status)) if status.success()
+            ),
+            Err(_) => false,
+        };
+        if ok {
+            return Launcher::Namespaces {
+                unshare,
+                flags: flags.to_vec(),
+            };
+        }
     }
-    Ok(text)
+    Launcher::Direct
 }
 
-/// The `bash -c` command with the rebuilt environment and the process settings described above.
-fn shell(root: &Path, command: &str, call_id: &str) -> Command {
-    let mut cmd = Command::new("bash");
+/// The first executable file named `name` on the engine's `PATH`.
+fn find_program(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// One `bash` tool instance: the workspace root and the launcher, probed on first use.
+struct Bash {
+    root: Arc<Path>,
+    isolation: Isolation,
+    launcher: OnceCell<Launcher>,
+}
+
+/// How the wait for the command ended.
+enum End {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    Stopped(ErrorCode),
+}
+
+impl Bash {
+    async fn launcher(&self) -> &Launcher {
+        self.launcher
+            .get_or_init(|| async {
+                if self.isolation == Isolation::Off {
+                    return Launcher::Direct;
+                }
+                let launcher = probe_launcher().await;
+                if launcher == Launcher::Direct {
+                    tracing::warn!(
+                        "bash: PID/mount namespaces are unavailable (unshare failed); commands run \
+                         directly and a root command could read the engine's environment"
+                    );
+                }
+                launcher
+            })
+            .await
+    }
+
+    async fn run(&self, args: Value, ctx: ToolContext) -> ToolOutcome {
+        let command = str_arg(&args, "command")?;
+        let timeout = timeout_arg(&args)?;
+        if let Some(which) = blocked_by(command) {
+            return Err(ToolError::permission(format!(
+                "dangerous command blocked: {which}"
+            )));
+        }
+        if ctx.cancel.is_cancelled() {
+            return Err(ToolError::new(ErrorCode::Cancelled, "cancelled"));
+        }
+        let launcher = self.launcher().await;
+        let started = Instant::now();
+        // The call's own limit, unless the engine's deadline comes first.
+        let (deadline, budget) = match started.checked_add(timeout) {
+            Some(own) if own < ctx.deadline => (own, timeout),
+            _ => (
+                ctx.deadline,
+                ctx.deadline.saturating_duration_since(started),
+            ),
+        };
+        let token = match launcher {
+            Launcher::Direct => Some(format!(
+                "{}-{}",
+                std::process::id(),
+                TOKEN_COUNTER.fetch_add(1, Ordering::Relaxed)
+            )),
+            Launcher::Namespaces { .. } => None,
+        };
+
+        let mut child = shell(
+            &self.root,
+            command,
+            &ctx.call_id,
+            token.as_deref(),
+            launcher,
+        )
+        .spawn()
+        .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
+        // The first process is the group leader, so its pid is the group id.
+        let group = GroupKiller(
+            child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .and_then(Pid::from_raw),
+        );
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let mut out = Capture::new(OUTPUT_CAP);
+        let mut err = Capture::new(OUTPUT_CAP);
+
+        let end = {
+            let reading = futures::future::join(out.fill(stdout), err.fill(stderr));
+            tokio::pin!(reading);
+            let mut read_all = false;
+            let end = loop {
+                tokio::select! {
+                    biased;
+                    () = ctx.cancel.cancelled() => {
+                        // The engine cancels the call's token at its own deadline too.
+                        let code = if Instant::now() >= ctx.deadline {
+                            ErrorCode::Timeout
+                        } else {
+                            ErrorCode::Cancelled
+                        };
+                        break End::Stopped(code);
+                    }
+                    () = tokio::time::sleep_until(deadline.into()) => {
+                        break End::Stopped(ErrorCode::Timeout);
+                    }
+                    _ = &mut reading, if !read_all => read_all = true,
+                    status = child.wait() => break End::Exited(status),
+                }
+            };
+            let drain = match end {
+                End::Exited(_) => DRAIN_AFTER_EXIT,
+                End::Stopped(_) => {
+                    group.kill();
+                    DRAIN_AFTER_KILL
+                }
+            };
+            if !read_all {
+                // Whatever still holds the pipes gets a short moment, no more.
+                let _ = tokio::time::timeout(drain, &mut reading).await;
+            }
+            end
+        };
+        drop(group);
+        if let Some(token) = token {
+            sweep(token).await;
+        }
+
+        match end {
+            End::Stopped(code) => {
+                // Reap the killed leader (bounded: it was sent SIGKILL).
+                let _ = tokio::time::timeout(DRAIN_AFTER_KILL, child.wait()).await;
+                let what = match code {
+                    ErrorCode::Timeout => format!("timeout ({})", seconds(budget)),
+                    _ => "cancelled".to_string(),
+                };
+                let text = combine(out, err, PARTIAL_CAP);
+                let detail = if text == NO_OUTPUT {
+                    what
+                } else {
+                    format!("{what}; partial output:\n{text}")
+                };
+                Err(ToolError::new(code, detail))
+            }
+            End::Exited(status) => {
+                let status =
+                    status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
+                let mut text = combine(out, err, OUTPUT_CAP - 40);
+                if let Some(code) = status.code() {
+                    if code != 0 {
+                        text.push_str(&format!("\n[exit code: {code}]"));
+                    }
+                } else if let Some(signal) = status.signal() {
+                    text.push_str(&format!("\n[killed by signal {signal}]"));
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+/// The call's own time limit: `timeout_ms` (1 to [`MAX_TIMEOUT_MS`]) or [`DEFAULT_TIMEOUT`].
+fn timeout_arg(args: &Value) -> Result<Duration, ToolError> {
+    match args.get("timeout_ms") {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(v) => match v.as_u64() {
+            Some(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => Ok(Duration::from_millis(ms)),
+            _ => Err(ToolError::invalid(format!(
+                "argument 'timeout_ms' must be an integer from 1 to {MAX_TIMEOUT_MS}"
+            ))),
+        },
+    }
+}
+
+/// The command line for one call, with the rebuilt environment and the settings described in the
+/// module docs.
+fn shell(
+    root: &Path,
+    command: &str,
+    call_id: &str,
+    token: Option<&str>,
+    launcher: &Launcher,
+) -> Command {
+    let mut cmd = match launcher {
+        Launcher::Namespaces { unshare, flags } => {
+            let mut cmd = Command::new(unshare);
+            cmd.args(flags).arg("--").args([
+                "bash",
+                "-c",
+                NAMESPACE_INIT,
+                "switchboard-init",
+                "bash",
+            ]);
+            cmd
+        }
+        Launcher::Direct => Command::new("bash"),
+    };
     cmd.arg("-c").arg(command).env_clear();
-    for (name, value) in std::env::vars_os() {
-        let keep = name
-            .to_str()
-            .is_some_and(|n| matches!(n, "PATH" | "LANG" | "TMPDIR") || n.starts_with("LC_"));
-        if keep {
+    for name in INHERITED_ENV {
+        if let Some(value) = std::env::var_os(name) {
             cmd.env(name, value);
         }
     }
     cmd.env("HOME", root)
         .env("PWD", root)
-        .env("SWITCHBOARD_CALL_ID", call_id)
-        .current_dir(root)
+        .env(CALL_ID_VAR, call_id);
+    if let Some(token) = token {
+        cmd.env(CALL_TOKEN_VAR, token);
+    }
+    cmd.current_dir(root)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -173,13 +469,68 @@ fn shell(root: &Path, command: &str, call_id: &str) -> Command {
     cmd
 }
 
-/// Kills a whole process group when dropped. Errors (typically: the group is already gone) are
-/// ignored: there is nothing left to kill.
-struct GroupKiller(Pid);
+/// Direct mode: kills every process whose environment carries `token` (processes that left the
+/// call's process group). Stops them first, scanning until no new one appears (a few passes at
+/// most), so a forking process cannot outrun the sweep, then kills them all.
+async fn sweep(token: String) {
+    let job = tokio::task::spawn_blocking(move || {
+        let mut needle = CALL_TOKEN_VAR.as_bytes().to_vec();
+        needle.push(b'=');
+        needle.extend_from_slice(token.as_bytes());
+        needle.push(0);
+        let mut found: Vec<Pid> = Vec::new();
+        for _ in 0..8 {
+            let fresh: Vec<Pid> = carrying(&needle)
+                .into_iter()
+                .filter(|p| !found.contains(p))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for pid in &fresh {
+                let _ = kill_process(*pid, Signal::STOP);
+            }
+            found.extend(fresh);
+        }
+        for pid in found {
+            let _ = kill_process(pid, Signal::KILL);
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(2), job).await;
+}
+
+/// Pids of processes (other than this one) whose initial environment contains `needle`.
+fn carrying(needle: &[u8]) -> Vec<Pid> {
+    let own = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != own)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle))
+        })
+        .filter_map(|pid| Pid::from_raw(i32::try_from(pid).ok()?))
+        .collect()
+}
+
+/// Kills a whole process group when dropped (and on [`GroupKiller::kill`]). Errors (typically:
+/// the group is already gone) are ignored: there is nothing left to kill.
+struct GroupKiller(Option<Pid>);
+
+impl GroupKiller {
+    fn kill(&self) {
+        if let Some(pid) = self.0 {
+            let _ = kill_process_group(pid, Signal::KILL);
+        }
+    }
+}
 
 impl Drop for GroupKiller {
     fn drop(&mut self) {
-        let _ = kill_process_group(self.0, Signal::KILL);
+        self.kill();
     }
 }
 
@@ -233,24 +584,45 @@ impl Capture {
         }
     }
 
-    /// The stream as text pieces: one piece when complete, or head and tail around a gap.
+    /// The stream as text pieces: one piece when complete, or head and tail around a gap. A
+    /// character cut in two by the gap is counted as dropped rather than shown as garbage.
     fn into_pieces(self) -> Vec<Piece> {
         let Capture {
             mut head,
             tail,
-            dropped,
+            mut dropped,
             ..
         } = self;
         if dropped == 0 {
             head.extend(tail);
             return vec![Piece::Text(String::from_utf8_lossy(&head).into_owned())];
         }
-        let tail: Vec<u8> = tail.into();
+        let mut tail: Vec<u8> = tail.into();
+        let cut = incomplete_suffix(&head);
+        head.truncate(head.len() - cut);
+        let skip = tail
+            .iter()
+            .take(3)
+            .take_while(|b| (**b & 0xC0) == 0x80)
+            .count();
+        tail.drain(..skip);
+        dropped += (cut + skip) as u64;
         vec![
             Piece::Text(String::from_utf8_lossy(&head).into_owned()),
             Piece::Gap(dropped),
             Piece::Text(String::from_utf8_lossy(&tail).into_owned()),
         ]
+    }
+}
+
+/// Length of an incomplete UTF-8 sequence at the end of `bytes` (0 when it ends cleanly).
+fn incomplete_suffix(bytes: &[u8]) -> usize {
+    let start = bytes.len().saturating_sub(3);
+    match std::str::from_utf8(&bytes[start..]) {
+        Ok(_) => 0,
+        Err(e) if e.error_len().is_none() => bytes.len() - start - e.valid_up_to(),
+        // Invalid bytes, not a cut: leave them to the lossy decoder.
+        Err(_) => 0,
     }
 }
 
@@ -260,8 +632,12 @@ enum Piece {
     Gap(u64),
 }
 
-/// stdout followed by stderr, trimmed, `(no output)` when empty, capped like
-/// [`cap_output`] — with a gap's bytes counted in the truncation marker.
+/// What an empty output reads.
+const NO_OUTPUT: &str = "(no output)";
+
+/// stdout followed by stderr, trimmed, `(no output)` when empty, at most `cap` bytes like
+/// [`cap_output`] (head and tail around one `… N bytes truncated …` marker that also counts the
+/// bytes never held), with long lines clamped.
 fn combine(out: Capture, err: Capture, cap: usize) -> String {
     let mut pieces = out.into_pieces();
     pieces.extend(err.into_pieces());
@@ -282,7 +658,7 @@ fn combine(out: Capture, err: Capture, cap: usize) -> String {
             })
             .collect();
         if text.is_empty() {
-            return "(no output)".to_string();
+            return NO_OUTPUT.to_string();
         }
         return cap_output(text, cap);
     }
@@ -290,10 +666,19 @@ fn combine(out: Capture, err: Capture, cap: usize) -> String {
         .iter()
         .map(|p| if let Piece::Text(t) = p { t.len() } else { 0 })
         .sum();
-    let head = take_head(&pieces, cap / 2);
-    let tail = take_tail(&pieces, cap - cap / 2);
+    // Leave room for the marker, sized for the largest count it could show.
+    let widest = marker(dropped_unseen + kept_len as u64).len();
+    let budget = cap.saturating_sub(widest);
+    let head = take_head(&pieces, budget / 2);
+    let tail = take_tail(&pieces, budget - budget / 2);
     let dropped = (kept_len - head.len() - tail.len()) as u64 + dropped_unseen;
-    format!("{head}\n… {dropped} bytes truncated …\n{tail}")
+    // Within the cap now; `cap_output` only clamps long lines.
+    cap_output(format!("{head}{}{tail}", marker(dropped)), cap)
+}
+
+/// The truncation marker of [`cap_output`].
+fn marker(dropped: u64) -> String {
+    format!("\n… {dropped} bytes truncated …\n")
 }
 
 /// Trims whitespace from the start and the end of the whole sequence, as `str::trim` would on
@@ -351,10 +736,12 @@ fn take_tail(pieces: &[Piece], limit: usize) -> String {
     parts.into_iter().rev().collect()
 }
 
-/// `120s`, or `0.3s` for a fraction, rounded to a tenth.
+/// `120s`, or `0.3s` for a fraction, rounded to a tenth; under 50 ms, `7ms`.
 fn seconds(d: Duration) -> String {
     let tenths = (d.as_millis() + 50) / 100;
-    if tenths.is_multiple_of(10) {
+    if tenths == 0 {
+        format!("{}ms", d.as_millis())
+    } else if tenths.is_multiple_of(10) {
         format!("{}s", tenths / 10)
     } else {
         format!("{}.{}s", tenths / 10, tenths % 10)
@@ -374,11 +761,39 @@ mod tests {
     }
 
     #[test]
-    fn a_flood_keeps_head_and_tail_and_counts_every_dropped_byte() {
-        let data: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    fn a_flood_keeps_head_and_tail_within_the_cap_and_counts_every_dropped_byte() {
+        let data: Vec<u8> = (0..1000u32)
+            .map(|i| {
+                if i % 50 == 49 {
+                    b'\n'
+                } else {
+                    b'a' + (i % 26) as u8
+                }
+            })
+            .collect();
         let text = combine(captured(&data, 100), Capture::new(100), 100);
-        let full = String::from_utf8(data).unwrap();
-        assert_eq!(text, cap_output(full, 100));
+        assert!(text.len() <= 100, "{} bytes", text.len());
+        let (head, rest) = text.split_once("\n… ").unwrap();
+        let (count, tail) = rest.split_once(" bytes truncated …\n").unwrap();
+        let dropped: usize = count.parse().unwrap();
+        assert_eq!(
+            head.len() + dropped + tail.len(),
+            999,
+            "trailing newline trimmed"
+        );
+        assert!(data.starts_with(head.as_bytes()));
+        assert!(data[..999].ends_with(tail.as_bytes()));
+    }
+
+    #[test]
+    fn a_gap_never_splits_a_character() {
+        let data = "é".repeat(500);
+        let text = combine(captured(data.as_bytes(), 101), Capture::new(101), 101);
+        assert!(!text.contains('\u{FFFD}'), "{text}");
+        let (head, rest) = text.split_once("\n… ").unwrap();
+        let (count, tail) = rest.split_once(" bytes truncated …\n").unwrap();
+        let dropped: usize = count.parse().unwrap();
+        assert_eq!(head.len() + dropped + tail.len(), 1000);
     }
 
     #[test]
@@ -392,10 +807,27 @@ mod tests {
     }
 
     #[test]
+    fn timeout_ms_defaults_and_bounds() {
+        assert_eq!(timeout_arg(&json!({})).unwrap(), DEFAULT_TIMEOUT);
+        assert_eq!(
+            timeout_arg(&json!({"timeout_ms": 1500})).unwrap(),
+            Duration::from_millis(1500)
+        );
+        for bad in [json!(0), json!(-1), json!(600_001), json!("10"), json!(1.5)] {
+            assert_eq!(
+                timeout_arg(&json!({ "timeout_ms": bad })).unwrap_err().code,
+                ErrorCode::InvalidArguments,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn dangerous_substrings_are_named_and_durations_read_naturally() {
         assert_eq!(blocked_by("echo hi && sudo ls"), Some("sudo"));
         assert_eq!(blocked_by("ls -la"), None);
         assert_eq!(seconds(Duration::from_millis(119_996)), "120s");
         assert_eq!(seconds(Duration::from_millis(298)), "0.3s");
+        assert_eq!(seconds(Duration::from_millis(1)), "1ms");
     }
 }

@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use crate::tool::{Handler, ToolError, ToolSpec};
+use crate::tool::{Handler, ToolContext, ToolError, ToolSpec};
 use crate::tools::read_file::read_text;
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
@@ -18,7 +18,10 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
     let ws = ws.clone();
     ToolSpec::new(
         "edit_file",
-        "Replace the first exact occurrence of old_text with new_text in a workspace file.",
+        "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only \
+         that first match changes, even when old_text occurs several times: include enough \
+         surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a \
+         missing final newline) is kept; the file is replaced atomically.",
         json!({
             "type": "object",
             "properties": {
@@ -29,12 +32,12 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
             "required": ["path", "old_text", "new_text"],
             "additionalProperties": false
         }),
-        Handler::blocking(move |args, _ctx| run(&ws, args)),
+        Handler::blocking(move |args, ctx| run(&ws, args, ctx)),
     )
     .concurrency_safe(false)
 }
 
-fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
+fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
     let path = str_arg(args, "path")?;
     let old_text = str_arg(args, "old_text")?;
     let new_text = str_arg(args, "new_text")?;
@@ -45,7 +48,7 @@ fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
     let text = read_text(ws, &rel, path)?;
     let edited = replace_first(&text, old_text, new_text)
         .ok_or_else(|| ToolError::execution(format!("text not found in {path}")))?;
-    ws.write_atomic(&rel, edited.as_bytes(), path)?;
+    ws.write_atomic_unless(&rel, edited.as_bytes(), path, &ctx.cancel)?;
     Ok(format!("Edited {path}"))
 }
 

@@ -1,13 +1,16 @@
 //! `read_file`: reads a UTF-8 text file from the workspace, optionally only its first lines.
 //!
-//! It owns [`read_text`], the checked read that `edit_file` shares: the file is opened through the
-//! workspace handle with `O_NONBLOCK`, so a FIFO or device is refused at once instead of blocking a
-//! thread; anything but a regular file is refused (`is a directory: P`, `not a regular file: P`);
-//! files larger than [`MAX_TEXT_BYTES`] are refused rather than loaded; a NUL byte in the first
-//! 8 KiB means `binary file: P`; invalid UTF-8 names its byte offset.
+//! It owns [`read_text`], the checked read that `edit_file` shares. The file's type is checked
+//! before it is opened and again on the opened handle (so a swap in between is caught), and the
+//! open uses `O_NONBLOCK | O_NOCTTY`: a FIFO, socket or device is refused at once
+//! (`not a regular file: P`), never blocking a thread; a directory is `is a directory: P`.
+//! Files larger than [`MAX_TEXT_BYTES`] are refused rather than loaded; a NUL byte anywhere means
+//! `binary file: P`; invalid UTF-8 is reported with its byte offset, never replaced.
 //!
 //! As in the seed, the text is split into lines and joined with `\n` (so `\r\n` is shown as `\n`
 //! and a final newline is dropped); `limit` keeps the first N lines and adds `... (K more lines)`.
+//! The result is bounded by [`cap_output`]: at most [`OUTPUT_CAP`] bytes (head and tail), and
+//! lines longer than 2,000 bytes clamped.
 
 use std::io::Read;
 use std::path::Path;
@@ -23,8 +26,6 @@ use crate::workspace::Workspace;
 pub const OUTPUT_CAP: usize = 50_000;
 /// Largest file `read_file` and `edit_file` will load, in bytes (64 MiB).
 pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
-/// How much of the start of a file is searched for a NUL byte to call it binary.
-const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 
 /// The `read_file` spec: blocking, concurrency-safe.
 pub fn spec(ws: &Workspace) -> ToolSpec {
@@ -68,10 +69,18 @@ fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
 /// Reads the regular file at `rel` as UTF-8 text through the workspace handle. `shown` is the
 /// model's path, used in error details.
 pub fn read_text(ws: &Workspace, rel: &Path, shown: &str) -> Result<String, ToolError> {
+    // Refuse special files before opening them (opening a device can have effects of its own)...
+    let meta = ws
+        .dir()
+        .metadata(rel)
+        .map_err(|e| Workspace::io_error(shown, &e))?;
+    check_regular(&meta, shown)?;
+    // ...and again on the opened handle, in case something was swapped in meanwhile; the open
+    // itself never blocks (`O_NONBLOCK`) nor takes a terminal (`O_NOCTTY`).
     let mut options = OpenOptions::new();
     options
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32);
     let file = ws
         .dir()
         .open_with(rel, &options)
@@ -79,12 +88,7 @@ pub fn read_text(ws: &Workspace, rel: &Path, shown: &str) -> Result<String, Tool
     let meta = file
         .metadata()
         .map_err(|e| Workspace::io_error(shown, &e))?;
-    if meta.is_dir() {
-        return Err(ToolError::execution(format!("is a directory: {shown}")));
-    }
-    if !meta.is_file() {
-        return Err(ToolError::execution(format!("not a regular file: {shown}")));
-    }
+    check_regular(&meta, shown)?;
     if meta.len() > MAX_TEXT_BYTES {
         return Err(ToolError::execution(format!(
             "file too large ({} bytes, limit {MAX_TEXT_BYTES}): {shown}",
@@ -105,10 +109,20 @@ pub fn read_text(ws: &Workspace, rel: &Path, shown: &str) -> Result<String, Tool
     decode_text(bytes, shown)
 }
 
+/// Refuses directories and anything that is not a regular file (FIFOs, sockets, devices).
+fn check_regular(meta: &cap_std::fs::Metadata, shown: &str) -> Result<(), ToolError> {
+    if meta.is_dir() {
+        return Err(ToolError::execution(format!("is a directory: {shown}")));
+    }
+    if !meta.is_file() {
+        return Err(ToolError::execution(format!("not a regular file: {shown}")));
+    }
+    Ok(())
+}
+
 /// Checks for binary content and decodes UTF-8, naming the first bad byte offset.
 fn decode_text(bytes: Vec<u8>, shown: &str) -> Result<String, ToolError> {
-    let sniff = &bytes[..bytes.len().min(BINARY_SNIFF_BYTES)];
-    if sniff.contains(&0) {
+    if bytes.contains(&0) {
         return Err(ToolError::execution(format!("binary file: {shown}")));
     }
     String::from_utf8(bytes).map_err(|e| {

@@ -2,12 +2,13 @@
 //!
 //! The write itself is [`Workspace::write_atomic`]: the old content stays until the new content is
 //! complete and synced, then a rename replaces it; the file's permissions are kept. A symlink leaf
-//! is followed only to a target inside the workspace. The result is the seed's
+//! is followed only to a target inside the workspace. A call cancelled (or timed out) before the
+//! rename leaves the file as it was. The result is the seed's
 //! `Wrote N bytes to PATH`, N counting UTF-8 bytes and PATH as the model gave it.
 
 use serde_json::{Value, json};
 
-use crate::tool::{Handler, ToolError, ToolSpec};
+use crate::tool::{Handler, ToolContext, ToolError, ToolSpec};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
@@ -26,15 +27,15 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
             "required": ["path", "content"],
             "additionalProperties": false
         }),
-        Handler::blocking(move |args, _ctx| run(&ws, args)),
+        Handler::blocking(move |args, ctx| run(&ws, args, ctx)),
     )
     .concurrency_safe(false)
 }
 
-fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
+fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
     let path = str_arg(args, "path")?;
     let content = str_arg(args, "content")?;
     let rel = ws.relative(path)?;
-    ws.write_atomic(&rel, content.as_bytes(), path)?;
+    ws.write_atomic_unless(&rel, content.as_bytes(), path, &ctx.cancel)?;
     Ok(format!("Wrote {} bytes to {path}", content.len()))
 }

@@ -1,0 +1,105 @@
+//! Arbitrary bytes → JSON → both wire decoders → schema validation against the five built-in
+//! tools → `partition` of the surviving calls' safety flags → encoding of one result per call.
+//!
+//! Nothing may panic, and the invariants the engine relies on must hold for any input: the
+//! stages cover every runnable call exactly once, in order (serial stages hold one unsafe call,
+//! concurrent stages only safe ones), and the encoded answer has one well-formed block per call.
+
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+use switchboard::protocol::{self, ErrorCode, Timing, ToolDispatchResult};
+use switchboard::scheduler::{StageMode, partition};
+use switchboard::tools::builtin_tools;
+use switchboard::validation;
+use switchboard::workspace::Workspace;
+
+/// The five built-in tools: name, compiled validator, concurrency safety.
+struct Tool {
+    name: String,
+    validator: jsonschema::Validator,
+    safe: bool,
+}
+
+fn tools() -> &'static [Tool] {
+    static TOOLS: OnceLock<Vec<Tool>> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        // Only the specs' schemas and policies are used; nothing touches the directory.
+        let ws = Workspace::open(std::env::temp_dir()).expect("temp dir");
+        builtin_tools(&ws)
+            .into_iter()
+            .map(|spec| Tool {
+                validator: validation::compile(&spec.input_schema).expect("built-in schema"),
+                safe: spec.policy.concurrency_safe,
+                name: spec.name,
+            })
+            .collect()
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(doc) = serde_json::from_slice::<Value>(data) else {
+        return;
+    };
+    for decoded in [protocol::decode_anthropic(&doc), protocol::decode_openai(&doc)] {
+        let Ok(calls) = decoded else { continue };
+        let mut safe = Vec::new();
+        let mut results = Vec::with_capacity(calls.len());
+        for call in &calls {
+            let tool = tools().iter().find(|t| t.name == *call.name);
+            let outcome = match (tool, &call.malformed) {
+                (None, _) => Err((ErrorCode::UnknownTool, "unknown".to_string())),
+                (Some(_), Some(detail)) => Err((ErrorCode::InvalidArguments, detail.clone())),
+                (Some(tool), None) => match validation::check(&tool.validator, &call.arguments) {
+                    Ok(()) => {
+                        safe.push(tool.safe);
+                        Ok(())
+                    }
+                    Err(detail) => {
+                        assert!(!detail.is_empty());
+                        Err((ErrorCode::InvalidArguments, detail))
+                    }
+                },
+            };
+            let id = Arc::clone(&call.id);
+            let name = Arc::clone(&call.name);
+            results.push(match outcome {
+                Ok(()) => ToolDispatchResult::ok(id, name, "ran".into(), Timing::default()),
+                Err((code, detail)) => {
+                    ToolDispatchResult::error(id, name, code, &detail, Timing::default())
+                }
+            });
+        }
+
+        let stages = partition(&safe);
+        let mut next = 0;
+        for stage in &stages {
+            assert_eq!(stage.calls.start, next, "stages are contiguous and in order");
+            assert!(!stage.calls.is_empty());
+            match stage.mode {
+                StageMode::Serial => {
+                    assert_eq!(stage.calls.len(), 1);
+                    assert!(!safe[stage.calls.start]);
+                }
+                StageMode::Concurrent => assert!(safe[stage.calls.clone()].iter().all(|&s| s)),
+            }
+            next = stage.calls.end;
+        }
+        assert_eq!(next, safe.len(), "every runnable call is in a stage");
+
+        for format in [protocol::WireFormat::Anthropic, protocol::WireFormat::OpenAi] {
+            let encoded = protocol::encode(format, &results);
+            let text = serde_json::to_string(&encoded).expect("encodes");
+            let back: Value = serde_json::from_str(&text).expect("well-formed JSON");
+            let items = match format {
+                protocol::WireFormat::Anthropic => back["content"].as_array().cloned(),
+                protocol::WireFormat::OpenAi => back.as_array().cloned(),
+            }
+            .expect("a list of answers");
+            assert_eq!(items.len(), calls.len(), "one answer per call");
+        }
+    }
+});
