@@ -1,0 +1,277 @@
+//! The driver: runs one phase — every session's turn loop in its own tokio task — against the
+//! engine or the direct baseline, and gathers what it measured.
+//!
+//! A session loop takes a turn from its [`SessionTurns`], dispatches it on its [`Target`] (its own
+//! engine [`Session`], or the shared [`DirectDispatcher`]), encodes the results as the Anthropic
+//! message to append (as a harness would; the encoded value is then dropped) and records the turn.
+//! Loops are bounded twice: by a turn count and by [`Shared::stop`], which the phase's
+//! [`Monitor`] thread sets at the deadline. The clock runs from spawning the tasks to the last one
+//! ending. Loops run in spawned tasks, never in `block_on` (an actor round trip from `block_on`
+//! costs many times more).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::monitor::{Monitor, MonitorConfig, Shared};
+use super::rss;
+use super::stats::Recorder;
+use super::workload::{SessionTurns, Templates, Workload};
+use crate::baseline::DirectDispatcher;
+use crate::engine::{Engine, Session};
+use crate::protocol::{ToolCall, ToolDispatchResult, encode_anthropic};
+use crate::tool::ToolSpec;
+
+/// At most this many recorders per phase; sessions beyond share them.
+const MAX_RECORDERS: usize = 64;
+
+/// Calls a loop counts locally before adding them to the shared progress counter.
+const FLUSH_CALLS: u64 = 512;
+
+/// Where a session's turns go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// The engine, through this session's own scheduler.
+    Engine(Session),
+    /// The direct in-process baseline (shared by all sessions).
+    Direct(Arc<DirectDispatcher>),
+}
+
+impl Target {
+    async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+        match self {
+            Target::Engine(session) => session.dispatch(calls).await,
+            Target::Direct(direct) => direct.dispatch(calls).await,
+        }
+    }
+}
+
+/// How a phase is bounded.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// Turns per session at most.
+    pub turns: u64,
+    /// Stop after this long (the run's `--duration`, or the hard cap `--max-time`).
+    pub stop_after: Duration,
+    /// True when `stop_after` is the run's duration (a timed run), false when it is only a cap.
+    pub timed: bool,
+}
+
+/// How a phase reports while it runs.
+#[derive(Debug, Clone)]
+pub struct Display {
+    /// Progress bar prefix (`engine`, `direct`, `warm-up`).
+    pub label: String,
+    /// Draw the progress bar.
+    pub progress: bool,
+    /// Sample RSS every second (a soak).
+    pub sample_rss: bool,
+}
+
+/// What one phase measured.
+#[derive(Debug)]
+pub struct Phase {
+    /// Counts and histograms of every session.
+    pub stats: Recorder,
+    /// Wall time from the first task spawned to the last one ended.
+    pub elapsed: Duration,
+    /// How it ended: `turns` (every session did its turns), `duration` (the deadline of a timed
+    /// run) or `hard_cap` (the `--max-time` cap cut a counted run short).
+    pub stopped_by: &'static str,
+    /// Peak RSS during the phase, bytes (`None` where it cannot be read).
+    pub peak_rss: Option<u64>,
+    /// RSS samples, bytes, about one a second (when asked for).
+    pub rss_samples: Vec<u64>,
+}
+
+impl Phase {
+    /// Calls per second.
+    pub fn calls_per_s(&self) -> f64 {
+        per_s(self.stats.calls, self.elapsed)
+    }
+
+    /// Turns per second.
+    pub fn turns_per_s(&self) -> f64 {
+        per_s(self.stats.turns, self.elapsed)
+    }
+}
+
+fn per_s(n: u64, elapsed: Duration) -> f64 {
+    let secs = elapsed.as_secs_f64();
+    if secs > 0.0 { n as f64 / secs } else { 0.0 }
+}
+
+/// Runs one phase: one task per target (session), each with its own turn builder.
+pub async fn run_phase(
+    targets: &[Target],
+    workload: &Arc<Workload>,
+    bounds: &Bounds,
+    display: &Display,
+) -> Phase {
+    let sessions = targets.len();
+    let recorders: Vec<Arc<Mutex<Recorder>>> = (0..sessions.clamp(1, MAX_RECORDERS))
+        .map(|_| Arc::new(Mutex::new(Recorder::default())))
+        .collect();
+    let shared = Arc::new(Shared::default());
+    let expected = (!bounds.timed).then(|| {
+        bounds
+            .turns
+            .saturating_mul(sessions as u64)
+            .saturating_mul(workload.calls_per_turn as u64)
+    });
+    rss::reset_peak();
+    let monitor = Monitor::start(
+        Arc::clone(&shared),
+        MonitorConfig {
+            stop_after: bounds.stop_after,
+            expected_calls: expected,
+            progress: display.progress,
+            label: display.label.clone(),
+            sample_rss: display.sample_rss,
+        },
+    );
+    let templates = Templates::shared(workload);
+    let turns_each: Vec<SessionTurns> = (0..sessions)
+        .map(|i| SessionTurns::new(Arc::clone(workload), templates.as_ref(), i))
+        .collect();
+    let start = Instant::now();
+    let tasks: Vec<_> = targets
+        .iter()
+        .zip(turns_each)
+        .enumerate()
+        .map(|(i, (target, turns))| {
+            let target = target.clone();
+            let recorder = Arc::clone(&recorders[i % recorders.len()]);
+            let shared = Arc::clone(&shared);
+            let max_turns = bounds.turns;
+            tokio::spawn(session_loop(target, turns, max_turns, recorder, shared))
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for task in tasks {
+        if let Err(e) = task.await {
+            failures.push(format!("a session task failed: {e}"));
+        }
+    }
+    let elapsed = start.elapsed();
+    let seen = monitor.finish();
+    let mut stats = Recorder::default();
+    for r in &recorders {
+        stats.merge(&r.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+    for f in failures {
+        stats.violation(f);
+    }
+    let stopped_by = match (seen.stopped, bounds.timed) {
+        (false, _) => "turns",
+        (true, true) => "duration",
+        (true, false) => "hard_cap",
+    };
+    Phase {
+        stats,
+        elapsed,
+        stopped_by,
+        peak_rss: rss::peak(),
+        rss_samples: seen.rss_samples,
+    }
+}
+
+async fn session_loop(
+    target: Target,
+    mut turns: SessionTurns,
+    max_turns: u64,
+    recorder: Arc<Mutex<Recorder>>,
+    shared: Arc<Shared>,
+) {
+    let mut unflushed = 0u64;
+    for _ in 0..max_turns {
+        if shared.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let calls = turns.next_turn();
+        let n = calls.len() as u64;
+        let sent = Instant::now();
+        let results = target.dispatch(calls).await;
+        let latency = sent.elapsed();
+        let message = encode_anthropic(&results);
+        std::hint::black_box(&message);
+        drop(message);
+        recorder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record_turn(latency, turns.ids(), &results);
+        unflushed += n;
+        if unflushed >= FLUSH_CALLS {
+            shared.calls.fetch_add(unflushed, Ordering::Relaxed);
+            unflushed = 0;
+        }
+    }
+    shared.calls.fetch_add(unflushed, Ordering::Relaxed);
+}
+
+/// Warm-up before a measured phase: the same loops, unmeasured, for `warmup` (if not zero).
+async fn warm_up(targets: &[Target], workload: &Arc<Workload>, warmup: Duration) {
+    if warmup.is_zero() {
+        return;
+    }
+    let bounds = Bounds {
+        turns: u64::MAX,
+        stop_after: warmup,
+        timed: true,
+    };
+    let display = Display {
+        label: "warm-up".into(),
+        progress: false,
+        sample_rss: false,
+    };
+    run_phase(targets, workload, &bounds, &display).await;
+}
+
+/// The engine phase: an engine with `tools` (`workers` workers), one session per simulated
+/// session, a warm-up, then the measured loops; the engine is shut down afterwards.
+pub async fn engine_phase(
+    tools: Vec<ToolSpec>,
+    workers: Option<usize>,
+    sessions: usize,
+    workload: &Arc<Workload>,
+    bounds: &Bounds,
+    display: &Display,
+    warmup: Duration,
+) -> Result<Phase, String> {
+    let mut builder = Engine::builder().tools(tools);
+    if let Some(w) = workers {
+        builder = builder.workers(w);
+    }
+    let engine = builder
+        .build()
+        .map_err(|e| format!("cannot build the engine: {e}"))?;
+    let targets: Vec<Target> = (0..sessions)
+        .map(|_| Target::Engine(engine.session()))
+        .collect();
+    warm_up(&targets, workload, warmup).await;
+    let phase = run_phase(&targets, workload, bounds, display).await;
+    drop(targets);
+    engine.shutdown(Duration::from_secs(2)).await;
+    Ok(phase)
+}
+
+/// The direct phase: the same workload through one shared [`DirectDispatcher`], in the same kind
+/// of tasks.
+pub async fn direct_phase(
+    tools: Vec<ToolSpec>,
+    sessions: usize,
+    workload: &Arc<Workload>,
+    bounds: &Bounds,
+    display: &Display,
+    warmup: Duration,
+) -> Result<Phase, String> {
+    let direct = Arc::new(
+        DirectDispatcher::new(tools)
+            .map_err(|e| format!("cannot build the direct baseline: {e}"))?,
+    );
+    let targets: Vec<Target> = (0..sessions)
+        .map(|_| Target::Direct(Arc::clone(&direct)))
+        .collect();
+    warm_up(&targets, workload, warmup).await;
+    Ok(run_phase(&targets, workload, bounds, display).await)
+}

@@ -1,0 +1,518 @@
+//! `switchboard load`: drives the real engine with many concurrent sessions and reports
+//! throughput, latency and memory, beside the direct in-process baseline when asked.
+//!
+//! Three modes. The default runs `--sessions` sessions (each `engine.session()`, each looping in
+//! its own tokio task) for `--turns` turns or for `--duration`, every turn `--calls-per-turn`
+//! calls to the workload tools (see `workload.rs`), through the full actor path with schema
+//! validation on; with `--baseline direct` the same turns then go through
+//! [`crate::baseline::DirectDispatcher`] in the same kind of tasks, and the report gives the ratio
+//! engine ÷ direct. It prints a table (or one JSON document with `--json`; `--report DIR` also
+//! writes it with a latency SVG), and exits 1 if any turn was not answered exactly once, in
+//! order. `--workload-set peers` runs the six workloads of `../shared/bench/peers.md` (see
+//! `peers.rs`); `--idle` measures memory per idle session (see `idle.rs`). Bad flags exit 2.
+//! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
+
+mod driver;
+mod idle;
+mod monitor;
+mod peers;
+mod report;
+mod rss;
+mod stats;
+mod svg;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::cli::TelemetryArgs;
+use crate::exporter::Telemetry;
+use crate::tools::builtin_tools;
+use crate::workspace::Workspace;
+use driver::{Bounds, Display, Phase, direct_phase, engine_phase};
+use workload::{Workload, load_tools, session_dir};
+
+/// Turns per session at most in a timed run (the other bound is the deadline).
+const TIMED_TURN_CAP: u64 = 1_000_000_000;
+
+/// Most `--sessions` × `--calls-per-turn` of a run (every session keeps its own call ids).
+const MAX_SLOTS: usize = 2_000_000;
+
+/// Most `--sessions` × `--calls-per-turn` of a builtin run (its call templates are per session).
+const MAX_BUILTIN_SLOTS: usize = 100_000;
+
+/// Measuring time when neither `--turns` nor `--duration` is given.
+const DEFAULT_DURATION: Duration = Duration::from_secs(5);
+
+/// `--tool`: which tools the calls go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ToolKind {
+    /// Inline, returns `text` (`noop`, or `noop_serial`).
+    Noop,
+    /// Async, sleeps `--sleep-ms` (`sleep`, or `sleep_serial`).
+    Sleep,
+    /// Inline, hashes `text` `--cpu-work` times (`cpu`, or `cpu_serial`).
+    Cpu,
+    /// Half noop, a quarter cpu, a quarter sleep.
+    Mixed,
+    /// The five built-in tools on a temporary workspace (write, read, edit, glob, bash per five calls).
+    Builtin,
+}
+
+impl ToolKind {
+    fn name(self) -> &'static str {
+        match self {
+            ToolKind::Noop => "noop",
+            ToolKind::Sleep => "sleep",
+            ToolKind::Cpu => "cpu",
+            ToolKind::Mixed => "mixed",
+            ToolKind::Builtin => "builtin",
+        }
+    }
+}
+
+/// `--baseline`: what the engine is compared with in the same run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Baseline {
+    /// The direct in-process loop: validate + call + encode, no actors.
+    Direct,
+}
+
+/// `--workload-set`: a fixed set of workloads run in sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadSet {
+    /// The six workloads of `peers.md`, one JSON line each.
+    Peers,
+}
+
+/// Flags of `switchboard load`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// Concurrent sessions, each with its own scheduler actor and its own task.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub sessions: u32,
+    /// Turns per session (instead of --duration).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000), conflicts_with = "duration")]
+    pub turns: Option<u64>,
+    /// Run for this long, e.g. `10s` (default 5s when --turns is not given). With --idle: hold
+    /// the sessions this long, sampling RSS.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Calls in each turn.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub calls_per_turn: u32,
+    /// Which tools the calls go to.
+    #[arg(long, value_enum, default_value_t = ToolKind::Noop)]
+    pub tool: ToolKind,
+    /// How long each `sleep` call sleeps, in milliseconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub sleep_ms: u64,
+    /// Hash rounds of each `cpu` call (its `n`).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=workload::CPU_WORK_MAX))]
+    pub cpu_work: u64,
+    /// Share of calls sent to the tool's serial (not concurrency-safe) variant, 0 to 1.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
+    pub serial_ratio: f64,
+    /// Share of calls that fail before running, 0 to 1: half unknown tools, half invalid arguments.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
+    pub error_rate: f64,
+    /// Engine worker actors (default: the engine's own, one per CPU and at least 2).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers: Option<u32>,
+    /// Run the same workload through this baseline too, in the same run, and report the ratio.
+    #[arg(long, value_enum)]
+    pub baseline: Option<Baseline>,
+    /// Run a fixed set of workloads instead (one JSON line each, with its direct ratio).
+    #[arg(long, value_enum, conflicts_with_all = ["idle", "baseline"])]
+    pub workload_set: Option<WorkloadSet>,
+    /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
+    #[arg(long, conflicts_with_all = ["turns", "baseline"])]
+    pub idle: bool,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON document and a latency picture (`load.json`, `latency.svg`) into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Unmeasured warm-up before each measured phase, e.g. `500ms` (peers: a tenth of the
+    /// duration, at most 200ms).
+    #[arg(long, value_parser = parse_warmup)]
+    pub warmup: Option<Duration>,
+    /// Hard cap on each phase, whatever --turns says.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub max_time: Duration,
+    /// With --workload-set: alternate the engine and direct phases this many times per workload
+    /// and report each side's best round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100), requires = "workload_set")]
+    pub rounds: u32,
+    /// Seed of the call mix (errors, serial share, mixed tools).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Metrics.
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not between 0 and 1"))
+    }
+}
+
+fn parse_warmup(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e}"))?;
+    if d > Duration::from_secs(3600) {
+        return Err("at most 1h".into());
+    }
+    Ok(d)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_warmup(s)?;
+    if d.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(d)
+}
+
+fn fail(code: u8, message: &str) -> ExitCode {
+    eprintln!("switchboard load: {message}");
+    ExitCode::from(code)
+}
+
+/// Runs `switchboard load`.
+pub async fn run(args: LoadArgs) -> ExitCode {
+    let telemetry = match Telemetry::start(
+        args.telemetry.metrics_addr,
+        args.telemetry.metrics_file.clone(),
+    )
+    .await
+    {
+        Ok(t) => t,
+        Err(e) => return fail(2, &e),
+    };
+    let code = if args.workload_set.is_some() {
+        run_peers(&args).await
+    } else if args.idle {
+        run_idle(&args).await
+    } else {
+        run_load(&args).await
+    };
+    match telemetry.finish().await {
+        Ok(()) => code,
+        Err(e) => fail(1, &e),
+    }
+}
+
+fn workers(args: &LoadArgs) -> Option<usize> {
+    args.workers.map(|w| w as usize)
+}
+
+async fn run_idle(args: &LoadArgs) -> ExitCode {
+    let report = match idle::run(
+        args.sessions as usize,
+        workers(args),
+        args.duration,
+        !args.quiet,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return fail(1, &e),
+    };
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.text());
+    }
+    if let Some(dir) = &args.report
+        && let Err(e) = write_json(dir, "idle.json", &report.to_json())
+    {
+        return fail(1, &e);
+    }
+    if report.failures > 0 {
+        return fail(1, "some warm-up turns failed");
+    }
+    ExitCode::SUCCESS
+}
+
+async fn run_peers(args: &LoadArgs) -> ExitCode {
+    let duration = args.duration.unwrap_or(peers::DEFAULT_DURATION);
+    let config = peers::PeersConfig {
+        duration,
+        turns: args.turns,
+        max_time: args.max_time,
+        warmup: args
+            .warmup
+            .unwrap_or_else(|| (duration / 10).min(Duration::from_millis(200))),
+        workers: workers(args),
+        progress: !args.quiet,
+        seed: args.seed,
+        rounds: args.rounds,
+    };
+    let mut lines = Vec::new();
+    let mut violations = 0;
+    for w in &peers::WORKLOADS {
+        let result = match peers::run_one(w, &config).await {
+            Ok(r) => r,
+            Err(e) => return fail(1, &format!("{}: {e}", w.name)),
+        };
+        println!("{}", result.line);
+        violations += result.violations;
+        for e in &result.examples {
+            eprintln!("switchboard load: {}: violation: {e}", w.name);
+        }
+        lines.push(result.line);
+    }
+    if let Some(dir) = &args.report {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        if let Err(e) = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join("peers.jsonl"), text))
+        {
+            return fail(
+                1,
+                &format!("cannot write {}/peers.jsonl: {e}", dir.display()),
+            );
+        }
+    }
+    if violations > 0 {
+        return fail(
+            1,
+            &format!("{violations} turns were not answered exactly once, in order"),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+async fn run_load(args: &LoadArgs) -> ExitCode {
+    let sessions = args.sessions as usize;
+    let slots = sessions.saturating_mul(args.calls_per_turn as usize);
+    let most = if args.tool == ToolKind::Builtin {
+        MAX_BUILTIN_SLOTS
+    } else {
+        MAX_SLOTS
+    };
+    if slots > most {
+        return fail(
+            2,
+            &format!(
+                "--sessions × --calls-per-turn is {slots}; at most {most} with --tool {} (every session keeps its own call ids{})",
+                args.tool.name(),
+                if args.tool == ToolKind::Builtin {
+                    " and files"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+    let workload = Arc::new(Workload {
+        tool: args.tool,
+        calls_per_turn: args.calls_per_turn as usize,
+        sleep: Duration::from_millis(args.sleep_ms),
+        cpu_work: args.cpu_work,
+        serial_ratio: args.serial_ratio,
+        error_rate: args.error_rate,
+        pattern: None,
+        seed: args.seed,
+    });
+    // The builtin tools work on a fresh temporary workspace, one subdirectory per session; it is
+    // removed when `_workspace` goes out of scope.
+    let (tools, _workspace) = if args.tool == ToolKind::Builtin {
+        match builtin_workspace(sessions) {
+            Ok((dir, ws)) => (builtin_tools(&ws), Some(dir)),
+            Err(e) => return fail(1, &e),
+        }
+    } else {
+        (load_tools(workload.sleep), None)
+    };
+    let duration = match (args.turns, args.duration) {
+        (Some(_), _) => None,
+        (None, d) => Some(d.unwrap_or(DEFAULT_DURATION)),
+    };
+    let bounds = match duration {
+        Some(d) => Bounds {
+            turns: TIMED_TURN_CAP,
+            stop_after: d.min(args.max_time),
+            timed: true,
+        },
+        None => Bounds {
+            turns: args.turns.unwrap_or(1),
+            stop_after: args.max_time,
+            timed: false,
+        },
+    };
+    let warmup = args.warmup.unwrap_or(Duration::ZERO);
+    let display = |label: &str| Display {
+        label: label.to_string(),
+        progress: !args.quiet,
+        sample_rss: duration.is_some(),
+    };
+    let engine = match engine_phase(
+        tools.clone(),
+        workers(args),
+        sessions,
+        &workload,
+        &bounds,
+        &display("engine"),
+        warmup,
+    )
+    .await
+    {
+        Ok(p) => p,
+        Err(e) => return fail(1, &e),
+    };
+    let direct = match args.baseline {
+        Some(Baseline::Direct) => {
+            match direct_phase(
+                tools,
+                sessions,
+                &workload,
+                &bounds,
+                &display("direct"),
+                warmup,
+            )
+            .await
+            {
+                Ok(p) => Some(p),
+                Err(e) => return fail(1, &e),
+            }
+        }
+        None => None,
+    };
+    let ratio = direct
+        .as_ref()
+        .map(|d| peers::ratio(engine.calls_per_s(), d.calls_per_s()));
+    let soak = rss::SoakVerdict::of(&engine.rss_samples);
+    let doc = load_json(args, &engine, direct.as_ref(), ratio, soak.as_ref());
+    let title = format!(
+        "switchboard load: {} sessions × {} calls/turn, tool {}{}{}, {}",
+        sessions,
+        args.calls_per_turn,
+        args.tool.name(),
+        if args.serial_ratio > 0.0 {
+            format!(", serial {}", args.serial_ratio)
+        } else {
+            String::new()
+        },
+        if args.error_rate > 0.0 {
+            format!(", errors {}", args.error_rate)
+        } else {
+            String::new()
+        },
+        match duration {
+            Some(d) => humantime::format_duration(d).to_string(),
+            None => format!("{} turns per session", bounds.turns),
+        },
+    );
+    if args.json {
+        println!("{doc}");
+    } else {
+        let mut phases: Vec<(&str, &Phase)> = vec![("engine", &engine)];
+        if let Some(d) = &direct {
+            phases.push(("direct", d));
+        }
+        print!("{}", report::table(&title, &phases, ratio));
+        if let Some(s) = &soak {
+            println!("{}", s.line());
+        }
+    }
+    if let Some(dir) = &args.report {
+        let mut series = vec![svg::Series {
+            name: "engine",
+            color: "#1f77b4",
+            hist: &engine.stats.turn_latency,
+        }];
+        if let Some(d) = &direct {
+            series.push(svg::Series {
+                name: "direct",
+                color: "#ff7f0e",
+                hist: &d.stats.turn_latency,
+            });
+        }
+        let picture = svg::latency_svg(&title, &series);
+        if let Err(e) = report::write_report(dir, &doc, &picture) {
+            return fail(1, &e);
+        }
+    }
+    let violations = engine.stats.violations + direct.as_ref().map_or(0, |d| d.stats.violations);
+    if violations > 0 {
+        return fail(
+            1,
+            &format!("{violations} turns were not answered exactly once, in order"),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn builtin_workspace(sessions: usize) -> Result<(tempfile::TempDir, Workspace), String> {
+    let dir = tempfile::Builder::new()
+        .prefix("switchboard-load-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary workspace: {e}"))?;
+    for i in 0..sessions {
+        std::fs::create_dir(dir.path().join(session_dir(i)))
+            .map_err(|e| format!("cannot create a session directory: {e}"))?;
+    }
+    let ws = Workspace::open(dir.path())
+        .map_err(|e| format!("cannot open the temporary workspace: {e}"))?;
+    Ok((dir, ws))
+}
+
+fn load_json(
+    args: &LoadArgs,
+    engine: &Phase,
+    direct: Option<&Phase>,
+    ratio: Option<f64>,
+    soak: Option<&rss::SoakVerdict>,
+) -> Value {
+    json!({
+        "mode": "load",
+        "config": {
+            "sessions": args.sessions,
+            "turns": args.turns,
+            "duration_ms": match args.turns {
+                Some(_) => None,
+                None => Some(args.duration.unwrap_or(DEFAULT_DURATION).as_millis() as u64),
+            },
+            "calls_per_turn": args.calls_per_turn,
+            "tool": args.tool.name(),
+            "sleep_ms": args.sleep_ms,
+            "cpu_work": args.cpu_work,
+            "serial_ratio": args.serial_ratio,
+            "error_rate": args.error_rate,
+            "workers": args.workers,
+            "baseline": direct.map(|_| "direct"),
+            "seed": args.seed,
+        },
+        "calls": engine.stats.calls,
+        "violations": engine.stats.violations + direct.map_or(0, |d| d.stats.violations),
+        "engine": report::phase_json(engine),
+        "direct": direct.map(report::phase_json),
+        "direct_ratio": ratio.map(|r| (r * 1000.0).round() / 1000.0),
+        "soak": soak.map(rss::SoakVerdict::to_json),
+        "rss_samples_bytes": engine.rss_samples,
+        "peak_rss_bytes": engine.peak_rss.max(direct.and_then(|d| d.peak_rss)),
+    })
+}
+
+fn write_json(dir: &std::path::Path, name: &str, doc: &Value) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create report directory {}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    let text = serde_json::to_string_pretty(doc).unwrap_or_else(|_| "null".into());
+    std::fs::write(&path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))
+}

@@ -1,0 +1,257 @@
+//! `--workload-set peers`: the six workloads of `../shared/bench/peers.md`, each measured on the
+//! engine and then on the direct baseline in the same run, one JSON line per workload.
+//!
+//! | workload | sessions | turn | line |
+//! | --- | --- | --- | --- |
+//! | `single_call_noop` | 1 | 1 × `noop` | `calls_per_s` |
+//! | `batch8_concurrent_safe_noop` | 1 | 8 × `noop` (safe) | `calls_per_s` |
+//! | `batch8_serial_noop` | 1 | 8 × `noop_serial` | `calls_per_s` |
+//! | `batch8_sleep10ms_wall_ms` | 1 | 8 × `sleep` (safe, 10 ms) | `wall_ms` (mean turn) |
+//! | `error_paths` | 1 | [unknown tool, invalid arguments] | `calls_per_s` |
+//! | `sessions64_batch8_noop` | 64 | 8 × `noop` (safe) | `calls_per_s` |
+//!
+//! Every line carries `direct_ratio` = engine ÷ direct (calls/s, or wall time for the sleep
+//! batch, where 1.0 is ideal and higher is slower). Each workload runs for `--duration` (default
+//! 2 s) per side, after a warm-up of a tenth of that (at most 200 ms), or for `--turns` turns per
+//! session. With `--rounds N` the engine and direct phases alternate N times and each side
+//! reports its best round (on a shared, noisy machine interference only ever slows a run down);
+//! violations of every round are counted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::ToolKind;
+use super::driver::{Bounds, Display, Phase, direct_phase, engine_phase};
+use super::stats::{Percentiles, Recorder};
+use super::workload::{Slot, Workload, load_tools};
+
+/// Default measuring time of each side of each workload.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(2);
+
+/// One workload of the set.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerWorkload {
+    /// Its name in `peers.md`.
+    pub name: &'static str,
+    sessions: usize,
+    calls_per_turn: usize,
+    tool: ToolKind,
+    serial: bool,
+    errors: bool,
+    wall: bool,
+}
+
+/// The six workloads, in the order of `peers.md`.
+pub const WORKLOADS: [PeerWorkload; 6] = [
+    PeerWorkload {
+        name: "single_call_noop",
+        sessions: 1,
+        calls_per_turn: 1,
+        tool: ToolKind::Noop,
+        serial: false,
+        errors: false,
+        wall: false,
+    },
+    PeerWorkload {
+        name: "batch8_concurrent_safe_noop",
+        sessions: 1,
+        calls_per_turn: 8,
+        tool: ToolKind::Noop,
+        serial: false,
+        errors: false,
+        wall: false,
+    },
+    PeerWorkload {
+        name: "batch8_serial_noop",
+        sessions: 1,
+        calls_per_turn: 8,
+        tool: ToolKind::Noop,
+        serial: true,
+        errors: false,
+        wall: false,
+    },
+    PeerWorkload {
+        name: "batch8_sleep10ms_wall_ms",
+        sessions: 1,
+        calls_per_turn: 8,
+        tool: ToolKind::Sleep,
+        serial: false,
+        errors: false,
+        wall: true,
+    },
+    PeerWorkload {
+        name: "error_paths",
+        sessions: 1,
+        calls_per_turn: 2,
+        tool: ToolKind::Noop,
+        serial: false,
+        errors: true,
+        wall: false,
+    },
+    PeerWorkload {
+        name: "sessions64_batch8_noop",
+        sessions: 64,
+        calls_per_turn: 8,
+        tool: ToolKind::Noop,
+        serial: false,
+        errors: false,
+        wall: false,
+    },
+];
+
+/// How the set runs.
+#[derive(Debug, Clone)]
+pub struct PeersConfig {
+    /// Measuring time per side (ignored when `turns` is set).
+    pub duration: Duration,
+    /// Turns per session instead of a duration.
+    pub turns: Option<u64>,
+    /// Hard cap per side.
+    pub max_time: Duration,
+    /// Warm-up per side.
+    pub warmup: Duration,
+    /// Engine workers.
+    pub workers: Option<usize>,
+    /// Draw progress bars.
+    pub progress: bool,
+    /// Seed of the call generators.
+    pub seed: u64,
+    /// Engine-then-direct rounds per workload; each side reports its best round.
+    pub rounds: u32,
+}
+
+/// What one workload gave: its JSON line and the violations seen.
+#[derive(Debug)]
+pub struct PeerResult {
+    /// The line, as printed (keys in the order of `peers.md`: `workload` first).
+    pub line: String,
+    /// Turns not answered exactly once, in order, over every round and both sides.
+    pub violations: u64,
+    /// The first few of them, described.
+    pub examples: Vec<String>,
+}
+
+/// Runs one workload on both sides.
+pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResult, String> {
+    let sleep = Duration::from_millis(10);
+    let workload = Arc::new(Workload {
+        tool: w.tool,
+        calls_per_turn: w.calls_per_turn,
+        sleep,
+        cpu_work: 0,
+        serial_ratio: if w.serial { 1.0 } else { 0.0 },
+        error_rate: 0.0,
+        pattern: w.errors.then(|| vec![Slot::Unknown, Slot::Invalid]),
+        seed: config.seed,
+    });
+    let bounds = match config.turns {
+        Some(turns) => Bounds {
+            turns,
+            stop_after: config.max_time,
+            timed: false,
+        },
+        None => Bounds {
+            turns: u64::MAX,
+            stop_after: config.duration.min(config.max_time),
+            timed: true,
+        },
+    };
+    let display = |side: &str| Display {
+        label: side.to_string(),
+        progress: config.progress,
+        sample_rss: false,
+    };
+    let tools = load_tools(sleep);
+    let mut best: Option<(Phase, Phase)> = None;
+    let mut violations = Recorder::default();
+    for _ in 0..config.rounds.max(1) {
+        let engine = engine_phase(
+            tools.clone(),
+            config.workers,
+            w.sessions,
+            &workload,
+            &bounds,
+            &display("engine"),
+            config.warmup,
+        )
+        .await?;
+        let direct = direct_phase(
+            tools.clone(),
+            w.sessions,
+            &workload,
+            &bounds,
+            &display("direct"),
+            config.warmup,
+        )
+        .await?;
+        for phase in [&engine, &direct] {
+            violations.merge_violations(&phase.stats);
+        }
+        best = Some(match best {
+            None => (engine, direct),
+            Some((e0, d0)) => (better(w.wall, e0, engine), better(w.wall, d0, direct)),
+        });
+    }
+    let Some((engine, direct)) = best else {
+        return Err("no round ran".into());
+    };
+    let line = if w.wall {
+        let e = Percentiles::of(&engine.stats.turn_latency).mean / 1000.0;
+        let d = Percentiles::of(&direct.stats.turn_latency).mean / 1000.0;
+        ordered(&[
+            ("workload", json!(w.name)),
+            ("wall_ms", json!(round3(e))),
+            ("direct_wall_ms", json!(round3(d))),
+            ("direct_ratio", json!(round3(ratio(e, d)))),
+        ])
+    } else {
+        let (e, d) = (engine.calls_per_s(), direct.calls_per_s());
+        ordered(&[
+            ("workload", json!(w.name)),
+            ("calls_per_s", json!(e.round() as u64)),
+            ("direct_calls_per_s", json!(d.round() as u64)),
+            ("direct_ratio", json!(round3(ratio(e, d)))),
+        ])
+    };
+    Ok(PeerResult {
+        line,
+        violations: violations.violations,
+        examples: violations.examples,
+    })
+}
+
+/// The better of two runs of the same side: more calls/s, or for a wall-time workload the
+/// shorter mean turn.
+fn better(wall: bool, a: Phase, b: Phase) -> Phase {
+    let b_wins = if wall {
+        let mean = |p: &Phase| Percentiles::of(&p.stats.turn_latency).mean;
+        mean(&b) < mean(&a)
+    } else {
+        b.calls_per_s() > a.calls_per_s()
+    };
+    if b_wins { b } else { a }
+}
+
+/// A one-line JSON object with its keys in the given order.
+fn ordered(fields: &[(&str, Value)]) -> String {
+    let body: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", Value::from(*k)))
+        .collect();
+    format!("{{{}}}", body.join(","))
+}
+
+/// `a ÷ b`, 0 when `b` is 0.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 && a.is_finite() { a / b } else { 0.0 }
+}
+
+fn round3(x: f64) -> f64 {
+    if x.is_finite() {
+        (x * 1000.0).round() / 1000.0
+    } else {
+        0.0
+    }
+}

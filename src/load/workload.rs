@@ -1,0 +1,423 @@
+//! Workloads: the tools registered only for load runs, and the turns every session sends.
+//!
+//! The workload tools take the schema of `../shared/bench/peers.md` (`{"text": string, "n":
+//! integer ≥ 0}`, no other property) and come in a concurrency-safe and a serial variant each:
+//! `noop`/`noop_serial` (inline, return `text`), `sleep`/`sleep_serial` (async, sleep `--sleep-ms`
+//! first), `cpu`/`cpu_serial` (inline, FNV-1a over `text` repeated `n` times). `--tool builtin`
+//! uses the five real tools instead, on a temporary workspace where every session has its own
+//! subdirectory. A [`Workload`] says what a turn looks like; a [`SessionTurns`] builds one
+//! session's turns from [`Templates`] made once (shared by all sessions, except for builtin runs
+//! whose paths differ per session; a turn is a clone of K templates), choosing each call's variant — safe or serial, a valid call, an unknown tool or invalid arguments — with a
+//! small seeded generator, so the engine and the direct baseline see exactly the same turns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::ToolKind;
+use crate::protocol::ToolCall;
+use crate::tool::{Handler, ToolSpec};
+
+/// The 32 characters every workload call carries as `text`.
+pub const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";
+
+/// Largest `n` the `cpu` tool honours (bigger values are clamped), so no call can run for long.
+pub const CPU_WORK_MAX: u64 = 1_000_000;
+
+/// The name used for unknown-tool calls.
+pub const UNKNOWN_TOOL: &str = "no_such_tool";
+
+/// The workload tools' names, in variant order: even indices are concurrency-safe, odd serial.
+const NAMES: [&str; 6] = [
+    "noop",
+    "noop_serial",
+    "sleep",
+    "sleep_serial",
+    "cpu",
+    "cpu_serial",
+];
+
+/// The builtin tools a builtin turn cycles through, in slot order.
+const BUILTIN_NAMES: [&str; 5] = ["write_file", "read_file", "edit_file", "glob", "bash"];
+
+/// What one call slot of a turn is, when a workload fixes it instead of drawing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// A call to a tool that is not registered.
+    Unknown,
+    /// A call whose arguments break the schema.
+    Invalid,
+}
+
+/// What every turn of a run looks like.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Which tools the calls go to.
+    pub tool: ToolKind,
+    /// Calls in each turn.
+    pub calls_per_turn: usize,
+    /// How long `sleep` calls sleep.
+    pub sleep: Duration,
+    /// `n` of `cpu` calls (hash rounds).
+    pub cpu_work: u64,
+    /// Share of calls sent to the serial variant.
+    pub serial_ratio: f64,
+    /// Share of calls that are errors (half unknown tools, half invalid arguments).
+    pub error_rate: f64,
+    /// Fixed slots, repeated over the turn, instead of drawing (e.g. `[Unknown, Invalid]`).
+    pub pattern: Option<Vec<Slot>>,
+    /// Seed of the per-session generators.
+    pub seed: u64,
+}
+
+/// The schema every workload tool takes.
+pub fn schema() -> Value {
+    json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},
+           "required":["text","n"],"additionalProperties":false})
+}
+
+fn text_of(args: &Value) -> String {
+    args.get("text")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// FNV-1a over `text`, `rounds` times: deterministic CPU work sized by `n`.
+fn cpu_hash(text: &str, rounds: u64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for round in 0..rounds.min(CPU_WORK_MAX) {
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= round;
+    }
+    format!("{h:016x}")
+}
+
+/// The six workload tools (see the module docs). `sleep` sleeps `sleep` per call.
+pub fn load_tools(sleep: Duration) -> Vec<ToolSpec> {
+    let mut specs = Vec::with_capacity(NAMES.len());
+    for (i, name) in NAMES.iter().enumerate() {
+        let safe = i.is_multiple_of(2);
+        let handler = match i / 2 {
+            0 => Handler::inline(|a, _| Ok(text_of(a))),
+            1 => Handler::future(move |a: Value, _| async move {
+                tokio::time::sleep(sleep).await;
+                Ok(text_of(&a))
+            }),
+            _ => Handler::inline(|a, _| {
+                let rounds = a.get("n").and_then(Value::as_u64).unwrap_or(0);
+                Ok(cpu_hash(&text_of(a), rounds))
+            }),
+        };
+        let description = match i / 2 {
+            0 => "Returns `text` (load workload).",
+            1 => "Sleeps, then returns `text` (load workload).",
+            _ => "Hashes `text` `n` times (load workload).",
+        };
+        specs.push(ToolSpec::new(*name, description, schema(), handler).concurrency_safe(safe));
+    }
+    specs
+}
+
+/// The directory of session `index` inside a builtin workspace.
+pub fn session_dir(index: usize) -> String {
+    format!("s{index}")
+}
+
+/// SplitMix64: a tiny, fast, seeded generator (quality is ample for picking call variants).
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// One call before it gets its id: which tool (an index into the session's names) and the
+/// arguments.
+#[derive(Debug)]
+struct Template {
+    name: usize,
+    args: Value,
+}
+
+/// The templates of one call slot.
+#[derive(Debug)]
+struct SlotTemplates {
+    /// Valid calls: one per workload tool (in [`NAMES`] order), or the slot's one builtin call.
+    valid: Vec<Template>,
+    unknown: Template,
+    invalid: Template,
+}
+
+/// The call templates of a run, one entry per call slot. Read-only: every session of a
+/// workload-tool run shares one (cloning a `Value` only reads it, so sessions on different cores
+/// do not contend); builtin runs build one per session, whose paths differ.
+#[derive(Debug)]
+pub struct Templates {
+    slots: Vec<SlotTemplates>,
+}
+
+impl Templates {
+    /// The templates of session `index` (the index matters only for builtin runs).
+    fn new(workload: &Workload, index: usize) -> Templates {
+        let bad_args = json!({"text": TEXT, "n": -1});
+        let unknown = names_for(workload.tool).len() - 1;
+        let slots = (0..workload.calls_per_turn)
+            .map(|i| {
+                let valid: Vec<Template> = if workload.tool == ToolKind::Builtin {
+                    vec![builtin_call(index, i)]
+                } else {
+                    (0..NAMES.len())
+                        .map(|v| {
+                            let n = if v / 2 == 2 {
+                                workload.cpu_work
+                            } else {
+                                i as u64
+                            };
+                            Template {
+                                name: v,
+                                args: json!({"text": TEXT, "n": n}),
+                            }
+                        })
+                        .collect()
+                };
+                SlotTemplates {
+                    unknown: Template {
+                        name: unknown,
+                        args: valid[0].args.clone(),
+                    },
+                    invalid: Template {
+                        name: valid[0].name,
+                        args: bad_args.clone(),
+                    },
+                    valid,
+                }
+            })
+            .collect();
+        Templates { slots }
+    }
+
+    /// Templates every session can share, or `None` when each session needs its own (builtin).
+    pub fn shared(workload: &Workload) -> Option<Arc<Templates>> {
+        (workload.tool != ToolKind::Builtin).then(|| Arc::new(Templates::new(workload, 0)))
+    }
+}
+
+/// The tool names a session's calls use, the unknown one last.
+fn names_for(tool: ToolKind) -> Vec<Arc<str>> {
+    let names: &[&str] = if tool == ToolKind::Builtin {
+        &BUILTIN_NAMES
+    } else {
+        &NAMES
+    };
+    names
+        .iter()
+        .chain(std::iter::once(&UNKNOWN_TOOL))
+        .map(|n| Arc::from(*n))
+        .collect()
+}
+
+/// Which template a call slot uses this turn.
+#[derive(Debug, Clone, Copy)]
+enum Choice {
+    Valid(usize),
+    Unknown,
+    Invalid,
+}
+
+/// Builds the turns of one session. Its ids and tool names are its own `Arc`s (a session's
+/// refcounts are not shared with sessions on other cores); its templates may be shared.
+#[derive(Debug)]
+pub struct SessionTurns {
+    workload: Arc<Workload>,
+    ids: Vec<Arc<str>>,
+    names: Vec<Arc<str>>,
+    templates: Arc<Templates>,
+    rng: SplitMix64,
+}
+
+impl SessionTurns {
+    /// The turn builder of session `index`, on `shared` templates if given.
+    pub fn new(workload: Arc<Workload>, shared: Option<&Arc<Templates>>, index: usize) -> Self {
+        let ids = (0..workload.calls_per_turn)
+            .map(|i| Arc::from(format!("toolu_{i:04}")))
+            .collect();
+        let templates = match shared {
+            Some(t) => Arc::clone(t),
+            None => Arc::new(Templates::new(&workload, index)),
+        };
+        let seed = workload
+            .seed
+            .wrapping_mul(0x2545_f491_4f6c_dd1d)
+            .wrapping_add(index as u64);
+        SessionTurns {
+            names: names_for(workload.tool),
+            workload,
+            ids,
+            templates,
+            rng: SplitMix64(seed),
+        }
+    }
+
+    /// The `tool_use_id`s of a turn, in call order (every turn reuses them).
+    pub fn ids(&self) -> &[Arc<str>] {
+        &self.ids
+    }
+
+    /// The next turn's calls.
+    pub fn next_turn(&mut self) -> Vec<ToolCall> {
+        let k = self.ids.len();
+        let mut calls = Vec::with_capacity(k);
+        for i in 0..k {
+            let choice = self.choose(i);
+            let slot = &self.templates.slots[i];
+            let template = match choice {
+                Choice::Valid(v) => &slot.valid[v],
+                Choice::Unknown => &slot.unknown,
+                Choice::Invalid => &slot.invalid,
+            };
+            calls.push(ToolCall::new(
+                Arc::clone(&self.ids[i]),
+                Arc::clone(&self.names[template.name]),
+                template.args.clone(),
+            ));
+        }
+        calls
+    }
+
+    fn choose(&mut self, i: usize) -> Choice {
+        let w = &*self.workload;
+        if let Some(pattern) = &w.pattern
+            && !pattern.is_empty()
+        {
+            return match pattern[i % pattern.len()] {
+                Slot::Unknown => Choice::Unknown,
+                Slot::Invalid => Choice::Invalid,
+            };
+        }
+        if w.error_rate > 0.0 {
+            let u = self.rng.next_f64();
+            if u < w.error_rate / 2.0 {
+                return Choice::Unknown;
+            }
+            if u < w.error_rate {
+                return Choice::Invalid;
+            }
+        }
+        let base = match w.tool {
+            ToolKind::Builtin => return Choice::Valid(0),
+            ToolKind::Noop => 0,
+            ToolKind::Sleep => 2,
+            ToolKind::Cpu => 4,
+            ToolKind::Mixed => match self.rng.next_f64() {
+                x if x < 0.5 => 0,
+                x if x < 0.75 => 4,
+                _ => 2,
+            },
+        };
+        let serial = w.serial_ratio > 0.0 && self.rng.next_f64() < w.serial_ratio;
+        Choice::Valid(base + usize::from(serial))
+    }
+}
+
+/// The builtin call of slot `slot` of session `session`: slots cycle through write, read, edit,
+/// glob and bash ([`BUILTIN_NAMES`] order), each group of five on its own file, so every call of
+/// a turn succeeds.
+fn builtin_call(session: usize, slot: usize) -> Template {
+    let dir = session_dir(session);
+    let path = format!("{dir}/f{}.txt", slot / 5);
+    let args = match slot % 5 {
+        0 => json!({"path": path, "content": format!("alpha {session} {slot}\n{TEXT}\n")}),
+        1 => json!({"path": path}),
+        2 => json!({"path": path, "old_text": "alpha", "new_text": "beta"}),
+        3 => json!({"pattern": format!("{dir}/*.txt")}),
+        _ => json!({"command": if (slot / 5).is_multiple_of(2) { "true" } else { "echo hi" }}),
+    };
+    Template {
+        name: slot % 5,
+        args,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(tool: ToolKind, k: usize) -> Workload {
+        Workload {
+            tool,
+            calls_per_turn: k,
+            sleep: Duration::from_millis(1),
+            cpu_work: 10,
+            serial_ratio: 0.0,
+            error_rate: 0.0,
+            pattern: None,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn turns_have_k_calls_with_the_session_ids_in_order() {
+        let mut s = SessionTurns::new(Arc::new(workload(ToolKind::Mixed, 8)), None, 3);
+        let turn = s.next_turn();
+        assert_eq!(turn.len(), 8);
+        for (call, id) in turn.iter().zip(s.ids()) {
+            assert_eq!(&call.id, id);
+        }
+    }
+
+    #[test]
+    fn a_pattern_fixes_the_slots() {
+        let mut w = workload(ToolKind::Noop, 2);
+        w.pattern = Some(vec![Slot::Unknown, Slot::Invalid]);
+        let turn = SessionTurns::new(Arc::new(w), None, 0).next_turn();
+        assert_eq!(&*turn[0].name, UNKNOWN_TOOL);
+        assert_eq!(turn[1].arguments["n"], -1);
+    }
+
+    #[test]
+    fn error_and_serial_shares_follow_the_ratios() {
+        let mut w = workload(ToolKind::Noop, 10);
+        w.error_rate = 0.5;
+        w.serial_ratio = 1.0;
+        let w = Arc::new(w);
+        let shared = Templates::shared(&w);
+        assert!(shared.is_some());
+        let mut s = SessionTurns::new(w, shared.as_ref(), 0);
+        let (mut unknown, mut invalid, mut serial) = (0, 0, 0);
+        for _ in 0..200 {
+            for c in s.next_turn() {
+                match &*c.name {
+                    UNKNOWN_TOOL => unknown += 1,
+                    "noop_serial" => serial += 1,
+                    _ if c.arguments["n"] == -1 => invalid += 1,
+                    _ => {}
+                }
+            }
+        }
+        assert!((400..600).contains(&unknown), "{unknown}");
+        assert!((400..600).contains(&invalid), "{invalid}");
+        assert_eq!(unknown + invalid + serial, 2000);
+    }
+
+    #[test]
+    fn cpu_work_is_deterministic() {
+        assert_eq!(cpu_hash(TEXT, 3), cpu_hash(TEXT, 3));
+        assert_ne!(cpu_hash(TEXT, 3), cpu_hash(TEXT, 4));
+    }
+}

@@ -1,0 +1,293 @@
+//! `switchboard load` through the built binary: counts, error mix, the direct baseline, the
+//! builtin tools, the peers set, idle sessions, the report directory and bad flags. Every run is
+//! short and bounded (a child that outlives its bound is killed and the test fails); nothing here
+//! asserts on timing.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Longest any one run may take.
+const BOUND: Duration = Duration::from_secs(60);
+
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn load(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .arg("load")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > BOUND {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("switchboard load {args:?} ran longer than {BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        code: status.code(),
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+fn load_json(args: &[&str]) -> Value {
+    let out = load(args);
+    assert_eq!(out.code, Some(0), "{args:?} failed: {}", out.stderr);
+    serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("{args:?} printed no JSON document ({e}): {}", out.stdout))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+#[test]
+fn every_call_of_a_counted_run_is_answered_once_in_order() {
+    let doc = load_json(&[
+        "--sessions",
+        "4",
+        "--turns",
+        "50",
+        "--calls-per-turn",
+        "8",
+        "--tool",
+        "noop",
+        "--json",
+    ]);
+    assert_eq!(u(&doc["calls"]), 1600);
+    assert_eq!(u(&doc["violations"]), 0);
+    let engine = &doc["engine"];
+    assert_eq!(u(&engine["turns"]), 200);
+    assert_eq!(u(&engine["ok"]), 1600);
+    assert_eq!(engine["stopped_by"], "turns");
+    assert!(engine["calls_per_s"].as_f64().unwrap() > 0.0);
+    let latency = &engine["turn_latency_us"];
+    assert_eq!(u(&latency["count"]), 200);
+    assert!(latency["p50"].as_f64().unwrap() <= latency["max"].as_f64().unwrap());
+    assert_eq!(u(&engine["queue_wait_us"]["count"]), 1600);
+    assert!(doc["direct"].is_null());
+}
+
+#[test]
+fn an_error_rate_mixes_unknown_tools_and_invalid_arguments() {
+    let doc = load_json(&[
+        "--sessions",
+        "2",
+        "--turns",
+        "100",
+        "--calls-per-turn",
+        "8",
+        "--error-rate",
+        "0.5",
+        "--json",
+        "--quiet",
+    ]);
+    let errors = &doc["engine"]["errors"];
+    let (unknown, invalid) = (u(&errors["unknown_tool"]), u(&errors["invalid_arguments"]));
+    assert!(unknown > 0 && invalid > 0, "{errors}");
+    // 1600 calls, half of them errors: 800 expected, generous bounds.
+    assert!((600..=1000).contains(&(unknown + invalid)), "{errors}");
+    assert_eq!(u(&doc["engine"]["ok"]) + unknown + invalid, 1600);
+    assert_eq!(u(&doc["violations"]), 0);
+}
+
+#[test]
+fn the_direct_baseline_runs_the_same_turns_and_gives_a_ratio() {
+    let doc = load_json(&[
+        "--sessions",
+        "2",
+        "--turns",
+        "200",
+        "--calls-per-turn",
+        "4",
+        "--serial-ratio",
+        "0.5",
+        "--baseline",
+        "direct",
+        "--json",
+    ]);
+    assert_eq!(u(&doc["direct"]["calls"]), u(&doc["engine"]["calls"]));
+    assert_eq!(u(&doc["direct"]["ok"]), 1600);
+    assert!(doc["direct_ratio"].as_f64().unwrap() > 0.0, "{doc}");
+    assert_eq!(u(&doc["violations"]), 0);
+}
+
+#[test]
+fn the_builtin_tools_run_on_a_temporary_workspace() {
+    let doc = load_json(&[
+        "--sessions",
+        "2",
+        "--turns",
+        "3",
+        "--calls-per-turn",
+        "5",
+        "--tool",
+        "builtin",
+        "--json",
+    ]);
+    assert_eq!(u(&doc["calls"]), 30);
+    assert_eq!(u(&doc["engine"]["ok"]), 30, "{doc}");
+    assert_eq!(u(&doc["violations"]), 0);
+}
+
+#[test]
+fn sleep_cpu_and_mixed_tools_and_a_timed_run() {
+    for tool in ["sleep", "cpu", "mixed"] {
+        let doc = load_json(&[
+            "--sessions",
+            "3",
+            "--turns",
+            "5",
+            "--tool",
+            tool,
+            "--sleep-ms",
+            "1",
+            "--json",
+        ]);
+        assert_eq!(u(&doc["engine"]["ok"]), 120, "{tool}: {doc}");
+    }
+    let doc = load_json(&["--sessions", "2", "--duration", "200ms", "--json"]);
+    assert_eq!(doc["engine"]["stopped_by"], "duration");
+    assert!(u(&doc["calls"]) > 0);
+    assert_eq!(u(&doc["violations"]), 0);
+}
+
+#[test]
+fn the_peers_set_prints_six_lines_with_their_ratios() {
+    let out = load(&[
+        "--workload-set",
+        "peers",
+        "--duration",
+        "60ms",
+        "--warmup",
+        "0s",
+        "--rounds",
+        "2",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let lines: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON document per line"))
+        .collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "single_call_noop",
+            "batch8_concurrent_safe_noop",
+            "batch8_serial_noop",
+            "batch8_sleep10ms_wall_ms",
+            "error_paths",
+            "sessions64_batch8_noop",
+        ]
+    );
+    for line in &lines {
+        assert!(line["direct_ratio"].as_f64().unwrap() > 0.0, "{line}");
+        if line["workload"] == "batch8_sleep10ms_wall_ms" {
+            assert!(line["wall_ms"].as_f64().unwrap() >= 10.0, "{line}");
+            assert!(line["direct_wall_ms"].as_f64().unwrap() >= 10.0, "{line}");
+        } else {
+            assert!(line["calls_per_s"].as_f64().unwrap() > 0.0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn idle_sessions_report_their_memory() {
+    let doc = load_json(&["--idle", "--sessions", "500", "--json"]);
+    assert_eq!(u(&doc["sessions"]), 500);
+    assert_eq!(u(&doc["warm_turn_failures"]), 0);
+    assert!(doc["bytes_per_session"].as_f64().unwrap() > 0.0, "{doc}");
+}
+
+#[test]
+fn a_report_directory_gets_the_json_and_a_latency_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("report");
+    let out = load(&[
+        "--sessions",
+        "2",
+        "--turns",
+        "100",
+        "--baseline",
+        "direct",
+        "--quiet",
+        "--report",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("calls/s") && out.stdout.contains("engine/direct"),
+        "{}",
+        out.stdout
+    );
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(target.join("load.json")).unwrap()).unwrap();
+    assert_eq!(u(&doc["calls"]), 1600);
+    let svg = std::fs::read_to_string(target.join("latency.svg")).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("turn latency") && svg.contains("percentile"));
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_message() {
+    for args in [
+        &["--calls-per-turn", "0"][..],
+        &["--tool", "nope"],
+        &["--error-rate", "1.5"],
+        &["--serial-ratio", "x"],
+        &["--sessions", "0"],
+        &["--duration", "0s"],
+        &["--duration", "soon"],
+        &["--turns", "5", "--duration", "1s"],
+        &["--idle", "--baseline", "direct"],
+        &["--workload-set", "nope"],
+        &["--rounds", "2"],
+        &[
+            "--tool",
+            "builtin",
+            "--sessions",
+            "100000",
+            "--calls-per-turn",
+            "8",
+        ],
+    ] {
+        let out = load(args);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+        assert!(!out.stderr.trim().is_empty(), "{args:?} said nothing");
+        assert!(!out.stderr.contains("panicked"), "{args:?}: {}", out.stderr);
+    }
+}
