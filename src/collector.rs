@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::observe;
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
+use crate::metrics::ToolMetrics;
 use crate::registry::Snapshot;
 
 /// The slots of one turn.
@@ -54,15 +55,27 @@ impl Collector {
         self.open
     }
 
-    /// Fills slot `index`. Returns false — and drops the result — if the slot was already answered
-    /// or does not exist.
+    /// Fills slot `index`, recording into the metric handles named by the result's tool. Returns
+    /// false — and drops the result — if the slot was already answered or does not exist.
     pub fn fill(&mut self, index: usize, result: ToolDispatchResult) -> bool {
+        let snapshot = Arc::clone(&self.snapshot);
+        let metrics = match result.error {
+            Some(ErrorCode::UnknownTool) => &snapshot.metrics.unknown,
+            _ => snapshot.tool_metrics(&result.tool_name),
+        };
+        self.fill_with(index, result, metrics)
+    }
+
+    /// Like [`Collector::fill`], with the tool's metric handles already at hand (the hot path:
+    /// no lookup by name).
+    pub fn fill_with(
+        &mut self,
+        index: usize,
+        result: ToolDispatchResult,
+        metrics: &ToolMetrics,
+    ) -> bool {
         match self.slots.get_mut(index) {
             Some(slot @ None) => {
-                let metrics = match result.error {
-                    Some(ErrorCode::UnknownTool) => &self.snapshot.metrics.unknown,
-                    _ => self.snapshot.tool_metrics(&result.tool_name),
-                };
                 observe::call_answered(&result, metrics);
                 *slot = Some(result);
                 self.open -= 1;

@@ -294,6 +294,15 @@ impl EngineMetrics {
         }
     }
 
+    /// `n` serial stages (one call each) started: one update for all of them.
+    #[inline]
+    pub fn serial_stages(&self, n: usize) {
+        if n > 0 {
+            self.stages_serial.increment(n as u64);
+            self.stage_calls_serial.record_many(1.0, n);
+        }
+    }
+
     /// An async or blocking call started (`+1`) or ended (`-1`).
     #[inline]
     pub fn in_flight(&self, delta: f64) {

@@ -47,6 +47,20 @@ pub fn stage_started(mode: StageMode, calls: usize, metrics: &EngineMetrics) {
     tracing::trace!(mode = mode.as_str(), calls, "stage started");
 }
 
+/// The stages of a turn that runs in place, recorded in one go.
+#[inline]
+pub fn stages_started(stages: &[crate::scheduler::Stage], metrics: &EngineMetrics) {
+    let mut serial = 0;
+    for stage in stages {
+        match stage.mode {
+            StageMode::Serial => serial += 1,
+            StageMode::Concurrent => metrics.stage(true, stage.calls.len()),
+        }
+    }
+    metrics.serial_stages(serial);
+    tracing::trace!(stages = stages.len(), "stages started");
+}
+
 /// A turn went in and its ordered results came out.
 #[inline]
 pub fn turn_dispatched(calls: usize, elapsed: Duration, metrics: &EngineMetrics) {

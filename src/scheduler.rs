@@ -225,16 +225,10 @@ impl TurnPlan {
 
     /// Runs an all-inline plan in place.
     pub fn run_inline(mut self, cancel: &CancellationToken) -> Vec<ToolDispatchResult> {
-        for stage in &self.stages {
-            observe::stage_started(
-                stage.mode,
-                stage.calls.len(),
-                &self.collector.snapshot().metrics,
-            );
-        }
+        observe::stages_started(&self.stages, &self.collector.snapshot().metrics);
         for p in std::mem::take(&mut self.runnable) {
             let result = run_inline(p.call, &p.tool, self.arrived, cancel, &self.span);
-            self.collector.fill(p.index, result);
+            self.collector.fill_with(p.index, result, &p.tool.metrics);
         }
         self.finish()
     }
@@ -262,7 +256,7 @@ impl TurnPlan {
             if calls.iter().all(|p| p.tool.handler.is_inline()) {
                 for p in calls {
                     let result = run_inline(p.call, &p.tool, self.arrived, cancel, &self.span);
-                    self.collector.fill(p.index, result);
+                    self.collector.fill_with(p.index, result, &p.tool.metrics);
                 }
                 continue;
             }
@@ -278,8 +272,8 @@ impl TurnPlan {
                 .await;
             match reply {
                 Ok(results) => {
-                    for (index, result) in results {
-                        self.collector.fill(index, result);
+                    for (index, result, tool) in results {
+                        self.collector.fill_with(index, result, &tool.metrics);
                     }
                 }
                 Err(e) => {

@@ -65,8 +65,8 @@ pub struct RunStage {
     pub span: Span,
 }
 
-/// A stage's answers: `(index in the turn, result)`.
-pub type StageResults = Vec<(usize, ToolDispatchResult)>;
+/// A stage's answers: `(index in the turn, result, the tool that answered)`.
+pub type StageResults = Vec<(usize, ToolDispatchResult, Arc<RegisteredTool>)>;
 
 impl Message<RunStage> for Worker {
     type Reply = DelegatedReply<StageResults>;
@@ -83,7 +83,7 @@ impl Message<RunStage> for Worker {
         for planned in calls {
             if planned.tool.handler.is_inline() {
                 let result = run_inline(planned.call, &planned.tool, arrived, &cancel, &span);
-                done.push((planned.index, result));
+                done.push((planned.index, result, planned.tool));
             } else {
                 waiting.push(planned);
             }
@@ -102,7 +102,10 @@ impl Message<RunStage> for Worker {
                     metrics: &metrics,
                     span: &span,
                 };
-                async move { (p.index, run_call(p, stage).await) }
+                async move {
+                    let (index, tool) = (p.index, Arc::clone(&p.tool));
+                    (index, run_call(p, stage).await, tool)
+                }
             });
             done.extend(join_all(runs).await);
             done

@@ -3,7 +3,7 @@
 //!
 //! A session loop takes a turn from its [`SessionTurns`], dispatches it on its [`Target`] (its own
 //! engine [`Session`], or the shared [`DirectDispatcher`]), encodes the results as the Anthropic
-//! message to append (as a harness would; the encoded value is then dropped) and records the turn.
+//! message to append, straight to bytes (as a harness would; the bytes are then dropped) and records the turn.
 //! Loops are bounded twice: by a turn count and by [`Shared::stop`], which the phase's
 //! [`Monitor`] thread sets at the deadline. The clock runs from spawning the tasks to the last one
 //! ending. Loops run in spawned tasks, never in `block_on` (an actor round trip from `block_on`
@@ -19,7 +19,7 @@ use super::stats::Recorder;
 use super::workload::{SessionTurns, Templates, Workload};
 use crate::baseline::DirectDispatcher;
 use crate::engine::{Engine, Session};
-use crate::protocol::{ToolCall, ToolDispatchResult, encode_anthropic};
+use crate::protocol::{ToolCall, ToolDispatchResult, WireFormat, write_json};
 use crate::tool::ToolSpec;
 
 /// At most this many recorders per phase; sessions beyond share them.
@@ -184,6 +184,7 @@ async fn session_loop(
     shared: Arc<Shared>,
 ) {
     let mut unflushed = 0u64;
+    let mut encoded = Vec::with_capacity(1024);
     for _ in 0..max_turns {
         if shared.stop.load(Ordering::Relaxed) {
             break;
@@ -193,9 +194,10 @@ async fn session_loop(
         let sent = Instant::now();
         let results = target.dispatch(calls).await;
         let latency = sent.elapsed();
-        let message = encode_anthropic(&results);
-        std::hint::black_box(&message);
-        drop(message);
+        encoded.clear();
+        // Writing to a Vec cannot fail; the bytes are what a harness would send on.
+        let _ = write_json(WireFormat::Anthropic, &results, &mut encoded);
+        std::hint::black_box(&encoded);
         recorder
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
