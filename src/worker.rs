@@ -167,7 +167,7 @@ pub struct Stage<'a> {
 
 /// How long a handler that was told to stop (deadline passed, turn cancelled) may take to answer
 /// with its partial output before its task is aborted.
-pub const STOP_GRACE: Duration = Duration::from_millis(500);
+pub const STOP_GRACE: Duration = Duration::from_millis(250);
 
 /// Runs an async or blocking handler through the stack: tool cap → global cap (each a bounded
 /// waiting line; full → `overloaded`) → deadline and cancellation → handler (panic caught) →

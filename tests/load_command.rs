@@ -97,6 +97,46 @@ fn every_call_of_a_counted_run_is_answered_once_in_order() {
 }
 
 #[test]
+fn injected_panics_hangs_and_cancels_still_answer_every_call_once() {
+    let doc = load_json(&[
+        "--sessions",
+        "8",
+        "--turns",
+        "25",
+        "--calls-per-turn",
+        "8",
+        "--tool",
+        "noop",
+        "--faults",
+        "panic=0.05,hang=0.01,cancel=0.2",
+        "--seed",
+        "7",
+        "--json",
+    ]);
+    assert_eq!(u(&doc["calls"]), 8 * 25 * 8);
+    assert_eq!(u(&doc["violations"]), 0);
+    let engine = &doc["engine"];
+    let errors = &engine["errors"];
+    assert!(u(&errors["execution_error"]) > 0, "{errors}");
+    assert!(u(&errors["timeout"]) > 0, "{errors}");
+    let answered: u64 = u(&engine["ok"])
+        + errors
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum::<u64>();
+    assert_eq!(answered, 8 * 25 * 8);
+    assert_eq!(doc["config"]["faults"]["panic"], 0.05);
+}
+
+#[test]
+fn faults_are_refused_with_the_direct_baseline() {
+    let out = load(&["--faults", "panic=0.1", "--baseline", "direct"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+}
+
+#[test]
 fn an_error_rate_mixes_unknown_tools_and_invalid_arguments() {
     let doc = load_json(&[
         "--sessions",

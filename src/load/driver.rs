@@ -38,10 +38,25 @@ pub enum Target {
 }
 
 impl Target {
-    async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
-        match self {
-            Target::Engine(session) => session.dispatch(calls).await,
-            Target::Direct(direct) => direct.dispatch(calls).await,
+    /// Dispatches a turn; with `cancel_after` (fault injection, engine only) the turn is cancelled
+    /// that long after it starts.
+    async fn dispatch(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel_after: Option<Duration>,
+    ) -> Vec<ToolDispatchResult> {
+        match (self, cancel_after) {
+            (Target::Engine(session), None) => session.dispatch(calls).await,
+            (Target::Engine(session), Some(after)) => {
+                let token = session.turn_token();
+                let trigger = token.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    trigger.cancel();
+                });
+                session.dispatch_with_cancel(calls, token).await
+            }
+            (Target::Direct(direct), _) => direct.dispatch(calls).await,
         }
     }
 }
@@ -189,10 +204,11 @@ async fn session_loop(
         if shared.stop.load(Ordering::Relaxed) {
             break;
         }
+        let cancel_after = turns.cancel_after();
         let calls = turns.next_turn();
         let n = calls.len() as u64;
         let sent = Instant::now();
-        let results = target.dispatch(calls).await;
+        let results = target.dispatch(calls, cancel_after).await;
         let latency = sent.elapsed();
         encoded.clear();
         // Writing to a Vec cannot fail; the bytes are what a harness would send on.

@@ -155,6 +155,12 @@ pub struct LoadArgs {
     /// Seed of the call mix (errors, serial share, mixed tools).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Inject faults at these rates, e.g. `panic=0.01,hang=0.01,cancel=0.01`: a share of calls
+    /// go to a tool that panics or one that hangs until its 200 ms timeout, a share of turns are
+    /// cancelled 0–2 ms after they start. The run then checks that every call was still answered
+    /// exactly once, in order (and, with --duration, that RSS stayed flat). Engine only.
+    #[arg(long, value_parser = workload::parse_faults, conflicts_with_all = ["baseline", "workload_set", "idle"])]
+    pub faults: Option<workload::Faults>,
     /// Metrics.
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
@@ -297,6 +303,20 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Keeps the injected panics of `--faults` off stderr (every other panic still prints).
+fn quiet_injected_panics() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let injected = info
+            .payload()
+            .downcast_ref::<String>()
+            .is_some_and(|m| m.contains(workload::INJECTED_PANIC));
+        if !injected {
+            previous(info);
+        }
+    }));
+}
+
 async fn run_load(args: &LoadArgs) -> ExitCode {
     let sessions = args.sessions as usize;
     let slots = sessions.saturating_mul(args.calls_per_turn as usize);
@@ -328,7 +348,11 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
         error_rate: args.error_rate,
         pattern: None,
         seed: args.seed,
+        faults: args.faults.unwrap_or_default(),
     });
+    if workload.faults.any() {
+        quiet_injected_panics();
+    }
     // The builtin tools work on a fresh temporary workspace, one subdirectory per session; it is
     // removed when `_workspace` goes out of scope.
     let (tools, _workspace) = if args.tool == ToolKind::Builtin {
@@ -338,6 +362,11 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
         }
     } else {
         (load_tools(workload.sleep), None)
+    };
+    let tools = if workload.faults.any() {
+        tools.into_iter().chain(workload::fault_tools()).collect()
+    } else {
+        tools
     };
     let duration = match (args.turns, args.duration) {
         (Some(_), _) => None,
@@ -497,6 +526,7 @@ fn load_json(
             "workers": args.workers,
             "baseline": direct.map(|_| "direct"),
             "seed": args.seed,
+            "faults": args.faults.map(|f| json!({"panic": f.panic, "hang": f.hang, "cancel": f.cancel})),
         },
         "calls": engine.stats.calls,
         "violations": engine.stats.violations + direct.map_or(0, |d| d.stats.violations),

@@ -144,6 +144,7 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         serial_ratio: if w.serial { 1.0 } else { 0.0 },
         error_rate: 0.0,
         pattern: w.errors.then(|| vec![Slot::Unknown, Slot::Invalid]),
+        faults: super::workload::Faults::default(),
         seed: config.seed,
     });
     let bounds = match config.turns {

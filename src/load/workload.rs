@@ -38,6 +38,86 @@ const NAMES: [&str; 6] = [
     "cpu_serial",
 ];
 
+/// The fault-injection tools (`--faults`): one panics, one hangs until its timeout.
+const FAULT_NAMES: [&str; 2] = ["fault_panic", "fault_hang"];
+
+/// The timeout of `fault_hang` (it never answers by itself).
+pub const HANG_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The panic message of `fault_panic` (a panic hook can recognise it).
+pub const INJECTED_PANIC: &str = "switchboard load: injected fault";
+
+/// Faults injected at given rates (`--faults panic=0.01,hang=0.01,cancel=0.01`): a share of calls
+/// go to a tool that panics or one that hangs until its timeout, and a share of turns are
+/// cancelled a moment after they start.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    /// Share of calls that panic.
+    pub panic: f64,
+    /// Share of calls that hang until their timeout.
+    pub hang: f64,
+    /// Share of turns cancelled 0–2 ms after they start.
+    pub cancel: f64,
+}
+
+impl Faults {
+    /// True when any fault is injected.
+    pub fn any(&self) -> bool {
+        self.panic > 0.0 || self.hang > 0.0 || self.cancel > 0.0
+    }
+}
+
+/// Parses `panic=0.01,hang=0.01,cancel=0.01` (any subset; each a share from 0 to 1).
+pub fn parse_faults(text: &str) -> Result<Faults, String> {
+    let mut faults = Faults::default();
+    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("expected KIND=SHARE, got {part:?}"))?;
+        let share: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("{value:?} is not a number"))?;
+        if !(0.0..=1.0).contains(&share) {
+            return Err(format!("{key}={value}: a share is from 0 to 1"));
+        }
+        match key.trim() {
+            "panic" => faults.panic = share,
+            "hang" => faults.hang = share,
+            "cancel" => faults.cancel = share,
+            other => return Err(format!("unknown fault {other:?} (panic, hang, cancel)")),
+        }
+    }
+    if faults.panic + faults.hang > 1.0 {
+        return Err("panic + hang must not exceed 1".into());
+    }
+    Ok(faults)
+}
+
+/// The fault-injection tools, registered only when `--faults` is given.
+pub fn fault_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(
+            FAULT_NAMES[0],
+            "Panics (load fault injection).",
+            schema(),
+            Handler::inline(|_, _| panic!("{INJECTED_PANIC}")),
+        )
+        .concurrency_safe(true),
+        ToolSpec::new(
+            FAULT_NAMES[1],
+            "Never answers; times out (load fault injection).",
+            schema(),
+            Handler::future(|_, _| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(String::new())
+            }),
+        )
+        .concurrency_safe(true)
+        .timeout(HANG_TIMEOUT),
+    ]
+}
+
 /// The builtin tools a builtin turn cycles through, in slot order.
 const BUILTIN_NAMES: [&str; 5] = ["write_file", "read_file", "edit_file", "glob", "bash"];
 
@@ -69,6 +149,8 @@ pub struct Workload {
     pub pattern: Option<Vec<Slot>>,
     /// Seed of the per-session generators.
     pub seed: u64,
+    /// Injected faults.
+    pub faults: Faults,
 }
 
 /// The schema every workload tool takes.
@@ -162,6 +244,8 @@ struct SlotTemplates {
     valid: Vec<Template>,
     unknown: Template,
     invalid: Template,
+    panic: Template,
+    hang: Template,
 }
 
 /// The call templates of a run, one entry per call slot. Read-only: every session of a
@@ -197,6 +281,14 @@ impl Templates {
                         .collect()
                 };
                 SlotTemplates {
+                    panic: Template {
+                        name: unknown - 2,
+                        args: json!({"text": TEXT, "n": 0}),
+                    },
+                    hang: Template {
+                        name: unknown - 1,
+                        args: json!({"text": TEXT, "n": 0}),
+                    },
                     unknown: Template {
                         name: unknown,
                         args: valid[0].args.clone(),
@@ -218,7 +310,8 @@ impl Templates {
     }
 }
 
-/// The tool names a session's calls use, the unknown one last.
+/// The tool names a session's calls use: the workload's, the two fault tools, the unknown one
+/// last.
 fn names_for(tool: ToolKind) -> Vec<Arc<str>> {
     let names: &[&str] = if tool == ToolKind::Builtin {
         &BUILTIN_NAMES
@@ -227,6 +320,7 @@ fn names_for(tool: ToolKind) -> Vec<Arc<str>> {
     };
     names
         .iter()
+        .chain(FAULT_NAMES.iter())
         .chain(std::iter::once(&UNKNOWN_TOOL))
         .map(|n| Arc::from(*n))
         .collect()
@@ -238,6 +332,8 @@ enum Choice {
     Valid(usize),
     Unknown,
     Invalid,
+    Panic,
+    Hang,
 }
 
 /// Builds the turns of one session. Its ids and tool names are its own `Arc`s (a session's
@@ -279,6 +375,13 @@ impl SessionTurns {
         &self.ids
     }
 
+    /// Whether to cancel the next turn (`--faults cancel=…`), and how long after it starts.
+    pub fn cancel_after(&mut self) -> Option<Duration> {
+        let share = self.workload.faults.cancel;
+        (share > 0.0 && self.rng.next_f64() < share)
+            .then(|| Duration::from_micros(self.rng.next_u64() % 2_000))
+    }
+
     /// The next turn's calls.
     pub fn next_turn(&mut self) -> Vec<ToolCall> {
         let k = self.ids.len();
@@ -290,6 +393,8 @@ impl SessionTurns {
                 Choice::Valid(v) => &slot.valid[v],
                 Choice::Unknown => &slot.unknown,
                 Choice::Invalid => &slot.invalid,
+                Choice::Panic => &slot.panic,
+                Choice::Hang => &slot.hang,
             };
             calls.push(ToolCall::new(
                 Arc::clone(&self.ids[i]),
@@ -309,6 +414,16 @@ impl SessionTurns {
                 Slot::Unknown => Choice::Unknown,
                 Slot::Invalid => Choice::Invalid,
             };
+        }
+        let faults = w.faults;
+        if faults.panic > 0.0 || faults.hang > 0.0 {
+            let u = self.rng.next_f64();
+            if u < faults.panic {
+                return Choice::Panic;
+            }
+            if u < faults.panic + faults.hang {
+                return Choice::Hang;
+            }
         }
         if w.error_rate > 0.0 {
             let u = self.rng.next_f64();
@@ -368,7 +483,26 @@ mod tests {
             error_rate: 0.0,
             pattern: None,
             seed: 1,
+            faults: Faults::default(),
         }
+    }
+
+    #[test]
+    fn faults_parse_and_refuse_nonsense() {
+        let f = parse_faults("panic=0.01,hang=0.02,cancel=0.5").unwrap();
+        assert_eq!((f.panic, f.hang, f.cancel), (0.01, 0.02, 0.5));
+        assert!(parse_faults("panic=2").is_err());
+        assert!(parse_faults("explode=0.1").is_err());
+        assert!(parse_faults("panic").is_err());
+    }
+
+    #[test]
+    fn fault_calls_go_to_the_fault_tools() {
+        let mut w = workload(ToolKind::Noop, 4);
+        w.faults = parse_faults("panic=0.5,hang=0.5").unwrap();
+        let mut s = SessionTurns::new(Arc::new(w), None, 0);
+        let turn = s.next_turn();
+        assert!(turn.iter().all(|c| FAULT_NAMES.contains(&&*c.name)));
     }
 
     #[test]
