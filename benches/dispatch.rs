@@ -4,7 +4,8 @@
 //! Workload names follow `../shared/bench/peers.md`. Every tool takes
 //! `{"text": string, "n": integer ≥ 0}` (schema-validated); every call carries 32 characters of
 //! text. Each iteration is one turn (or, in `sessions`, one turn per session) dispatched and
-//! encoded with `encode_anthropic`; throughput is in calls. Timed loops run inside a task spawned
+//! encoded to bytes with `protocol::write_json`; throughput is in calls. Like the binary, the
+//! bench uses mimalloc. Timed loops run inside a task spawned
 //! on a 2-worker multi-thread runtime (calling actors from `block_on` would cost ≈20×) and stop by
 //! count, never by a timer.
 //!
@@ -20,7 +21,7 @@ use criterion::{
 };
 use serde_json::{Value, json};
 use switchboard::baseline::DirectDispatcher;
-use switchboard::protocol::encode_anthropic;
+use switchboard::protocol::{WireFormat, write_json};
 use switchboard::{Engine, Handler, ToolCall, ToolDispatchResult, ToolSpec};
 use tokio::runtime::Runtime;
 
@@ -123,6 +124,16 @@ impl Dispatch for Arc<DirectDispatcher> {
     }
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The Anthropic user message of a turn's results, as bytes.
+fn encode(results: &[ToolDispatchResult]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    write_json(WireFormat::Anthropic, results, &mut out).expect("encoding to a Vec");
+    out
+}
+
 /// `iters` turns back to back in one spawned task; returns their total time.
 async fn turns<D: Dispatch>(d: D, calls: Arc<Vec<ToolCall>>, iters: u64) -> Duration {
     tokio::spawn(async move {
@@ -130,7 +141,7 @@ async fn turns<D: Dispatch>(d: D, calls: Arc<Vec<ToolCall>>, iters: u64) -> Dura
         for _ in 0..iters {
             let results = d.run(calls.to_vec()).await;
             debug_assert_eq!(results.len(), calls.len());
-            black_box(encode_anthropic(&results));
+            black_box(encode(&results));
         }
         started.elapsed()
     })
@@ -152,7 +163,7 @@ async fn concurrent_turns<D: Dispatch>(
             tokio::spawn(async move {
                 for _ in 0..iters {
                     let results = d.run(calls.to_vec()).await;
-                    black_box(encode_anthropic(&results));
+                    black_box(encode(&results));
                 }
             })
         })

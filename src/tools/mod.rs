@@ -11,6 +11,7 @@ use crate::tool::{ToolError, ToolSpec};
 use crate::workspace::Workspace;
 
 pub mod bash;
+mod bash_capture;
 pub mod edit_file;
 pub mod glob;
 pub mod read_file;
