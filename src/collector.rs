@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 
+use crate::metrics::ToolMetrics;
 use crate::observe;
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
-use crate::metrics::ToolMetrics;
 use crate::registry::Snapshot;
 
 /// The slots of one turn.
