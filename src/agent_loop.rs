@@ -391,14 +391,17 @@ impl Eager {
             return (session.dispatch(calls).await, 0);
         }
         let mut results = self.join().await;
-        if results.len() > calls.len()
-            || results
-                .iter()
-                .zip(&calls)
-                .any(|(r, c)| r.tool_use_id != c.id)
-        {
+        // Keep only eager results that answer the final answer's calls, position by position; if
+        // the streamed blocks and the final answer disagree, the calls after the agreeing prefix
+        // run now (results of eager calls the answer does not hold are dropped).
+        let agreeing = results
+            .iter()
+            .zip(&calls)
+            .take_while(|(r, c)| r.tool_use_id == c.id)
+            .count();
+        if agreeing < results.len() {
             tracing::warn!("the streamed blocks and the final answer disagree on the tool calls");
-            results.truncate(calls.len());
+            results.truncate(agreeing);
         }
         let n = results.len();
         let rest: Vec<ToolCall> = calls.iter().skip(n).cloned().collect();

@@ -1,8 +1,10 @@
-//! The `switchboard` command line (clap derive): `dispatch`, `tools` and `demo`.
+//! The `switchboard` command line (clap derive): `dispatch`, `tools`, `demo`, and the wiring of
+//! `run`/`chat` ([`crate::run_cmd`]) and `load` ([`crate::load`]).
 //!
 //! Exit codes: 0 when the input had the right shape (even if every call failed — failures are
 //! results), 2 for input that is not JSON or not an accepted shape, or for a bad flag, 1 for an
-//! internal failure (a workspace that cannot be opened). Logs go to stderr (`RUST_LOG` filters
+//! internal failure (a metrics file that cannot be written, a broken runtime); a workspace
+//! that cannot be opened is a usage error (2). Logs go to stderr (`RUST_LOG` filters
 //! them), so `dispatch`'s stdout holds only protocol JSON.
 
 use std::io::{BufRead, Read, Write};
@@ -149,7 +151,10 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(1, &format!("cannot start the async runtime: {e}")),
     };
-    runtime.block_on(run(cli))
+    let code = runtime.block_on(run(cli));
+    // Don't wait for a blocking stdin read that an interrupt left behind.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    code
 }
 
 async fn run(cli: Cli) -> ExitCode {

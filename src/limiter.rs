@@ -55,13 +55,13 @@ impl Limiter {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Overloaded);
         }
-        let result = tokio::select! {
+        // Leaves the line however the wait ends, also when this future is dropped mid-wait.
+        let _in_line = InLine(&self.waiting);
+        tokio::select! {
             biased;
             _ = cancel.cancelled() => Err(Refusal::Cancelled),
             permit = Arc::clone(&self.running).acquire_owned() => permit.map_err(|_| Refusal::Closed),
-        };
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        result
+        }
     }
 
     /// Calls waiting for a place now.
@@ -77,6 +77,15 @@ impl Limiter {
     /// Refuses every later request and wakes the waiting ones with [`Refusal::Closed`].
     pub fn close(&self) {
         self.running.close();
+    }
+}
+
+/// One place in the waiting line, given back on drop.
+struct InLine<'a>(&'a AtomicUsize);
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -103,6 +112,20 @@ mod tests {
         );
         drop(held);
         assert_eq!(waiter.await.unwrap(), Ok(()));
+        assert_eq!(limiter.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_midway_gives_its_place_back() {
+        let limiter = Limiter::new(1, 1);
+        let cancel = CancellationToken::new();
+        let _held = limiter.acquire(&cancel).await.unwrap();
+        let dropped = tokio::time::timeout(
+            std::time::Duration::from_millis(10),
+            limiter.acquire(&cancel),
+        )
+        .await;
+        assert!(dropped.is_err());
         assert_eq!(limiter.waiting(), 0);
     }
 

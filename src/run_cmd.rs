@@ -24,7 +24,7 @@ use crate::agent_loop::{
     StopReason, StreamOptions, default_system_prompt,
 };
 use crate::cli::TelemetryArgs;
-use crate::engine::Engine;
+use crate::engine::{Engine, Session};
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};
 use crate::providers::{
@@ -226,8 +226,29 @@ pub fn build_provider(
 /// Everything `run` and `chat` set up before the first prompt.
 struct Setup {
     agent: AgentLoop,
+    /// The agent's session, kept to cancel it on ctrl-c.
+    session: Session,
     engine: Engine,
     telemetry: Telemetry,
+}
+
+/// Exit code after ctrl-c (128 + SIGINT).
+const INTERRUPTED: u8 = 130;
+
+/// Runs `work` until it ends or ctrl-c arrives. On ctrl-c the session is cancelled — its running
+/// calls are answered `cancelled` and the processes they started are killed — and `None` is
+/// returned. (Once this listens, ctrl-c no longer kills the process by itself.)
+async fn unless_interrupted<T>(
+    session: &Session,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        out = work => Some(out),
+        _ = tokio::signal::ctrl_c() => {
+            session.cancel();
+            None
+        }
+    }
 }
 
 async fn setup(
@@ -255,11 +276,13 @@ async fn setup(
         max_tokens: args.max_tokens,
         max_turns: args.max_turns as usize,
     };
-    let agent = AgentLoop::new(engine.session(), provider, config)
+    let session = engine.session();
+    let agent = AgentLoop::new(session.clone(), provider, config)
         .map_err(|e| fail(2, &e.to_string()))?
         .with_stream(args.stream_options());
     Ok(Setup {
         agent,
+        session,
         engine,
         telemetry,
     })
@@ -286,7 +309,15 @@ pub async fn run_with(args: RunArgs, env: EnvLookup<'_>, out: &mut (dyn Write + 
         Ok(setup) => setup,
         Err(code) => return code,
     };
-    let code = match setup.agent.run(&args.prompt).await {
+    let session = setup.session.clone();
+    let Some(outcome) = unless_interrupted(&session, setup.agent.run(&args.prompt)).await else {
+        let code = fail(
+            INTERRUPTED,
+            "interrupted; running tool calls were cancelled",
+        );
+        return teardown(setup, code).await;
+    };
+    let code = match outcome {
         Ok(result) => {
             let written = if args.json {
                 writeln!(out, "{}", result_json(&result))
@@ -396,7 +427,12 @@ pub async fn chat_with(
     loop {
         eprint!(">> ");
         let _ = std::io::stderr().flush();
-        let line = match lines.next().await {
+        let session = setup.session.clone();
+        let Some(next) = unless_interrupted(&session, lines.next()).await else {
+            code = fail(INTERRUPTED, "interrupted");
+            break;
+        };
+        let line = match next {
             Some(Ok(line)) => line,
             None => break,
             Some(Err(e)) => {
@@ -408,7 +444,14 @@ pub async fn chat_with(
         if query.is_empty() || query == "q" || query == "exit" {
             break;
         }
-        match setup.agent.run(query).await {
+        let Some(outcome) = unless_interrupted(&session, setup.agent.run(query)).await else {
+            code = fail(
+                INTERRUPTED,
+                "interrupted; running tool calls were cancelled",
+            );
+            break;
+        };
+        match outcome {
             Ok(r) => {
                 if !r.final_text.is_empty() {
                     let _ = writeln!(out, "{}", r.final_text);

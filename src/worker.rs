@@ -190,17 +190,19 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
     if matches!(tool.handler, Handler::Inline(_)) {
         return run_inline(call, &tool, arrived, cancel, turn_span);
     }
-    let _tool_place = match &tool.limiter {
+    let tool_place = match &tool.limiter {
         Some(tool_limiter) => match tool_limiter.acquire(cancel).await {
             Ok(place) => Some(place),
             Err(refusal) => return refused(call, refusal, &format!("tool {}", tool.name)),
         },
         None => None,
     };
-    let _place = match limiter.acquire(cancel).await {
+    let place = match limiter.acquire(cancel).await {
         Ok(place) => place,
         Err(refusal) => return refused(call, refusal, "the engine"),
     };
+    // Held for the whole call (async handlers), or handed to the blocking thread.
+    let mut places = Some((tool_place, place));
     let started = Instant::now();
     let deadline = started + tool.policy.timeout;
     let stop = cancel.child_token();
@@ -225,7 +227,11 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
             let f = Arc::clone(f);
             let args = std::mem::take(&mut call.arguments);
             let span = span.clone();
+            // The thread keeps its places until it really ends: one that outlives its call
+            // (timed out, cannot be aborted) still counts against the caps.
+            let held = places.take();
             let handle = tokio::task::spawn_blocking(move || {
+                let _held = held;
                 span.in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&args, &ctx))))
             });
             async move {

@@ -196,3 +196,64 @@ async fn a_provider_without_streaming_still_works_with_streaming_on() {
     assert_eq!(r.final_text, "done");
     assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok"]);
 }
+
+/// A provider whose streamed blocks disagree with its final answer (streams `a`, `b`; answers
+/// `a`, `c`, `d`).
+struct Disagreeing {
+    turn: std::sync::atomic::AtomicUsize,
+}
+
+impl Provider for Disagreeing {
+    fn name(&self) -> &str {
+        "disagreeing"
+    }
+    fn complete<'a>(
+        &'a self,
+        _request: &'a ModelRequest,
+    ) -> BoxFuture<'a, Result<ModelResponse, ProviderError>> {
+        Box::pin(async { Ok(answer(vec![text("done")], "end_turn")) })
+    }
+    fn complete_streaming<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        events: switchboard::provider::EventSink,
+    ) -> BoxFuture<'a, Result<ModelResponse, ProviderError>> {
+        Box::pin(async move {
+            if self.turn.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                return self.complete(request).await;
+            }
+            for id in ["a", "b"] {
+                let _ = events.send(switchboard::provider::StreamEvent::BlockComplete(tool_use(
+                    id,
+                    "reader",
+                    json!({}),
+                )));
+            }
+            Ok(answer(
+                vec![
+                    tool_use("a", "reader", json!({})),
+                    tool_use("c", "reader", json!({})),
+                    tool_use("d", "reader", json!({})),
+                ],
+                "tool_use",
+            ))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eager_results_that_disagree_with_the_final_answer_never_answer_the_wrong_call() {
+    let log = EventLog::default();
+    let engine = test_engine(&log);
+    let provider = Arc::new(Disagreeing {
+        turn: Default::default(),
+    });
+    let mut agent = run_with(&engine, provider, true);
+    let r = tokio::time::timeout(BOUND, agent.run("go"))
+        .await
+        .expect("bounded")
+        .unwrap();
+    let ids: Vec<&str> = r.dispatches[0].iter().map(|x| &*x.tool_use_id).collect();
+    assert_eq!(ids, ["a", "c", "d"]);
+    assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok", "ok"]);
+}
