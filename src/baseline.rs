@@ -51,9 +51,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::{RegistryError, valid_tool_name};
-use crate::scheduler::{StageMode, partition};
-use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec, cap_output};
+use crate::scheduler::{StageMode, clamp, duplicate_id, partition};
+use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec};
 use crate::validation;
+use crate::worker::{panicked, to_result};
 
 /// One tool as the direct dispatcher keeps it: what it takes to run a call.
 struct DirectTool {
@@ -320,59 +321,7 @@ fn finish(
         queued: started.saturating_duration_since(arrived),
         run: started.elapsed(),
     };
-    match outcome {
-        Ok(text) => ToolDispatchResult::ok(
-            call.id,
-            call.name,
-            cap_output(text, tool.policy.output_cap),
-            timing,
-        ),
-        Err(e) => ToolDispatchResult::error(
-            call.id,
-            call.name,
-            e.code,
-            &cap_output(e.detail, tool.policy.output_cap),
-            timing,
-        ),
-    }
-}
-
-/// The first `tool_use_id` that occurs twice in the turn (empty ids are not duplicates).
-fn duplicate_id(calls: &[ToolCall]) -> Option<&str> {
-    if calls.len() < 2 {
-        return None;
-    }
-    if calls.len() <= 16 {
-        return calls.iter().enumerate().find_map(|(i, a)| {
-            (!a.id.is_empty() && calls[i + 1..].iter().any(|b| b.id == a.id)).then_some(&*a.id)
-        });
-    }
-    let mut seen = std::collections::HashSet::with_capacity(calls.len());
-    calls
-        .iter()
-        .find(|c| !c.id.is_empty() && !seen.insert(&*c.id))
-        .map(|c| &*c.id)
-}
-
-/// At most `max` bytes of `s` (on a character boundary), noting the full length when cut.
-fn clamp(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &s[..end], s.len())
-}
-
-fn panicked(payload: &(dyn std::any::Any + Send)) -> ToolError {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into());
-    ToolError::execution(format!("handler panicked: {message}"))
+    to_result(call, tool.policy.output_cap, outcome, timing)
 }
 
 #[cfg(test)]

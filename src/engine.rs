@@ -225,9 +225,7 @@ impl Engine {
     /// Dispatches one turn on a shared scheduler: one result per call, in call order. Never fails:
     /// every problem is a result. Safe to call from many tasks at once.
     pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
-        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
-        let scheduler = &self.inner.schedulers[i];
-        self.dispatch_on(scheduler, calls, self.inner.root.clone())
+        self.dispatch_with_cancel(calls, self.inner.root.clone())
             .await
     }
 

@@ -187,7 +187,8 @@ pub fn plan(snapshot: &Arc<Snapshot>, calls: Vec<ToolCall>, arrived: Instant) ->
     }
 }
 
-fn duplicate_id(calls: &[ToolCall]) -> Option<&str> {
+/// The first `tool_use_id` that occurs twice in the turn (empty ids are not duplicates).
+pub(crate) fn duplicate_id(calls: &[ToolCall]) -> Option<&str> {
     if calls.len() < 2 {
         return None;
     }
@@ -206,7 +207,8 @@ fn duplicate_id(calls: &[ToolCall]) -> Option<&str> {
         .map(|c| &*c.id)
 }
 
-fn clamp(s: &str, max: usize) -> String {
+/// At most `max` bytes of `s` (on a character boundary), noting the full length when cut.
+pub(crate) fn clamp(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

@@ -145,7 +145,7 @@ pub fn run_inline(
         queued: started.saturating_duration_since(arrived),
         run: started.elapsed(),
     };
-    let result = to_result(call, tool, outcome, timing);
+    let result = to_result(call, tool.policy.output_cap, outcome, timing);
     observe::call_finished(&span, &result);
     result
 }
@@ -278,7 +278,7 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
         queued: started.saturating_duration_since(arrived),
         run: started.elapsed(),
     };
-    let result = to_result(call, &tool, outcome, timing);
+    let result = to_result(call, tool.policy.output_cap, outcome, timing);
     observe::call_finished(&span, &result);
     result
 }
@@ -307,24 +307,23 @@ fn refused(call: crate::protocol::ToolCall, refusal: Refusal, whose: &str) -> To
     }
 }
 
-fn to_result(
+/// A handler's outcome as the call's result, its output (or error detail) capped at
+/// `output_cap` bytes. Shared with the direct baseline.
+pub(crate) fn to_result(
     call: crate::protocol::ToolCall,
-    tool: &RegisteredTool,
+    output_cap: usize,
     outcome: ToolOutcome,
     timing: Timing,
 ) -> ToolDispatchResult {
     match outcome {
-        Ok(text) => ToolDispatchResult::ok(
-            call.id,
-            call.name,
-            cap_output(text, tool.policy.output_cap),
-            timing,
-        ),
+        Ok(text) => {
+            ToolDispatchResult::ok(call.id, call.name, cap_output(text, output_cap), timing)
+        }
         Err(e) => ToolDispatchResult::error(
             call.id,
             call.name,
             e.code,
-            &cap_output(e.detail, tool.policy.output_cap),
+            &cap_output(e.detail, output_cap),
             timing,
         ),
     }
@@ -338,7 +337,8 @@ fn not_started(
     ToolDispatchResult::error(call.id, call.name, code, detail, Timing::default())
 }
 
-fn panicked(payload: &(dyn std::any::Any + Send)) -> ToolError {
+/// A panic payload as an `execution_error` (`handler panicked: …`). Shared with the baseline.
+pub(crate) fn panicked(payload: &(dyn std::any::Any + Send)) -> ToolError {
     let message = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
