@@ -139,13 +139,17 @@ pub enum LogFormat {
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`; kameo's per-message spans are kept at
-/// `warn` unless asked for).
+/// `warn` unless asked for). `RUST_LOG=switchboard=info` shows one line per call and per turn as
+/// their spans close.
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,kameo=warn"));
+    // A line when each span closes: every `execute_tool` span (with its `gen_ai.*` fields,
+    // `error.type` and its busy/idle time) and every `dispatch_turn` span, at INFO.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
