@@ -16,7 +16,7 @@
 //!   handlers are awaited in place — one after the other in serial stages, together
 //!   (`futures::future::join_all`) within a concurrent stage; blocking handlers go to tokio's
 //!   blocking pool (`spawn_blocking`) and are awaited; a panic becomes `execution_error`;
-//! * the same output cap ([`cap_output`]) and one result per call, in call order.
+//! * the same output cap ([`crate::tool::cap_output`]) and one result per call, in call order.
 //!
 //! What it leaves out, so that it is a lower bound on the engine's cost: actor hops, the global
 //! concurrency permit, deadlines (a handler's timeout is only reported in its [`ToolContext`]),

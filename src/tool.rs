@@ -6,7 +6,8 @@
 //! * [`Handler::Inline`] — synchronous and cheap (microseconds). Runs where the call lands (in the
 //!   scheduler or worker), with no task spawned. It cannot be interrupted, so its timeout is not
 //!   enforced: use it only for work that never blocks.
-//! * [`Handler::Async`] — a future. Spawned as its own task, under its deadline and cancellation.
+//! * [`Handler::Async`] — a future. Runs on its stage's task (the stage's async calls are polled
+//!   together), under its deadline and cancellation.
 //! * [`Handler::Blocking`] — synchronous work that may block (file I/O). Runs on tokio's blocking
 //!   pool so it never stalls the async runtime. On timeout the call is answered at once; the thread
 //!   finishes in the background and its result is dropped.
@@ -87,7 +88,7 @@ pub type AsyncHandlerFn =
 pub enum Handler {
     /// Cheap synchronous work, run in place.
     Inline(Arc<SyncHandlerFn>),
-    /// A future, spawned with a deadline and cancellation.
+    /// A future, run on its stage's task with a deadline and cancellation.
     Async(Arc<AsyncHandlerFn>),
     /// Blocking synchronous work, run on the blocking pool.
     Blocking(Arc<SyncHandlerFn>),

@@ -2,10 +2,13 @@
 //! cancellation and output cap, and turn a panic into a result.
 //!
 //! A stage arrives as **one** message ([`RunStage`]) carrying all its calls. Inline handlers run
-//! right here; async handlers are spawned as tasks and blocking ones go to tokio's blocking pool, so
-//! the worker itself never waits on a handler and keeps taking stages. Every call passes through the
-//! same short stack, defined in [`run_call`]: global concurrency permit → deadline and cancellation
-//! → handler (panic caught) → output cap. The pool ([`WorkerPool`]) hands stages out round-robin.
+//! right here; the rest of the stage goes to one spawned task, where async handlers are polled
+//! together and blocking ones are handed to tokio's blocking pool, so the worker itself never
+//! waits on a handler and keeps taking stages. Every call passes through the same short stack,
+//! defined in [`run_call`]: per-tool cap → global cap (bounded waiting lines) → deadline and
+//! cancellation (with [`STOP_GRACE`] for partial output) → handler (panic caught and counted by
+//! the tool's breaker) → output cap. The pool ([`WorkerPool`]) hands stages out round-robin and
+//! replaces a worker found dead.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
