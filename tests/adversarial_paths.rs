@@ -4,35 +4,29 @@
 //! back and forth while reads and writes run. Nothing outside the workspace is read, written,
 //! created or listed. Each test builds `<tmp>/ws` next to `<tmp>/outside` and `<tmp>/ws-evil`.
 
+mod common;
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::{builtin_tools, edit_file, glob, read_file, write_file};
 use switchboard::workspace::Workspace;
+
+use common::direct::call_sync;
+
+fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
+    call_sync(spec, "adversarial", args)
+}
 use switchboard::{Engine, ToolCall};
-use tokio_util::sync::CancellationToken;
 
 const SECRET: &str = "outside secret\n";
 const INSIDE: &str = "inside text\n";
-
-/// Calls a (non-async) spec's handler directly, as the engine would.
-fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    let ctx = ToolContext {
-        call_id: "adversarial".into(),
-        deadline: Instant::now() + Duration::from_secs(30),
-        cancel: CancellationToken::new(),
-    };
-    match &spec.handler {
-        Handler::Inline(f) | Handler::Blocking(f) => f(&args, &ctx),
-        Handler::Async(_) => panic!("only file tools are called directly here"),
-    }
-}
 
 struct Fixture {
     _tmp: tempfile::TempDir,

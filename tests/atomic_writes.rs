@@ -3,29 +3,23 @@
 //! root, the owner) is kept, and an edit keeps every byte it did not replace (BOM, CRLF, lone CR,
 //! a missing final newline).
 
+mod common;
+
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::{edit_file, write_file};
 use switchboard::workspace::Workspace;
-use tokio_util::sync::CancellationToken;
+
+use common::direct::call_sync;
 
 fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    let ctx = ToolContext {
-        call_id: "atomic".into(),
-        deadline: Instant::now() + Duration::from_secs(30),
-        cancel: CancellationToken::new(),
-    };
-    match &spec.handler {
-        Handler::Inline(f) | Handler::Blocking(f) => f(&args, &ctx),
-        Handler::Async(_) => panic!("file tools are blocking"),
-    }
+    call_sync(spec, "atomic", args)
 }
 
 struct Files {

@@ -3,55 +3,23 @@
 //! timeouts and cancellation answer with the partial output, `timeout_ms` is a bounded per-call
 //! limit, and each process carries the call's marker so all of this can be checked from `/proc`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tool::{Handler, ToolOutcome, ToolSpec};
 use switchboard::tools::bash::{self, Isolation, Launcher};
 use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
+
+use common::direct::{survivors, unique_id};
 use switchboard::{Engine, ToolCall};
 use tokio_util::sync::CancellationToken;
 
 /// Bound on anything a test waits for: a hang fails the test instead of wedging the suite.
 const BOUND: Duration = Duration::from_secs(10);
-
-/// A call id no other test uses, so its environment marker finds only this call's processes.
-fn unique_id(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Live processes whose environment carries `SWITCHBOARD_CALL_ID=<call_id>`.
-fn marked_processes(call_id: &str) -> Vec<String> {
-    let needle = format!("SWITCHBOARD_CALL_ID={call_id}\0").into_bytes();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle))
-        })
-        .collect()
-}
-
-/// Waits (bounded) until no process of the call is left; returns the survivors, if any.
-async fn survivors(call_id: &str) -> Vec<String> {
-    for _ in 0..40 {
-        if marked_processes(call_id).is_empty() {
-            return Vec::new();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    marked_processes(call_id)
-}
 
 /// Waits (bounded) until `path` exists.
 async fn wait_for_file(path: &std::path::Path) {
@@ -84,11 +52,7 @@ impl Bash {
 
     /// Runs a command as call `id`, cancelled by `cancel`, bounded by [`BOUND`].
     async fn run(&self, id: &str, args: Value, cancel: CancellationToken) -> ToolOutcome {
-        let ctx = ToolContext {
-            call_id: id.into(),
-            deadline: Instant::now() + Duration::from_secs(60),
-            cancel,
-        };
+        let ctx = common::direct::ctx(id, Duration::from_secs(60), cancel);
         let Handler::Async(f) = &self.spec.handler else {
             panic!("bash is async")
         };

@@ -2,33 +2,21 @@
 //! and messages, byte-exact edits, atomic writes, and a bash that leaks no environment, reads no
 //! stdin and leaves no process behind.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tool::{Handler, ToolOutcome, ToolSpec};
 use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
+
+use common::direct::{call_with, ctx, survivors, unique_id};
 use tokio_util::sync::CancellationToken;
-
-/// Calls a spec's handler directly, as the engine would.
-async fn call_with(spec: &ToolSpec, args: Value, ctx: ToolContext) -> ToolOutcome {
-    match &spec.handler {
-        Handler::Inline(f) | Handler::Blocking(f) => f(&args, &ctx),
-        Handler::Async(f) => f(args, ctx).await,
-    }
-}
-
-fn ctx(call_id: &str, budget: Duration, cancel: CancellationToken) -> ToolContext {
-    ToolContext {
-        call_id: call_id.into(),
-        deadline: Instant::now() + budget,
-        cancel,
-    }
-}
 
 /// Calls with a generous deadline, bounded so that a hang fails the test instead of stalling it.
 async fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
@@ -67,40 +55,6 @@ impl Tools {
     async fn bash(&self, command: &str) -> ToolOutcome {
         call(self.spec("bash"), json!({"command": command})).await
     }
-}
-
-/// A call id no other test uses, so its environment marker finds only this call's processes.
-fn unique_id(tag: &str) -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{tag}-{}-{n}", std::process::id())
-}
-
-/// Live processes whose environment carries `SWITCHBOARD_CALL_ID=<call_id>` (zombies have an
-/// empty environment and are not counted).
-fn marked_processes(call_id: &str) -> Vec<String> {
-    let needle = format!("SWITCHBOARD_CALL_ID={call_id}\0").into_bytes();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle))
-        })
-        .collect()
-}
-
-/// Waits (bounded) until no process of the call is left; returns the survivors, if any.
-async fn survivors(call_id: &str) -> Vec<String> {
-    for _ in 0..40 {
-        let left = marked_processes(call_id);
-        if left.is_empty() {
-            return left;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    marked_processes(call_id)
 }
 
 #[test]

@@ -3,28 +3,21 @@
 //! workspace. Each test builds `<tmp>/ws` (the workspace) next to `<tmp>/outside` and
 //! `<tmp>/ws-evil`, whose files must stay unread and unchanged.
 
+mod common;
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::{edit_file, glob, read_file, write_file};
 use switchboard::workspace::Workspace;
-use tokio_util::sync::CancellationToken;
 
-/// Calls a spec's handler directly, as the engine would.
+use common::direct::call_sync;
+
 fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    let ctx = ToolContext {
-        call_id: "confinement".into(),
-        deadline: Instant::now() + Duration::from_secs(30),
-        cancel: CancellationToken::new(),
-    };
-    match &spec.handler {
-        Handler::Inline(f) | Handler::Blocking(f) => f(&args, &ctx),
-        Handler::Async(f) => futures::executor::block_on(f(args, ctx)),
-    }
+    call_sync(spec, "confinement", args)
 }
 
 const SECRET: &str = "outside secret\n";

@@ -1,6 +1,8 @@
 //! Shared helpers for the black-box integration tests: test tools, call builders, engine runners.
 #![allow(dead_code)]
 
+pub mod direct;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

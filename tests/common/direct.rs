@@ -1,0 +1,65 @@
+//! Calling a tool's handler directly, as the engine would, and tracing the processes a bash call
+//! leaves behind — shared by the tool-level tests (confinement, atomic writes, bash control).
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use tokio_util::sync::CancellationToken;
+
+/// A handler context for call `call_id` with `budget` until its deadline.
+pub fn ctx(call_id: &str, budget: Duration, cancel: CancellationToken) -> ToolContext {
+    ToolContext {
+        call_id: call_id.into(),
+        deadline: Instant::now() + budget,
+        cancel,
+    }
+}
+
+/// Runs a spec's handler with `ctx` (async handlers are awaited).
+pub async fn call_with(spec: &ToolSpec, args: Value, ctx: ToolContext) -> ToolOutcome {
+    match &spec.handler {
+        Handler::Inline(f) | Handler::Blocking(f) => f(&args, &ctx),
+        Handler::Async(f) => f(args, ctx).await,
+    }
+}
+
+/// Runs a spec's handler outside any runtime, with a 30 s deadline (for the file tools; an async
+/// handler is driven by a local executor).
+pub fn call_sync(spec: &ToolSpec, call_id: &str, args: Value) -> ToolOutcome {
+    let ctx = ctx(call_id, Duration::from_secs(30), CancellationToken::new());
+    futures::executor::block_on(call_with(spec, args, ctx))
+}
+
+/// A call id no other test uses, so its environment marker finds only this call's processes.
+pub fn unique_id(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{tag}-{}-{n}", std::process::id())
+}
+
+/// Live processes whose environment carries `SWITCHBOARD_CALL_ID=<call_id>` (zombies have an
+/// empty environment and are not counted).
+pub fn marked_processes(call_id: &str) -> Vec<String> {
+    let needle = format!("SWITCHBOARD_CALL_ID={call_id}\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// Waits (bounded, 2 s) until no process of the call is left; returns the survivors, if any.
+pub async fn survivors(call_id: &str) -> Vec<String> {
+    for _ in 0..40 {
+        if marked_processes(call_id).is_empty() {
+            return Vec::new();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    marked_processes(call_id)
+}
