@@ -87,21 +87,15 @@ impl AnthropicProvider {
             ("anthropic-version", API_VERSION),
             ("accept", accept),
         ];
-        let (http, url, body, headers, sink) = (&self.http, &self.url, &body, &headers, &sink);
-        http.retrying(|| async move {
-            let (response, started) = http.send(url, headers, body).await?;
-            match sink {
-                None => {
-                    let doc = http.read_json(response, started).await?;
-                    ModelResponse::from_json(&doc).map_err(Failure::fatal)
-                }
-                Some(sink) => {
-                    http.read_stream(response, started, AnthropicStream::default(), sink)
-                        .await
-                }
-            }
-        })
-        .await
+        self.http
+            .exchange::<AnthropicStream>(
+                &self.url,
+                &headers,
+                &body,
+                sink.as_ref(),
+                ModelResponse::from_json,
+            )
+            .await
     }
 }
 

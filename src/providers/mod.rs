@@ -200,6 +200,33 @@ impl Http {
         }
     }
 
+    /// One model exchange, retried as [`Http::retrying`] says: POST `body` to `url`, then read
+    /// the whole JSON answer with `whole`, or — with a `sink` — the event stream through a fresh
+    /// decoder `D`, reporting complete blocks to the sink as they arrive.
+    pub(crate) async fn exchange<D: StreamDecoder + Default>(
+        &self,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        sink: Option<&EventSink>,
+        whole: fn(&Value) -> Result<ModelResponse, ProviderError>,
+    ) -> Result<ModelResponse, ProviderError> {
+        self.retrying(|| async move {
+            let (response, started) = self.send(url, headers, body).await?;
+            match sink {
+                None => {
+                    let doc = self.read_json(response, started).await?;
+                    whole(&doc).map_err(Failure::fatal)
+                }
+                Some(sink) => {
+                    self.read_stream(response, started, D::default(), sink)
+                        .await
+                }
+            }
+        })
+        .await
+    }
+
     /// Sends one request; a non-2xx answer or a transport failure is a [`Failure`] (recorded
     /// in the metrics). On success the caller reads the body and records the request.
     pub(crate) async fn send(

@@ -104,21 +104,15 @@ impl OpenAiProvider {
         if let Some(auth) = &auth {
             headers.push(("authorization", auth.as_str()));
         }
-        let (http, url, body, headers, sink) = (&self.http, &self.url, &body, &headers, &sink);
-        http.retrying(|| async move {
-            let (response, started) = http.send(url, headers, body).await?;
-            match sink {
-                None => {
-                    let doc = http.read_json(response, started).await?;
-                    response_from_completion(&doc).map_err(Failure::fatal)
-                }
-                Some(sink) => {
-                    http.read_stream(response, started, OpenAiStream::default(), sink)
-                        .await
-                }
-            }
-        })
-        .await
+        self.http
+            .exchange::<OpenAiStream>(
+                &self.url,
+                &headers,
+                &body,
+                sink.as_ref(),
+                response_from_completion,
+            )
+            .await
     }
 }
 
