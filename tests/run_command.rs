@@ -23,19 +23,15 @@ fn switchboard() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchboard"))
 }
 
-#[test]
-fn a_scripted_run_prints_the_final_text_and_the_stop_reason() {
+/// `switchboard run --provider scripted` on a fresh workspace, plus `extra` flags; returns the
+/// output and the workspace (kept alive for the caller to inspect).
+fn scripted_run(extra: &[&str]) -> (std::process::Output, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let out = switchboard()
-        .args([
-            "run",
-            "--provider",
-            "scripted",
-            "--prompt",
-            "do it",
-            "--workspace",
-        ])
+        .args(["run", "--provider", "scripted", "--prompt", "do it"])
+        .args(extra)
+        .arg("--workspace")
         .arg(ws.path())
         .arg("--script")
         .arg(script(dir.path()))
@@ -46,6 +42,12 @@ fn a_scripted_run_prints_the_final_text_and_the_stop_reason() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (out, ws)
+}
+
+#[test]
+fn a_scripted_run_prints_the_final_text_and_the_stop_reason() {
+    let (out, ws) = scripted_run(&[]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains("All done."), "{stdout}");
     assert!(stdout.contains("final_answer"), "{stdout}");
@@ -57,28 +59,7 @@ fn a_scripted_run_prints_the_final_text_and_the_stop_reason() {
 
 #[test]
 fn run_json_reports_turns_calls_and_each_dispatch_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let out = switchboard()
-        .args([
-            "run",
-            "--provider",
-            "scripted",
-            "--json",
-            "--prompt",
-            "do it",
-            "--workspace",
-        ])
-        .arg(ws.path())
-        .arg("--script")
-        .arg(script(dir.path()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (out, _ws) = scripted_run(&["--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["stop_reason"], "final_answer");
     assert_eq!(doc["turns"], 2);
