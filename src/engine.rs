@@ -391,9 +391,7 @@ impl Drop for SessionInner {
 impl Session {
     /// Dispatches one turn of this session: one result per call, in call order.
     pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
-        self.inner
-            .engine
-            .dispatch_on(&self.inner.scheduler, calls, self.inner.cancel.clone())
+        self.dispatch_with_cancel(calls, self.inner.cancel.clone())
             .await
     }
 
