@@ -317,10 +317,7 @@ fn finish(
     arrived: Instant,
     started: Instant,
 ) -> ToolDispatchResult {
-    let timing = Timing {
-        queued: started.saturating_duration_since(arrived),
-        run: started.elapsed(),
-    };
+    let timing = Timing::measured(arrived, started);
     to_result(call, tool.policy.output_cap, outcome, timing)
 }
 

@@ -227,7 +227,7 @@ impl ToolMetrics {
             None => self.ok.increment(1),
             Some(code) => self.errors[code as usize].increment(1),
         }
-        if result.timing.run > Duration::ZERO || result.timing.queued > Duration::ZERO {
+        if result.timing.ran {
             self.duration.record(result.timing.run);
             self.queue.record(result.timing.queued);
         }

@@ -117,6 +117,21 @@ pub struct Timing {
     pub queued: Duration,
     /// The handler's own run time (zero if it never ran).
     pub run: Duration,
+    /// True when a handler ran (false for calls answered without running: unknown tool,
+    /// invalid arguments, refused, cancelled before starting).
+    pub ran: bool,
+}
+
+impl Timing {
+    /// The timing of a handler that started at `started`, for a turn that arrived at `arrived`,
+    /// measured now that it has ended.
+    pub fn measured(arrived: std::time::Instant, started: std::time::Instant) -> Timing {
+        Timing {
+            queued: started.saturating_duration_since(arrived),
+            run: started.elapsed(),
+            ran: true,
+        }
+    }
 }
 
 /// The one answer to one call.

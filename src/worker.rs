@@ -144,10 +144,7 @@ pub fn run_inline(
             tool.breaker.record_panic();
             Err(panicked(&*panic))
         });
-    let timing = Timing {
-        queued: started.saturating_duration_since(arrived),
-        run: started.elapsed(),
-    };
+    let timing = Timing::measured(arrived, started);
     let result = to_result(call, tool.policy.output_cap, outcome, timing);
     observe::call_finished(&span, &result);
     result
@@ -277,10 +274,7 @@ pub async fn run_call(planned: Planned, stage: Stage<'_>) -> ToolDispatchResult 
         }
     };
     metrics.in_flight(-1.0);
-    let timing = Timing {
-        queued: started.saturating_duration_since(arrived),
-        run: started.elapsed(),
-    };
+    let timing = Timing::measured(arrived, started);
     let result = to_result(call, tool.policy.output_cap, outcome, timing);
     observe::call_finished(&span, &result);
     result

@@ -3,8 +3,8 @@
 //! A [`Recorder`] takes one turn at a time ([`Recorder::record_turn`]): it checks the turn was
 //! answered exactly once and in order (as many results as calls, result *i* carrying the id of
 //! call *i*; anything else is a counted, described violation), counts outcomes by error code, and
-//! records the turn's latency and each admitted call's queue wait (`timing.queued`) in
-//! nanoseconds into HDR histograms (2 significant digits, 1 ns to 1 h). Sessions share a bounded
+//! records the turn's latency and, for every call whose handler ran, its queue wait
+//! (`timing.queued`) in nanoseconds into HDR histograms (2 significant digits, 1 ns to 1 h). Sessions share a bounded
 //! number of recorders, so memory does not grow with the session count; recorders merge
 //! ([`Recorder::merge`]) into a phase total, summed up as [`Percentiles`].
 
@@ -108,10 +108,7 @@ impl Recorder {
                 None => self.ok += 1,
                 Some(code) => self.errors[code_index(code)] += 1,
             }
-            if !matches!(
-                r.error,
-                Some(ErrorCode::UnknownTool | ErrorCode::InvalidArguments)
-            ) {
+            if r.timing.ran {
                 self.queue_wait.saturating_record(nanos(r.timing.queued));
             }
         }
