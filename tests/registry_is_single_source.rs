@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use serde_json::{Value, json};
 use switchboard::registry::{CatalogFormat, RegistryError};
-use switchboard::{ErrorCode, Handler, ToolSpec};
+use switchboard::{Engine, ErrorCode, Handler, ToolSpec};
 
 fn limit_schema() -> Value {
     json!({
@@ -246,4 +246,23 @@ async fn the_catalog_comes_in_anthropic_openai_and_mcp_shapes_in_registration_or
     );
     assert_eq!(mcp[1]["inputSchema"], text_schema());
     assert_eq!(mcp.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_name_of_a_turn_resolves_in_one_request_exactly_as_spelled() {
+    let engine = Engine::builder()
+        .tool(spec("lookup", limit_schema()))
+        .build()
+        .unwrap();
+    let names: Vec<Arc<str>> = ["lookup", "nope", "Lookup", " lookup"]
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    let resolved = engine.resolve(names).await.unwrap();
+    let found: Vec<Option<&str>> = resolved
+        .iter()
+        .map(|t| t.as_ref().map(|t| &*t.name))
+        .collect();
+    assert_eq!(found, [Some("lookup"), None, None, None]);
+    assert_eq!(resolved[0].as_ref().unwrap().input_schema, limit_schema());
 }
