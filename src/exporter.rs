@@ -147,9 +147,15 @@ pub fn init_logging(format: LogFormat) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,kameo=warn"));
     // A line when each span closes: every `execute_tool` span (with its `gen_ai.*` fields,
     // `error.type` and its busy/idle time) and every `dispatch_turn` span, at INFO.
+    // Colours only on a terminal; and a closed stderr (`… 2>&1 | head`) must not bring the
+    // engine down: the subscriber's own complaint about a failed write would go to that same
+    // stderr through `eprintln!`, which panics.
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_ansi(std::io::stderr().is_terminal())
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

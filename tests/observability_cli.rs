@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -44,24 +44,25 @@ fn metrics_addr_serves_metrics_and_healthz_while_the_demo_runs() {
             "--metrics-addr",
             "127.0.0.1:0",
         ])
-        .env("RUST_LOG", "switchboard=info")
+        .env("RUST_LOG", "switchboard::exporter=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The exporter logs the address it bound (port 0 picks a free one).
+    // The exporter logs the address it bound (port 0 picks a free one); the rest of stderr is
+    // drained on a thread so the child never blocks on a full pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
     let stderr = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut addr = None;
-    for line in stderr.lines() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("serving metrics on http://").nth(1) {
-            addr = rest.split('/').next().map(str::to_string);
-            break;
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("serving metrics on http://").nth(1) {
+                let _ = tx.send(rest.split('/').next().unwrap_or_default().to_string());
+            }
         }
-        assert!(Instant::now() < deadline, "no metrics address logged");
-    }
-    let addr = addr.expect("the exporter logged its address");
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the exporter logged its address");
     let (status, body) = get(&addr, "/healthz");
     assert!(status.contains("200"), "{status}");
     assert_eq!(body.trim(), "ok");
@@ -154,4 +155,31 @@ fn metrics_file_holds_the_final_exposition() {
         "{text}"
     );
     assert!(text.contains("switchboard_sessions_active 0"));
+}
+
+#[test]
+fn a_closed_stderr_does_not_bring_the_engine_down() {
+    let mut child = switchboard()
+        .args(["demo", "--sessions", "2", "--duration", "1s"])
+        .env("RUST_LOG", "switchboard=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one log line, then close our end, as `… 2>&1 | head -1` would.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    assert!(
+        !first.contains('\u{1b}'),
+        "no colour codes when stderr is not a terminal: {first:?}"
+    );
+    drop(stderr);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .contains("sessions finished with every call")
+    );
 }
