@@ -319,7 +319,7 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
             Ok(out) => print_line(&out),
             Err(e) => {
                 bad += 1;
-                eprintln!("switchboard: line {n}: {e}");
+                say(&format!("line {n}: {e}"));
             }
         }
         if interrupt.is_cancelled() {
@@ -358,7 +358,13 @@ fn print_line(text: &str) {
     let _ = out.flush();
 }
 
-fn fail(code: u8, message: &str) -> ExitCode {
-    eprintln!("switchboard: {message}");
+/// Says `switchboard: <message>` on stderr (a closed stderr is ignored, never a panic).
+pub(crate) fn say(message: &str) {
+    let _ = writeln!(std::io::stderr(), "switchboard: {message}");
+}
+
+/// Says why the command failed and gives its exit code.
+pub(crate) fn fail(code: u8, message: &str) -> ExitCode {
+    say(message);
     ExitCode::from(code)
 }

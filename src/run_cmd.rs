@@ -24,6 +24,7 @@ use crate::agent_loop::{
     StopReason, StreamOptions, default_system_prompt,
 };
 use crate::cli::TelemetryArgs;
+use crate::cli::fail;
 use crate::engine::{Engine, Session};
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};
@@ -425,7 +426,7 @@ pub async fn chat_with(
     };
     let mut code = ExitCode::SUCCESS;
     loop {
-        eprint!(">> ");
+        let _ = write!(std::io::stderr(), ">> ");
         let _ = std::io::stderr().flush();
         let session = setup.session.clone();
         let Some(next) = unless_interrupted(&session, lines.next()).await else {
@@ -476,9 +477,4 @@ pub async fn chat_with(
         }
     }
     teardown(setup, code).await
-}
-
-fn fail(code: u8, message: &str) -> ExitCode {
-    eprintln!("switchboard: {message}");
-    ExitCode::from(code)
 }

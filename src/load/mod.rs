@@ -195,8 +195,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn fail(code: u8, message: &str) -> ExitCode {
-    eprintln!("switchboard load: {message}");
-    ExitCode::from(code)
+    crate::cli::fail(code, &format!("load: {message}"))
 }
 
 /// Runs `switchboard load`.
@@ -279,7 +278,7 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
         println!("{}", result.line);
         violations += result.violations;
         for e in &result.examples {
-            eprintln!("switchboard load: {}: violation: {e}", w.name);
+            crate::cli::say(&format!("load: {}: violation: {e}", w.name));
         }
         lines.push(result.line);
     }

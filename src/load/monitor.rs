@@ -82,7 +82,7 @@ impl Monitor {
                 thread: Some(thread),
             },
             Err(e) => {
-                eprintln!("switchboard: cannot start the load monitor thread: {e}");
+                crate::cli::say(&format!("cannot start the load monitor thread: {e}"));
                 fallback.stop.store(true, Ordering::Relaxed);
                 Monitor {
                     done: None,
