@@ -32,7 +32,8 @@ use kameo::prelude::*;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::engine::{EngineUnavailable, Session};
+use crate::engine::EngineUnavailable;
+use crate::session::Session;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, encode_anthropic};
 use crate::provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, StreamEvent, history_content,

@@ -1,27 +1,24 @@
 //! The direct baseline: the engine's per-turn work with no actors, for benchmarks and `load`.
 //!
-//! A [`DirectDispatcher`] holds the tools of a list of [`ToolSpec`]s (validators compiled once,
-//! with [`validation::compile`]) and [`DirectDispatcher::dispatch`]es a turn **in the caller's own
+//! A [`DirectDispatcher`] holds the tools of a list of [`ToolSpec`]s (validators compiled once)
+//! and [`DirectDispatcher::dispatch`]es a turn **in the caller's own
 //! task**: no registry, scheduler or worker actor, no message, no spawned task for cheap work. It
 //! answers a turn the way the engine does —
 //!
-//! * the same checks in the same order: a duplicate `tool_use_id` answers every call
-//!   `invalid_arguments` and runs nothing; then per call a missing id, an unknown tool
-//!   (`tool is not registered: X`), undecodable arguments and schema violations
-//!   ([`validation::check`]) become results without running anything;
-//! * the same plan: the runnable calls are split by [`scheduler::partition`] — a run of consecutive
-//!   concurrency-safe calls is one concurrent stage, every other call a serial stage of its own, and
-//!   stages run in model order;
-//! * the same execution per handler kind: inline handlers run in place (panic caught); async
-//!   handlers are awaited in place — one after the other in serial stages, together
-//!   (`futures::future::join_all`) within a concurrent stage; blocking handlers go to tokio's
-//!   blocking pool (`spawn_blocking`) and are awaited; a panic becomes `execution_error`;
-//! * the same output cap ([`crate::tool::cap_output`]) and one result per call, in call order.
+//! * the same plan, from the same code: [`crate::plan::plan`] over a registry [`Snapshot`] built
+//!   with the registry's own checks — duplicate ids, missing ids, unknown tools, tripped breakers,
+//!   undecodable arguments and schema violations become results without running anything, and
+//!   the admitted calls are split into the same stages, run in model order;
+//! * the same per-call layer stack, from the same code: [`crate::execute`] (caps, policy,
+//!   deadline and cancellation, handler, output cap); inline handlers run in place; a concurrent
+//!   stage's waiting calls are polled together (`futures::future::join_all`), a serial stage's
+//!   one after the other; blocking handlers go to tokio's blocking pool;
+//! * one result per call, in call order.
 //!
-//! What it leaves out, so that it is a lower bound on the engine's cost: actor hops, the global
-//! concurrency permit, deadlines (a handler's timeout is only reported in its [`ToolContext`]),
-//! cancellation (the token it hands out is never cancelled) and the collector's tracing events.
-//! Encoding is the caller's job, as with the engine (e.g. [`crate::protocol::encode_anthropic`]).
+//! What it leaves out, so that it is a lower bound on the engine's cost: the actors (registry,
+//! scheduler and worker hops), the collector (its metrics and tracing events) and any contention
+//! on the global cap (its own cap is as large as a semaphore allows). Encoding is the caller's
+//! job, as with the engine (e.g. [`crate::protocol::encode_anthropic`]).
 //!
 //! ```no_run
 //! # async fn demo(specs: Vec<switchboard::ToolSpec>, calls: Vec<switchboard::ToolCall>) {
@@ -34,47 +31,38 @@
 //! # let _ = message;
 //! # }
 //! ```
-//!
-//! [`validation::compile`]: crate::validation::compile
-//! [`validation::check`]: crate::validation::check
-//! [`scheduler::partition`]: crate::scheduler::partition
 
-use std::collections::HashMap;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::FutureExt;
 use futures::future::join_all;
-use jsonschema::Validator;
 use tokio_util::sync::CancellationToken;
+use tracing::Span;
 
-use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
-use crate::registry::{RegistryError, valid_tool_name};
-use crate::scheduler::{StageMode, clamp, duplicate_id, partition};
-use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec};
-use crate::validation;
-use crate::worker::{panicked, to_result};
-
-/// One tool as the direct dispatcher keeps it: what it takes to run a call.
-struct DirectTool {
-    handler: Handler,
-    policy: ToolPolicy,
-    validator: Validator,
-}
+use crate::execute::{self, CallEnv};
+use crate::limiter::Limiter;
+use crate::metrics::EngineMetrics;
+use crate::plan::{self, StageMode};
+use crate::protocol::{ToolCall, ToolDispatchResult};
+use crate::registry::{RegistryError, Snapshot};
+use crate::tool::{SessionScope, ToolSpec};
+use crate::workspace::Workspace;
 
 /// Dispatches turns in the caller's task, without actors: the baseline the engine is measured
 /// against. See the [module docs](self) for what it does and leaves out.
 ///
 /// Immutable once built and `Send + Sync`: share it behind an `Arc` between sessions.
 pub struct DirectDispatcher {
-    tools: HashMap<Arc<str>, DirectTool>,
+    snapshot: Arc<Snapshot>,
     cancel: CancellationToken,
+    limiter: Limiter,
+    metrics: EngineMetrics,
+    scope: Arc<SessionScope>,
 }
 
 impl std::fmt::Debug for DirectDispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut names: Vec<&str> = self.tools.keys().map(|n| &**n).collect();
+        let mut names: Vec<&str> = self.snapshot.tools().map(|t| &*t.name).collect();
         names.sort_unstable();
         f.debug_struct("DirectDispatcher")
             .field("tools", &names)
@@ -87,115 +75,93 @@ impl DirectDispatcher {
     /// registry refuses: an empty, malformed or duplicate name, or a schema that is not an object
     /// schema or does not compile.
     pub fn new(specs: impl IntoIterator<Item = ToolSpec>) -> Result<Self, RegistryError> {
-        let mut tools = HashMap::new();
-        for spec in specs {
-            if spec.name.is_empty() {
-                return Err(RegistryError::EmptyName);
-            }
-            if !valid_tool_name(&spec.name) {
-                return Err(RegistryError::InvalidName(spec.name));
-            }
-            if tools.contains_key(spec.name.as_str()) {
-                return Err(RegistryError::Duplicate(spec.name));
-            }
-            let validator = validation::compile(&spec.input_schema).map_err(|detail| {
-                RegistryError::BadSchema {
-                    name: spec.name.clone(),
-                    detail,
-                }
-            })?;
-            tools.insert(
-                Arc::from(spec.name),
-                DirectTool {
-                    handler: spec.handler,
-                    policy: spec.policy,
-                    validator,
-                },
-            );
-        }
         Ok(DirectDispatcher {
-            tools,
+            snapshot: Snapshot::from_specs(specs)?,
             cancel: CancellationToken::new(),
+            limiter: Limiter::new(tokio::sync::Semaphore::MAX_PERMITS, 0),
+            metrics: crate::metrics::detached(EngineMetrics::new),
+            scope: Arc::new(SessionScope::new("direct", None)),
         })
+    }
+
+    /// The same dispatcher with its calls confined to `workspace` (for the built-in tools).
+    pub fn with_workspace(mut self, workspace: Workspace) -> Self {
+        self.scope = Arc::new(SessionScope::new("direct", Some(workspace)));
+        self
     }
 
     /// How many tools it knows.
     pub fn len(&self) -> usize {
-        self.tools.len()
+        self.snapshot.len()
     }
 
     /// True when it knows no tool.
     pub fn is_empty(&self) -> bool {
-        self.tools.is_empty()
+        self.snapshot.is_empty()
     }
 
     /// True when a tool of exactly this name is known (no trimming, no case folding).
     pub fn contains(&self, name: &str) -> bool {
-        self.tools.contains_key(name)
+        self.snapshot.get(name).is_some()
     }
 
     /// Dispatches one turn in the calling task: one result per call, in call order, with the same
     /// contents and error codes as [`crate::Engine::dispatch`] gives for the same turn (timings
-    /// aside). Never fails: every problem is a result. Needs a tokio runtime only for blocking
-    /// handlers.
+    /// aside). Never fails: every problem is a result. Needs a tokio runtime for async and
+    /// blocking handlers.
     pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
         if calls.is_empty() {
             return Vec::new();
         }
         let arrived = Instant::now();
-        if let Some(dup) = duplicate_id(&calls) {
-            let detail =
-                format!("duplicate tool_use_id in this turn: {dup}; no call of the turn was run");
-            return calls
-                .iter()
-                .map(|c| rejected(c, ErrorCode::InvalidArguments, &detail))
-                .collect();
-        }
-
-        let mut slots: Vec<Option<ToolDispatchResult>> = Vec::with_capacity(calls.len());
-        let mut runnable: Vec<(usize, ToolCall, &DirectTool)> = Vec::with_capacity(calls.len());
-        for (index, call) in calls.into_iter().enumerate() {
-            match self.admit(&call) {
-                Ok(tool) => {
-                    slots.push(None);
-                    runnable.push((index, call, tool));
-                }
-                Err(result) => slots.push(Some(result)),
-            }
-        }
-
-        let safe: Vec<bool> = runnable
+        let identities: Vec<(Arc<str>, Arc<str>)> = calls
             .iter()
-            .map(|(_, _, tool)| tool.policy.concurrency_safe)
+            .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
             .collect();
-        let stages = partition(&safe);
-        let mut runnable = runnable.into_iter();
-        for stage in stages {
-            let calls = runnable.by_ref().take(stage.calls.len());
+        let plan = plan::plan(&self.snapshot, calls);
+        let mut slots: Vec<Option<ToolDispatchResult>> = Vec::new();
+        slots.resize_with(identities.len(), || None);
+        for r in plan.rejected {
+            let (id, name) = &identities[r.index];
+            slots[r.index] = Some(execute::not_started(
+                ToolCall::new(Arc::clone(id), Arc::clone(name), serde_json::Value::Null),
+                r.code,
+                &r.detail,
+            ));
+        }
+        let span = Span::none();
+        let env = CallEnv {
+            arrived,
+            cancel: &self.cancel,
+            limiter: &self.limiter,
+            metrics: &self.metrics,
+            span: &span,
+            scope: &self.scope,
+        };
+        let mut admitted = plan.admitted.into_iter();
+        for stage in plan.stages {
+            let calls = admitted.by_ref().take(stage.calls.len());
             match stage.mode {
                 StageMode::Serial => {
-                    for (index, call, tool) in calls {
-                        let result = if tool.handler.is_inline() {
-                            self.run_inline(call, tool, arrived)
-                        } else {
-                            self.run_waiting(call, tool, arrived).await
-                        };
-                        slots[index] = Some(result);
+                    for p in calls {
+                        let index = p.index;
+                        slots[index] = Some(execute::run(p, env).await);
                     }
                 }
                 StageMode::Concurrent => {
                     let mut waiting = Vec::new();
-                    for (index, call, tool) in calls {
-                        if tool.handler.is_inline() {
-                            slots[index] = Some(self.run_inline(call, tool, arrived));
+                    for p in calls {
+                        if execute::runs_in_place(&p.tool.handler) {
+                            let index = p.index;
+                            slots[index] = Some(execute::run_in_place(p, env));
                         } else {
-                            waiting.push((index, call, tool));
+                            waiting.push(p);
                         }
                     }
                     if !waiting.is_empty() {
-                        let runs = waiting.into_iter().map(|(index, call, tool)| async move {
-                            (index, self.run_waiting(call, tool, arrived).await)
-                        });
+                        let runs = waiting
+                            .into_iter()
+                            .map(|p| async move { (p.index, execute::run(p, env).await) });
                         for (index, result) in join_all(runs).await {
                             slots[index] = Some(result);
                         }
@@ -205,120 +171,6 @@ impl DirectDispatcher {
         }
         slots.into_iter().flatten().collect()
     }
-
-    /// Lookup and validation of one call: the tool to run it, or the call's error result.
-    fn admit(&self, call: &ToolCall) -> Result<&DirectTool, ToolDispatchResult> {
-        if call.id.is_empty() {
-            return Err(rejected(
-                call,
-                ErrorCode::InvalidArguments,
-                "missing or empty tool_use_id",
-            ));
-        }
-        let Some(tool) = self.tools.get(&*call.name) else {
-            let shown = if call.name.is_empty() {
-                "<empty>".to_string()
-            } else {
-                clamp(&call.name, 200)
-            };
-            return Err(rejected(
-                call,
-                ErrorCode::UnknownTool,
-                &format!("tool is not registered: {shown}"),
-            ));
-        };
-        if let Some(detail) = &call.malformed {
-            return Err(rejected(call, ErrorCode::InvalidArguments, detail));
-        }
-        if let Err(detail) = validation::check(&tool.validator, &call.arguments) {
-            return Err(rejected(call, ErrorCode::InvalidArguments, &detail));
-        }
-        Ok(tool)
-    }
-
-    fn context(&self, call: &ToolCall, tool: &DirectTool, started: Instant) -> ToolContext {
-        ToolContext {
-            call_id: Arc::clone(&call.id),
-            deadline: started + tool.policy.timeout,
-            cancel: self.cancel.clone(),
-        }
-    }
-
-    /// Runs an inline handler in place, panic caught.
-    fn run_inline(
-        &self,
-        call: ToolCall,
-        tool: &DirectTool,
-        arrived: Instant,
-    ) -> ToolDispatchResult {
-        let Handler::Inline(f) = &tool.handler else {
-            unreachable!("run_inline is only called for inline handlers")
-        };
-        let started = Instant::now();
-        let ctx = self.context(&call, tool, started);
-        let outcome = catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx)))
-            .unwrap_or_else(|panic| Err(panicked(&*panic)));
-        finish(call, tool, outcome, arrived, started)
-    }
-
-    /// Runs an async handler (awaited in place) or a blocking one (on the blocking pool), panic
-    /// caught.
-    async fn run_waiting(
-        &self,
-        mut call: ToolCall,
-        tool: &DirectTool,
-        arrived: Instant,
-    ) -> ToolDispatchResult {
-        let started = Instant::now();
-        let ctx = self.context(&call, tool, started);
-        let args = std::mem::take(&mut call.arguments);
-        let outcome = match &tool.handler {
-            Handler::Async(f) => {
-                // The handler is called inside the future so that a panic while building it is
-                // caught too.
-                AssertUnwindSafe(async move { f(args, ctx).await })
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| Err(panicked(&*panic)))
-            }
-            Handler::Blocking(f) => {
-                let f = Arc::clone(f);
-                match tokio::task::spawn_blocking(move || f(&args, &ctx)).await {
-                    Ok(outcome) => outcome,
-                    Err(e) if e.is_panic() => Err(panicked(&*e.into_panic())),
-                    Err(e) => Err(ToolError::execution(format!("handler task failed: {e}"))),
-                }
-            }
-            Handler::Inline(_) => {
-                call.arguments = args;
-                return self.run_inline(call, tool, arrived);
-            }
-        };
-        finish(call, tool, outcome, arrived, started)
-    }
-}
-
-/// A call answered without running: its identity, the error, no timing.
-fn rejected(call: &ToolCall, code: ErrorCode, detail: &str) -> ToolDispatchResult {
-    ToolDispatchResult::error(
-        Arc::clone(&call.id),
-        Arc::clone(&call.name),
-        code,
-        detail,
-        Timing::default(),
-    )
-}
-
-/// A handler's outcome as a result: output (or error detail) capped, timing filled.
-fn finish(
-    call: ToolCall,
-    tool: &DirectTool,
-    outcome: ToolOutcome,
-    arrived: Instant,
-    started: Instant,
-) -> ToolDispatchResult {
-    let timing = Timing::measured(arrived, started);
-    to_result(call, tool.policy.output_cap, outcome, timing)
 }
 
 #[cfg(test)]
@@ -329,6 +181,8 @@ mod tests {
 
     use super::*;
     use crate::Engine;
+    use crate::tool::{Handler, ToolError};
+    use crate::protocol::ErrorCode;
 
     fn schema() -> Value {
         json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},

@@ -240,7 +240,8 @@ fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
     let ws = Workspace::open(&root)
         .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
     Engine::builder()
-        .tools(builtin_tools(&ws))
+        .tools(builtin_tools())
+        .workspace(ws.clone())
         .build()
         .map_err(|e| fail(1, &e.to_string()))
 }

@@ -123,7 +123,8 @@ pub async fn run(
     let ws = Workspace::open(&root)
         .map_err(|e| format!("cannot open workspace {}: {e}", root.display()))?;
     let engine = Engine::builder()
-        .tools(builtin_tools(&ws))
+        .tools(builtin_tools())
+        .workspace(ws.clone())
         .build()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();

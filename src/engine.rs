@@ -25,7 +25,9 @@ use crate::registry::{
     Resolve, Unregister,
 };
 use crate::scheduler::{DispatchTurn, Scheduler};
-use crate::tool::ToolSpec;
+use crate::session::Session;
+use crate::tool::{SessionScope, ToolSpec};
+use crate::workspace::Workspace;
 use crate::worker::WorkerPool;
 
 /// Default global cap on calls running at once (async and blocking handlers).
@@ -41,6 +43,7 @@ pub struct EngineBuilder {
     schedulers: Option<usize>,
     max_concurrency: Option<usize>,
     max_queued: Option<usize>,
+    workspace: Option<Workspace>,
 }
 
 impl EngineBuilder {
@@ -53,6 +56,14 @@ impl EngineBuilder {
     /// Registers several tools at build time.
     pub fn tools(mut self, specs: impl IntoIterator<Item = ToolSpec>) -> Self {
         self.tools.extend(specs);
+        self
+    }
+
+    /// The workspace of [`Engine::dispatch`] and of sessions opened with [`Engine::session`]
+    /// (default: none; the built-in tools then answer `execution_error` until a session is
+    /// opened with [`Engine::session_in`]).
+    pub fn workspace(mut self, workspace: Workspace) -> Self {
+        self.workspace = Some(workspace);
         self
     }
 
@@ -124,6 +135,9 @@ impl EngineBuilder {
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
                 metrics,
+                scope: Arc::new(SessionScope::new("engine", self.workspace.clone())),
+                workspace: self.workspace,
+                sessions_opened: AtomicU64::new(0),
             }),
         })
     }
@@ -141,6 +155,11 @@ struct Inner {
     in_flight: AtomicUsize,
     idle: Notify,
     metrics: Arc<EngineMetrics>,
+    /// The scope of session-less dispatch.
+    scope: Arc<SessionScope>,
+    /// The default workspace of new sessions.
+    workspace: Option<Workspace>,
+    sessions_opened: AtomicU64,
 }
 
 /// The dispatch engine. Clone it freely: clones share the same actors.
@@ -239,7 +258,8 @@ impl Engine {
     ) -> Vec<ToolDispatchResult> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
         let scheduler = &self.inner.schedulers[i];
-        self.dispatch_on(scheduler, calls, cancel).await
+        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel)
+            .await
     }
 
     /// A cancellation token for one turn, cancelled also when the engine shuts down.
@@ -252,9 +272,21 @@ impl Engine {
         &self.inner.workers
     }
 
-    /// A new session: its own scheduler and its own cancellation. The scheduler stops when the
-    /// last clone of the session is dropped.
+    /// A new session in the engine's workspace ([`EngineBuilder::workspace`]): its own scheduler
+    /// and its own cancellation. The scheduler stops when the last clone of the session is dropped.
     pub fn session(&self) -> Session {
+        self.open_session(self.inner.workspace.clone())
+    }
+
+    /// A new session whose built-in tools are confined to `workspace`: one engine serves
+    /// sessions in different directories.
+    pub fn session_in(&self, workspace: Workspace) -> Session {
+        self.open_session(Some(workspace))
+    }
+
+    fn open_session(&self, workspace: Option<Workspace>) -> Session {
+        let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
+        let scope = Arc::new(SessionScope::new(format!("s{n}"), workspace));
         let snapshot = Arc::new(crate::registry::Snapshot::default());
         let scheduler = Scheduler::spawn(Scheduler::new(
             self.inner.registry.clone(),
@@ -263,18 +295,23 @@ impl Engine {
             self.inner.workers.clone(),
         ));
         self.inner.metrics.sessions(1.0);
-        Session {
-            inner: Arc::new(SessionInner {
-                engine: self.clone(),
-                scheduler,
-                cancel: self.inner.root.child_token(),
-            }),
-        }
+        Session::new(
+            self.clone(),
+            scheduler,
+            scope,
+            self.inner.root.child_token(),
+        )
     }
 
-    async fn dispatch_on(
+    /// A session closed (called once per session, when its last handle is dropped).
+    pub(crate) fn session_closed(&self) {
+        self.inner.metrics.sessions(-1.0);
+    }
+
+    pub(crate) async fn dispatch_on(
         &self,
         scheduler: &ActorRef<Scheduler>,
+        scope: &Arc<SessionScope>,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
     ) -> Vec<ToolDispatchResult> {
@@ -290,7 +327,12 @@ impl Engine {
             .iter()
             .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
             .collect();
-        match scheduler.ask(DispatchTurn { calls, cancel }).await {
+        let turn = DispatchTurn {
+            calls,
+            cancel,
+            scope: Arc::clone(scope),
+        };
+        match scheduler.ask(turn).await {
             Ok(results) => results,
             Err(e) => identities
                 .into_iter()
@@ -366,67 +408,4 @@ fn answer_all(calls: &[ToolCall], code: ErrorCode, detail: &str) -> Vec<ToolDisp
             )
         })
         .collect()
-}
-
-/// One agent session's handle: its own scheduler actor (stopped when the last handle is dropped)
-/// and its own cancellation token. Clones share the session.
-#[derive(Debug, Clone)]
-pub struct Session {
-    inner: Arc<SessionInner>,
-}
-
-#[derive(Debug)]
-struct SessionInner {
-    engine: Engine,
-    scheduler: ActorRef<Scheduler>,
-    cancel: CancellationToken,
-}
-
-impl Drop for SessionInner {
-    fn drop(&mut self) {
-        self.engine.inner.metrics.sessions(-1.0);
-    }
-}
-
-impl Session {
-    /// Dispatches one turn of this session: one result per call, in call order.
-    pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
-        self.dispatch_with_cancel(calls, self.inner.cancel.clone())
-            .await
-    }
-
-    /// Like [`Session::dispatch`], cancellable on its own. Make `cancel` with
-    /// [`Session::turn_token`] so that cancelling the session (or the engine) cancels it too.
-    pub async fn dispatch_with_cancel(
-        &self,
-        calls: Vec<ToolCall>,
-        cancel: CancellationToken,
-    ) -> Vec<ToolDispatchResult> {
-        self.inner
-            .engine
-            .dispatch_on(&self.inner.scheduler, calls, cancel)
-            .await
-    }
-
-    /// A cancellation token for one turn of this session (a child of the session's).
-    pub fn turn_token(&self) -> CancellationToken {
-        self.inner.cancel.child_token()
-    }
-
-    /// Cancels the session: calls running now are answered `cancelled` (their processes are
-    /// stopped), calls not started are answered `cancelled` without running, and so is every later
-    /// turn of this session.
-    pub fn cancel(&self) {
-        self.inner.cancel.cancel();
-    }
-
-    /// True once [`Session::cancel`] (or engine shutdown) happened.
-    pub fn is_cancelled(&self) -> bool {
-        self.inner.cancel.is_cancelled()
-    }
-
-    /// The engine this session belongs to.
-    pub fn engine(&self) -> &Engine {
-        &self.inner.engine
-    }
 }

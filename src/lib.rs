@@ -9,11 +9,13 @@ pub mod cli;
 pub mod collector;
 pub mod demo;
 pub mod engine;
+pub mod execute;
 pub mod exporter;
 pub mod limiter;
 pub mod load;
 pub mod metrics;
 pub mod observe;
+pub mod plan;
 pub mod process_guard;
 pub mod protocol;
 pub mod provider;
@@ -21,13 +23,17 @@ pub mod providers;
 pub mod registry;
 pub mod run_cmd;
 pub mod scheduler;
+pub mod session;
 pub mod tool;
 pub mod tools;
 pub mod validation;
 pub mod worker;
 pub mod workspace;
 
-pub use engine::{Engine, EngineBuilder, Session};
+pub use engine::{Engine, EngineBuilder};
+pub use session::Session;
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
-pub use tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec};
+pub use tool::{
+    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
+};
 pub use workspace::Workspace;

@@ -303,10 +303,11 @@ impl EngineMetrics {
         }
     }
 
-    /// An async or blocking call started (`+1`) or ended (`-1`).
+    /// An async or blocking call is running for as long as the guard lives.
     #[inline]
-    pub fn in_flight(&self, delta: f64) {
-        self.in_flight.increment(delta);
+    pub fn in_flight_guard(&self) -> InFlightGuard<'_> {
+        self.in_flight.increment(1.0);
+        InFlightGuard(&self.in_flight)
     }
 
     /// A session opened (`+1`) or closed (`-1`).
@@ -323,6 +324,22 @@ impl EngineMetrics {
     pub fn worker_restarted(&self) {
         self.worker_restarts.increment(1);
     }
+}
+
+/// Counts one running call in `switchboard_calls_in_flight` until dropped.
+#[derive(Debug)]
+pub struct InFlightGuard<'a>(&'a Gauge);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// Runs `f` with a recorder that records nothing, so the metric handles it creates are inert
+/// (for tool sets built outside an engine, such as the direct baseline's).
+pub fn detached<T>(f: impl FnOnce() -> T) -> T {
+    metrics::with_local_recorder(&metrics::NoopRecorder, f)
 }
 
 impl Default for EngineMetrics {

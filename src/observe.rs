@@ -13,7 +13,7 @@ use tracing::Span;
 
 use crate::metrics::{EngineMetrics, ToolMetrics};
 use crate::protocol::{ToolCall, ToolDispatchResult};
-use crate::scheduler::StageMode;
+use crate::plan::StageMode;
 
 /// A call has been answered (exactly once).
 #[inline]
@@ -49,7 +49,7 @@ pub fn stage_started(mode: StageMode, calls: usize, metrics: &EngineMetrics) {
 
 /// The stages of a turn that runs in place, recorded in one go.
 #[inline]
-pub fn stages_started(stages: &[crate::scheduler::Stage], metrics: &EngineMetrics) {
+pub fn stages_started(stages: &[crate::plan::Stage], metrics: &EngineMetrics) {
     let mut serial = 0;
     for stage in stages {
         match stage.mode {

@@ -95,6 +95,25 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A snapshot of exactly these tools, registered with the registry's own checks (names,
+    /// duplicates, schemas) but outside any engine: its metric handles record nothing. For the
+    /// direct baseline and for tests of the planner and the layer stack.
+    pub fn from_specs(specs: impl IntoIterator<Item = ToolSpec>) -> Result<Arc<Snapshot>, RegistryError> {
+        crate::metrics::detached(|| {
+            let mut registry =
+                Registry::new(Arc::new(AtomicU64::new(0)), Arc::new(EngineMetrics::new()));
+            for spec in specs {
+                registry.register(spec)?;
+            }
+            Ok(registry.snapshot())
+        })
+    }
+
+    /// Every tool of the snapshot, in no particular order.
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<RegisteredTool>> {
+        self.tools.values()
+    }
+
     /// The metric handles for a call to `name`: the tool's own, or the `_unknown` label's.
     pub fn tool_metrics(&self, name: &str) -> &ToolMetrics {
         self.tools

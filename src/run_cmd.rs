@@ -25,7 +25,8 @@ use crate::agent_loop::{
 };
 use crate::cli::TelemetryArgs;
 use crate::cli::fail;
-use crate::engine::{Engine, Session};
+use crate::engine::Engine;
+use crate::session::Session;
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};
 use crate::providers::{
@@ -265,7 +266,8 @@ async fn setup(
         .await
         .map_err(|e| fail(2, &e))?;
     let engine = Engine::builder()
-        .tools(builtin_tools(&ws))
+        .tools(builtin_tools())
+        .workspace(ws.clone())
         .build()
         .map_err(|e| fail(1, &e.to_string()))?;
     let config = LoopConfig {

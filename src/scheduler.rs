@@ -5,16 +5,15 @@
 //!    registry message per turn, usually none);
 //! 2. answers, without occupying a worker, every call that cannot run: duplicate or missing
 //!    `tool_use_id`s, unknown tools, undecodable or schema-invalid arguments;
-//! 3. splits the rest with the pure [`partition`]: a run of consecutive concurrency-safe calls is
-//!    one concurrent stage, every other call a serial stage of its own; stages run in model order;
+//! 3. splits the rest into stages (the pure planner, [`crate::plan`]): a run of consecutive
+//!    concurrency-safe calls is one concurrent stage, every other call a serial stage of its own;
+//!    stages run in model order;
 //! 4. runs each stage — in place when every handler is inline (one hop for a typical cheap turn),
 //!    otherwise as one message to a worker — and collects the answers in call order.
 //!
 //! When any stage must wait, the rest of the turn runs on a spawned task, so one scheduler can
 //! serve many sessions' turns at once and never blocks on a handler.
 
-use std::collections::HashSet;
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -24,69 +23,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
 use crate::collector::Collector;
+use crate::execute::{self, CallEnv};
 use crate::observe;
+use crate::plan::{self, Planned, Stage};
 use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
 use crate::registry::{GetSnapshot, Registry, Snapshot};
-use crate::validation;
-use crate::worker::{Planned, RunStage, WorkerPool, run_inline};
+use crate::tool::SessionScope;
+use crate::worker::{RunStage, WorkerPool};
 
-/// How a stage runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StageMode {
-    /// Calls of the stage run at the same time.
-    Concurrent,
-    /// A single call that runs alone.
-    Serial,
-}
-
-impl StageMode {
-    /// `concurrent` or `serial`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageMode::Concurrent => "concurrent",
-            StageMode::Serial => "serial",
-        }
-    }
-}
-
-/// A contiguous slice of a turn's runnable calls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stage {
-    /// Concurrent or serial.
-    pub mode: StageMode,
-    /// Positions in the runnable-call list.
-    pub calls: Range<usize>,
-}
-
-/// Splits calls into stages from their concurrency safety, in model order: a maximal run of
-/// consecutive safe calls becomes one concurrent stage; every unsafe call is a serial stage of its
-/// own. Pure; the order of stages is the order of the calls.
-pub fn partition(safe: &[bool]) -> Vec<Stage> {
-    let mut stages = Vec::new();
-    let mut i = 0;
-    while i < safe.len() {
-        if safe[i] {
-            let start = i;
-            while i < safe.len() && safe[i] {
-                i += 1;
-            }
-            stages.push(Stage {
-                mode: StageMode::Concurrent,
-                calls: start..i,
-            });
-        } else {
-            stages.push(Stage {
-                mode: StageMode::Serial,
-                calls: i..i + 1,
-            });
-            i += 1;
-        }
-    }
-    stages
-}
-
-/// A turn after lookup and validation: the collector (with rejected calls already answered), the
-/// runnable calls in model order and their stages.
+/// A turn after planning: the collector (with rejected calls already answered), the admitted
+/// calls in model order and their stages.
 #[derive(Debug)]
 pub struct TurnPlan {
     /// One slot per call of the turn.
@@ -99,138 +45,65 @@ pub struct TurnPlan {
     pub arrived: Instant,
     /// The turn's tracing span (parent of every call span).
     pub span: Span,
+    /// The session the turn belongs to.
+    pub scope: Arc<SessionScope>,
 }
 
-/// Looks up, validates and partitions a turn against a registry snapshot.
-pub fn plan(snapshot: &Arc<Snapshot>, calls: Vec<ToolCall>, arrived: Instant) -> TurnPlan {
+/// Plans a turn against a registry snapshot ([`plan::plan`]) and answers the rejected calls.
+pub fn prepare(
+    snapshot: &Arc<Snapshot>,
+    calls: Vec<ToolCall>,
+    arrived: Instant,
+    scope: Arc<SessionScope>,
+) -> TurnPlan {
     let identities = calls
         .iter()
         .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
         .collect();
     let span = observe::turn_span(calls.len());
     let mut collector = Collector::new(identities, Arc::clone(snapshot));
-    if let Some(dup) = duplicate_id(&calls) {
-        collector.fill_open(
-            ErrorCode::InvalidArguments,
-            &format!("duplicate tool_use_id in this turn: {dup}; no call of the turn was run"),
-        );
-        return TurnPlan {
-            collector,
-            runnable: Vec::new(),
-            stages: Vec::new(),
-            arrived,
-            span,
-        };
+    let plan = plan::plan(snapshot, calls);
+    for r in &plan.rejected {
+        collector.fill_error(r.index, r.code, &r.detail);
     }
-    let mut runnable = Vec::with_capacity(calls.len());
-    for (index, call) in calls.into_iter().enumerate() {
-        if call.id.is_empty() {
-            collector.fill_error(
-                index,
-                ErrorCode::InvalidArguments,
-                "missing or empty tool_use_id",
-            );
-            continue;
-        }
-        let Some(tool) = snapshot.get(&call.name) else {
-            let shown = if call.name.is_empty() {
-                "<empty>".to_string()
-            } else {
-                clamp(&call.name, 200)
-            };
-            collector.fill_error(
-                index,
-                ErrorCode::UnknownTool,
-                &format!("tool is not registered: {shown}"),
-            );
-            continue;
-        };
-        if let Some(left) = tool.breaker.tripped() {
-            let (max, window) = tool.breaker.limit();
-            collector.fill_error(
-                index,
-                ErrorCode::ExecutionError,
-                &format!(
-                    "tool {} is disabled: its handler panicked more than {max} times within {}s; \
-                     it is retried in {}s",
-                    tool.name,
-                    window.as_secs(),
-                    left.as_secs().max(1)
-                ),
-            );
-            continue;
-        }
-        if let Some(detail) = &call.malformed {
-            collector.fill_error(index, ErrorCode::InvalidArguments, detail);
-            continue;
-        }
-        if let Err(detail) = validation::check(&tool.validator, &call.arguments) {
-            collector.fill_error(index, ErrorCode::InvalidArguments, &detail);
-            continue;
-        }
-        runnable.push(Planned {
-            index,
-            call,
-            tool: Arc::clone(tool),
-        });
-    }
-    let safe: Vec<bool> = runnable
-        .iter()
-        .map(|p| p.tool.policy.concurrency_safe)
-        .collect();
     TurnPlan {
         collector,
-        stages: partition(&safe),
-        runnable,
+        runnable: plan.admitted,
+        stages: plan.stages,
         arrived,
         span,
+        scope,
     }
-}
-
-/// The first `tool_use_id` that occurs twice in the turn (empty ids are not duplicates).
-pub(crate) fn duplicate_id(calls: &[ToolCall]) -> Option<&str> {
-    if calls.len() < 2 {
-        return None;
-    }
-    if calls.len() <= 16 {
-        for (i, a) in calls.iter().enumerate() {
-            if !a.id.is_empty() && calls[i + 1..].iter().any(|b| b.id == a.id) {
-                return Some(&a.id);
-            }
-        }
-        return None;
-    }
-    let mut seen = HashSet::with_capacity(calls.len());
-    calls
-        .iter()
-        .find(|c| !c.id.is_empty() && !seen.insert(&*c.id))
-        .map(|c| &*c.id)
-}
-
-/// At most `max` bytes of `s` (on a character boundary), noting the full length when cut.
-pub(crate) fn clamp(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &s[..end], s.len())
 }
 
 impl TurnPlan {
     /// True when every runnable call has an inline handler (the turn can run in place).
     pub fn all_inline(&self) -> bool {
-        self.runnable.iter().all(|p| p.tool.handler.is_inline())
+        self.runnable
+            .iter()
+            .all(|p| execute::runs_in_place(&p.tool.handler))
     }
 
     /// Runs an all-inline plan in place.
-    pub fn run_inline(mut self, cancel: &CancellationToken) -> Vec<ToolDispatchResult> {
-        observe::stages_started(&self.stages, &self.collector.snapshot().metrics);
+    pub fn run_inline(
+        mut self,
+        workers: &WorkerPool,
+        cancel: &CancellationToken,
+    ) -> Vec<ToolDispatchResult> {
+        let metrics = Arc::clone(&self.collector.snapshot().metrics);
+        observe::stages_started(&self.stages, &metrics);
         for p in std::mem::take(&mut self.runnable) {
-            let result = run_inline(p.call, &p.tool, self.arrived, cancel, &self.span);
-            self.collector.fill_with(p.index, result, &p.tool.metrics);
+            let env = CallEnv {
+                arrived: self.arrived,
+                cancel,
+                limiter: workers.limiter(),
+                metrics: &metrics,
+                span: &self.span,
+                scope: &self.scope,
+            };
+            let (index, tool) = (p.index, Arc::clone(&p.tool));
+            let result = execute::run_in_place(p, env);
+            self.collector.fill_with(index, result, &tool.metrics);
         }
         self.finish()
     }
@@ -255,10 +128,20 @@ impl TurnPlan {
                 continue;
             }
             observe::stage_started(stage.mode, calls.len(), &self.collector.snapshot().metrics);
-            if calls.iter().all(|p| p.tool.handler.is_inline()) {
+            if calls.iter().all(|p| execute::runs_in_place(&p.tool.handler)) {
+                let metrics = Arc::clone(&self.collector.snapshot().metrics);
                 for p in calls {
-                    let result = run_inline(p.call, &p.tool, self.arrived, cancel, &self.span);
-                    self.collector.fill_with(p.index, result, &p.tool.metrics);
+                    let env = CallEnv {
+                        arrived: self.arrived,
+                        cancel,
+                        limiter: workers.limiter(),
+                        metrics: &metrics,
+                        span: &self.span,
+                        scope: &self.scope,
+                    };
+                    let (index, tool) = (p.index, Arc::clone(&p.tool));
+                    let result = execute::run_in_place(p, env);
+                    self.collector.fill_with(index, result, &tool.metrics);
                 }
                 continue;
             }
@@ -270,6 +153,7 @@ impl TurnPlan {
                     arrived: self.arrived,
                     cancel: cancel.clone(),
                     span: self.span.clone(),
+                    scope: Arc::clone(&self.scope),
                 })
                 .await;
             match reply {
@@ -343,6 +227,8 @@ pub struct DispatchTurn {
     pub calls: Vec<ToolCall>,
     /// Cancelling it answers the turn's open calls `cancelled`.
     pub cancel: CancellationToken,
+    /// The session the turn belongs to.
+    pub scope: Arc<SessionScope>,
 }
 
 impl Message<DispatchTurn> for Scheduler {
@@ -355,61 +241,11 @@ impl Message<DispatchTurn> for Scheduler {
     ) -> Self::Reply {
         let arrived = Instant::now();
         self.refresh().await;
-        let plan = plan(&self.snapshot, msg.calls, arrived);
+        let plan = prepare(&self.snapshot, msg.calls, arrived, msg.scope);
         if plan.all_inline() {
-            return ctx.reply(plan.run_inline(&msg.cancel));
+            return ctx.reply(plan.run_inline(&self.workers, &msg.cancel));
         }
         let workers = self.workers.clone();
         ctx.spawn(async move { plan.run(&workers, &msg.cancel).await })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn modes(safe: &[bool]) -> Vec<(StageMode, Range<usize>)> {
-        partition(safe)
-            .into_iter()
-            .map(|s| (s.mode, s.calls))
-            .collect()
-    }
-
-    #[test]
-    fn consecutive_safe_calls_form_one_concurrent_stage() {
-        use StageMode::*;
-        assert_eq!(modes(&[true, true, true]), vec![(Concurrent, 0..3)]);
-        assert_eq!(
-            modes(&[true, true, false, true]),
-            vec![(Concurrent, 0..2), (Serial, 2..3), (Concurrent, 3..4)]
-        );
-    }
-
-    #[test]
-    fn every_unsafe_call_is_a_serial_stage_of_its_own() {
-        use StageMode::*;
-        assert_eq!(modes(&[false, false]), vec![(Serial, 0..1), (Serial, 1..2)]);
-        assert!(partition(&[]).is_empty());
-    }
-
-    #[test]
-    fn stages_cover_every_call_once_in_order() {
-        for mask in 0u32..256 {
-            let safe: Vec<bool> = (0..8).map(|i| mask & (1 << i) != 0).collect();
-            let stages = partition(&safe);
-            let mut next = 0;
-            for s in &stages {
-                assert_eq!(s.calls.start, next);
-                assert!(!s.calls.is_empty());
-                if s.mode == StageMode::Serial {
-                    assert_eq!(s.calls.len(), 1);
-                    assert!(!safe[s.calls.start]);
-                } else {
-                    assert!(safe[s.calls.clone()].iter().all(|&x| x));
-                }
-                next = s.calls.end;
-            }
-            assert_eq!(next, 8);
-        }
     }
 }

@@ -15,6 +15,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -22,6 +23,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::protocol::ErrorCode;
+use crate::workspace::Workspace;
 
 /// What a handler returns: the content the model reads, or a typed error.
 pub type ToolOutcome = Result<String, ToolError>;
@@ -65,16 +67,149 @@ impl fmt::Display for ToolError {
 
 impl std::error::Error for ToolError {}
 
-/// What a handler knows about the call it serves.
+/// What a handler knows about the call it serves: which call, of which tool, in which session
+/// (and so in which workspace), by when, and whether it should stop.
 #[derive(Debug, Clone)]
 pub struct ToolContext {
     /// The call's `tool_use_id`.
     pub call_id: Arc<str>,
+    /// The registry name of the tool being called.
+    pub tool_name: Arc<str>,
+    /// The session the call belongs to: its id and its workspace.
+    pub session: Arc<SessionScope>,
     /// When the call must be answered by (its policy timeout from the moment it started).
     pub deadline: Instant,
     /// Cancelled when the turn, the session or the engine is cancelled. Long-running handlers should
     /// watch it (`select!`) and stop promptly; the engine answers the call `cancelled` either way.
     pub cancel: CancellationToken,
+    /// The call's point of no return (see [`ToolContext::begin_commit`]).
+    pub commit: CommitGate,
+}
+
+impl ToolContext {
+    /// A context for call `call_id` of `tool_name` in `session`.
+    pub fn new(
+        call_id: impl Into<Arc<str>>,
+        tool_name: impl Into<Arc<str>>,
+        session: Arc<SessionScope>,
+        deadline: Instant,
+        cancel: CancellationToken,
+    ) -> Self {
+        ToolContext {
+            call_id: call_id.into(),
+            tool_name: tool_name.into(),
+            session,
+            deadline,
+            cancel,
+            commit: CommitGate::default(),
+        }
+    }
+
+    /// Called by a handler right before the step that makes its effect visible (the rename of an
+    /// atomic write). `true`: go ahead — the engine now waits for this call's own answer and
+    /// reports it as it is, even if the deadline passes or the turn is cancelled meanwhile, so a
+    /// committed effect is never answered `timeout` or `cancelled`. `false`: the call has already
+    /// been given up (cancelled, or past its deadline); do not commit, answer `cancelled`.
+    pub fn begin_commit(&self) -> bool {
+        !self.cancel.is_cancelled() && self.commit.begin()
+    }
+
+    /// The id of the session the call belongs to.
+    pub fn session_id(&self) -> &str {
+        self.session.id()
+    }
+
+    /// The session's workspace, or an `execution_error` saying that the session has none (the
+    /// engine was built without [`crate::EngineBuilder::workspace`] and the session was not opened
+    /// with [`crate::Engine::session_in`]).
+    pub fn workspace(&self) -> Result<&Workspace, ToolError> {
+        self.session.workspace().ok_or_else(|| {
+            ToolError::execution(format!(
+                "tool {} needs a workspace, and session {} has none",
+                self.tool_name,
+                self.session.id()
+            ))
+        })
+    }
+}
+
+/// What every call of one session shares: the session's id and the workspace its built-in tools
+/// are confined to. Made once per session (and once for the engine's session-less dispatch);
+/// handed to each call's [`ToolContext`] as an `Arc`, so a call costs one reference count.
+#[derive(Debug)]
+pub struct SessionScope {
+    id: Arc<str>,
+    workspace: Option<Workspace>,
+}
+
+impl SessionScope {
+    /// A scope named `id`, confined to `workspace` (if any).
+    pub fn new(id: impl Into<Arc<str>>, workspace: Option<Workspace>) -> Self {
+        SessionScope {
+            id: id.into(),
+            workspace,
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The workspace, if the session has one.
+    pub fn workspace(&self) -> Option<&Workspace> {
+        self.workspace.as_ref()
+    }
+}
+
+/// The race between a handler committing its effect and the engine giving the call up, decided
+/// once: whichever comes first wins. Cheap to clone; the default (unguarded) gate always lets a
+/// handler commit (inline handlers, handlers called directly in tests).
+#[derive(Debug, Clone, Default)]
+pub struct CommitGate(Option<Arc<AtomicU8>>);
+
+const GATE_OPEN: u8 = 0;
+const GATE_COMMITTING: u8 = 1;
+const GATE_CLOSED: u8 = 2;
+
+impl CommitGate {
+    /// A gate the engine can close (one per async or blocking call).
+    pub(crate) fn guarded() -> Self {
+        CommitGate(Some(Arc::new(AtomicU8::new(GATE_OPEN))))
+    }
+
+    /// The handler's side: true if it may commit (and from now on the engine waits for it).
+    pub fn begin(&self) -> bool {
+        match &self.0 {
+            None => true,
+            Some(state) => match state.compare_exchange(
+                GATE_OPEN,
+                GATE_COMMITTING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => true,
+                Err(now) => now == GATE_COMMITTING,
+            },
+        }
+    }
+
+    /// The engine's side: gives the call up. True if the handler had not begun committing (and
+    /// now never will); false if it is committing, so its own answer must be awaited.
+    pub(crate) fn close(&self) -> bool {
+        match &self.0 {
+            None => true,
+            Some(state) => !matches!(
+                state.compare_exchange(
+                    GATE_OPEN,
+                    GATE_CLOSED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire
+                ),
+                Err(GATE_COMMITTING)
+            ),
+        }
+    }
 }
 
 /// Synchronous handler signature (inline and blocking kinds).
@@ -119,25 +254,11 @@ impl Handler {
     {
         Handler::Blocking(Arc::new(f))
     }
-
-    /// True for the inline kind.
-    pub fn is_inline(&self) -> bool {
-        matches!(self, Handler::Inline(_))
-    }
-
-    /// The kind's name, for logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Handler::Inline(_) => "inline",
-            Handler::Async(_) => "async",
-            Handler::Blocking(_) => "blocking",
-        }
-    }
 }
 
 impl fmt::Debug for Handler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Handler::{}", self.kind())
+        write!(f, "Handler::{}", crate::execute::kind_name(self))
     }
 }
 

@@ -51,10 +51,10 @@ impl Fixture {
         std::fs::write(base.join("ws/inside.txt"), INSIDE).unwrap();
         let ws = Workspace::open(base.join("ws")).unwrap();
         Fixture {
-            read: read_file::spec(&ws),
-            write: write_file::spec(&ws),
-            edit: edit_file::spec(&ws),
-            glob: glob::spec(&ws),
+            read: common::direct::in_workspace(read_file::spec(), &ws),
+            write: common::direct::in_workspace(write_file::spec(), &ws),
+            edit: common::direct::in_workspace(edit_file::spec(), &ws),
+            glob: common::direct::in_workspace(glob::spec(), &ws),
             _tmp: tmp,
             base,
             ws,
@@ -501,7 +501,7 @@ fn a_hard_link_to_an_outside_file_is_never_written_through() {
 
 fn engine(ws: &Workspace) -> Engine {
     Engine::builder()
-        .tools(builtin_tools(ws))
+        .tools(builtin_tools()).workspace(ws.clone())
         .build()
         .expect("engine builds")
 }

@@ -35,8 +35,8 @@ impl Files {
         let ws = Workspace::open(tmp.path()).unwrap();
         Files {
             root: ws.root().to_path_buf(),
-            write: write_file::spec(&ws),
-            edit: edit_file::spec(&ws),
+            write: common::direct::in_workspace(write_file::spec(), &ws),
+            edit: common::direct::in_workspace(edit_file::spec(), &ws),
             _tmp: tmp,
         }
     }

@@ -1,10 +1,11 @@
 //! Capturing a command's output holds at most the output cap in memory, however much it prints.
 //! Alone in its own test binary, so no other test's allocations move the peak it measures.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use switchboard::tool::{Handler, ToolContext};
+use switchboard::tool::{Handler, SessionScope, ToolContext};
 use switchboard::tools::bash;
 use switchboard::workspace::Workspace;
 use tokio_util::sync::CancellationToken;
@@ -23,15 +24,17 @@ fn peak_rss_kib() -> u64 {
 async fn a_flood_of_hundreds_of_megabytes_does_not_grow_memory() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = Workspace::open(tmp.path()).unwrap();
-    let spec = bash::spec(&ws);
+    let spec = bash::spec();
     let Handler::Async(f) = &spec.handler else {
         panic!("bash is async")
     };
-    let ctx = ToolContext {
-        call_id: "memory".into(),
-        deadline: Instant::now() + Duration::from_secs(60),
-        cancel: CancellationToken::new(),
-    };
+    let ctx = ToolContext::new(
+        "memory",
+        "bash",
+        Arc::new(SessionScope::new("memory", Some(ws))),
+        Instant::now() + Duration::from_secs(60),
+        CancellationToken::new(),
+    );
     let args = json!({"command": "head -c 300000000 /dev/zero | tr '\\0' z"});
     let before = peak_rss_kib();
     let out = tokio::time::timeout(Duration::from_secs(30), f(args, ctx))

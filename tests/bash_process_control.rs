@@ -42,7 +42,7 @@ impl Bash {
     fn new(isolation: Isolation) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
-        let spec = bash::spec_with(&ws, isolation);
+        let spec = common::direct::in_workspace(bash::spec_with(isolation), &ws);
         Bash {
             _tmp: tmp,
             ws,
@@ -231,7 +231,7 @@ async fn partial_output_of_a_flood_is_capped() {
 
 fn engine(ws: &Workspace) -> Engine {
     Engine::builder()
-        .tools(builtin_tools(ws))
+        .tools(builtin_tools()).workspace(ws.clone())
         .build()
         .expect("engine builds")
 }

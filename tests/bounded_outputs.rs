@@ -5,12 +5,12 @@
 
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
+use switchboard::tool::{Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 use switchboard::{Engine, ToolCall};
@@ -36,23 +36,31 @@ impl Tools {
     }
 
     fn spec(&self, name: &str) -> ToolSpec {
-        builtin_tools(&self.ws)
+        builtin_tools()
             .into_iter()
             .find(|s| s.name == name)
             .unwrap()
+    }
+
+    /// A context for a call in this workspace's session.
+    fn ctx(&self, id: &str, budget: Duration) -> ToolContext {
+        ToolContext::new(
+            id,
+            "test",
+            Arc::new(SessionScope::new("bounded", Some(self.ws.clone()))),
+            Instant::now() + budget,
+            CancellationToken::new(),
+        )
     }
 
     /// Calls a blocking file tool on its own thread, so a call that blocks fails the test after
     /// [`BOUND`] instead of hanging it.
     fn call_bounded(&self, name: &str, args: Value) -> ToolOutcome {
         let spec = self.spec(name);
+        let ctx = self.ctx("bounded", Duration::from_secs(30));
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let ctx = ToolContext {
-                call_id: "bounded".into(),
-                deadline: Instant::now() + Duration::from_secs(30),
-                cancel: CancellationToken::new(),
-            };
+            let ctx = ctx;
             let Handler::Blocking(f) = &spec.handler else {
                 panic!("file tools are blocking")
             };
@@ -71,11 +79,7 @@ impl Tools {
         let Handler::Async(f) = &spec.handler else {
             panic!("bash is async")
         };
-        let ctx = ToolContext {
-            call_id: "bounded-bash".into(),
-            deadline: Instant::now() + Duration::from_secs(60),
-            cancel: CancellationToken::new(),
-        };
+        let ctx = self.ctx("bounded-bash", Duration::from_secs(60));
         let args = json!({"command": command, "timeout_ms": timeout_ms});
         tokio::time::timeout(BOUND, f(args, ctx))
             .await

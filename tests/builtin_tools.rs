@@ -36,7 +36,7 @@ impl Tools {
     fn new() -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
-        let specs = builtin_tools(&ws);
+        let specs = common::direct::all_in_workspace(builtin_tools(), &ws);
         Tools {
             _tmp: tmp,
             ws,

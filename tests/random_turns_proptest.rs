@@ -199,15 +199,16 @@ impl Fixture {
         };
         Engine::builder()
             .tools([
-                read_file::spec(&self.ws),
-                write_file::spec(&self.ws),
-                edit_file::spec(&self.ws),
-                glob::spec(&self.ws),
+                read_file::spec(),
+                write_file::spec(),
+                edit_file::spec(),
+                glob::spec(),
                 boom("boom", true),
                 boom("boom_async", false),
                 slow("slow", true),
                 slow("slow_serial", false),
             ])
+            .workspace(self.ws.clone())
             .workers(2)
             .build()
             .unwrap()

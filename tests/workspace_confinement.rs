@@ -54,25 +54,25 @@ impl Fixture {
     }
 
     fn read(&self, path: &str) -> ToolOutcome {
-        call(&read_file::spec(&self.ws), json!({"path": path}))
+        call(&common::direct::in_workspace(read_file::spec(), &self.ws), json!({"path": path}))
     }
 
     fn write(&self, path: &str) -> ToolOutcome {
         call(
-            &write_file::spec(&self.ws),
+            &common::direct::in_workspace(write_file::spec(), &self.ws),
             json!({"path": path, "content": "pwned\n"}),
         )
     }
 
     fn edit(&self, path: &str) -> ToolOutcome {
         call(
-            &edit_file::spec(&self.ws),
+            &common::direct::in_workspace(edit_file::spec(), &self.ws),
             json!({"path": path, "old_text": "secret", "new_text": "pwned"}),
         )
     }
 
     fn glob(&self, pattern: &str) -> ToolOutcome {
-        call(&glob::spec(&self.ws), json!({"pattern": pattern}))
+        call(&common::direct::in_workspace(glob::spec(), &self.ws), json!({"pattern": pattern}))
     }
 
     fn assert_outside_untouched(&self) {

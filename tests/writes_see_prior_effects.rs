@@ -85,7 +85,7 @@ async fn a_read_after_a_write_in_the_same_turn_sees_the_new_content() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.md"), "old content\n").unwrap();
     let ws = Workspace::open(dir.path()).unwrap();
-    let engine = engine(builtin_tools(&ws));
+    let engine = engine(common::direct::all_in_workspace(builtin_tools(), &ws));
     let results = run_turn(
         &engine,
         vec![
@@ -118,7 +118,7 @@ async fn a_read_after_an_edit_in_the_same_turn_sees_the_edit() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("todo.txt"), "TODO: ship it\n").unwrap();
     let ws = Workspace::open(dir.path()).unwrap();
-    let engine = engine(builtin_tools(&ws));
+    let engine = engine(common::direct::all_in_workspace(builtin_tools(), &ws));
     let results = run_turn(
         &engine,
         vec![

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use switchboard::protocol::{self, ErrorCode, Timing, ToolDispatchResult};
-use switchboard::scheduler::{StageMode, partition};
+use switchboard::plan::{StageMode, partition};
 use switchboard::tools::builtin_tools;
 use switchboard::validation;
 use switchboard::workspace::Workspace;
@@ -29,7 +29,7 @@ fn tools() -> &'static [Tool] {
     TOOLS.get_or_init(|| {
         // Only the specs' schemas and policies are used; nothing touches the directory.
         let ws = Workspace::open(std::env::temp_dir()).expect("temp dir");
-        builtin_tools(&ws)
+        builtin_tools()
             .into_iter()
             .map(|spec| Tool {
                 validator: validation::compile(&spec.input_schema).expect("built-in schema"),

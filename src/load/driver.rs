@@ -18,7 +18,8 @@ use super::rss;
 use super::stats::Recorder;
 use super::workload::{SessionTurns, Templates, Workload};
 use crate::baseline::DirectDispatcher;
-use crate::engine::{Engine, Session};
+use crate::engine::Engine;
+use crate::session::Session;
 use crate::protocol::{ToolCall, ToolDispatchResult, WireFormat, write_json};
 use crate::tool::ToolSpec;
 
@@ -245,10 +246,19 @@ async fn warm_up(targets: &[Target], workload: &Arc<Workload>, warmup: Duration)
     run_phase(targets, workload, &bounds, &display).await;
 }
 
+/// The tools of a load run, and the workspace the built-in ones work in (if any).
+#[derive(Clone)]
+pub struct ToolSet {
+    /// The tool specs.
+    pub specs: Vec<ToolSpec>,
+    /// The workspace of every session (the built-in workload only).
+    pub workspace: Option<crate::workspace::Workspace>,
+}
+
 /// The engine phase: an engine with `tools` (`workers` workers), one session per simulated
 /// session, a warm-up, then the measured loops; the engine is shut down afterwards.
 pub async fn engine_phase(
-    tools: Vec<ToolSpec>,
+    tools: ToolSet,
     workers: Option<usize>,
     sessions: usize,
     workload: &Arc<Workload>,
@@ -256,7 +266,10 @@ pub async fn engine_phase(
     display: &Display,
     warmup: Duration,
 ) -> Result<Phase, String> {
-    let mut builder = Engine::builder().tools(tools);
+    let mut builder = Engine::builder().tools(tools.specs);
+    if let Some(ws) = tools.workspace {
+        builder = builder.workspace(ws);
+    }
     if let Some(w) = workers {
         builder = builder.workers(w);
     }
@@ -276,17 +289,19 @@ pub async fn engine_phase(
 /// The direct phase: the same workload through one shared [`DirectDispatcher`], in the same kind
 /// of tasks.
 pub async fn direct_phase(
-    tools: Vec<ToolSpec>,
+    tools: ToolSet,
     sessions: usize,
     workload: &Arc<Workload>,
     bounds: &Bounds,
     display: &Display,
     warmup: Duration,
 ) -> Result<Phase, String> {
-    let direct = Arc::new(
-        DirectDispatcher::new(tools)
-            .map_err(|e| format!("cannot build the direct baseline: {e}"))?,
-    );
+    let mut direct = DirectDispatcher::new(tools.specs)
+        .map_err(|e| format!("cannot build the direct baseline: {e}"))?;
+    if let Some(ws) = tools.workspace {
+        direct = direct.with_workspace(ws);
+    }
+    let direct = Arc::new(direct);
     let targets: Vec<Target> = (0..sessions)
         .map(|_| Target::Direct(Arc::clone(&direct)))
         .collect();

@@ -16,7 +16,8 @@ use super::monitor::{Monitor, MonitorConfig, Shared};
 use super::report::group;
 use super::rss::{self, SoakVerdict};
 use super::workload::{TEXT, load_tools};
-use crate::engine::{Engine, Session};
+use crate::engine::Engine;
+use crate::session::Session;
 use crate::protocol::ToolCall;
 
 /// What an idle run measured.

@@ -33,7 +33,7 @@ use crate::cli::TelemetryArgs;
 use crate::exporter::Telemetry;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
-use driver::{Bounds, Display, Phase, direct_phase, engine_phase};
+use driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
 use workload::{Workload, load_tools, session_dir};
 
 /// Turns per session at most in a timed run (the other bound is the deadline).
@@ -354,19 +354,20 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     }
     // The builtin tools work on a fresh temporary workspace, one subdirectory per session; it is
     // removed when `_workspace` goes out of scope.
-    let (tools, _workspace) = if args.tool == ToolKind::Builtin {
+    let (tools, workspace, _workspace) = if args.tool == ToolKind::Builtin {
         match builtin_workspace(sessions) {
-            Ok((dir, ws)) => (builtin_tools(&ws), Some(dir)),
+            Ok((dir, ws)) => (builtin_tools(), Some(ws), Some(dir)),
             Err(e) => return fail(1, &e),
         }
     } else {
-        (load_tools(workload.sleep), None)
+        (load_tools(workload.sleep), None, None)
     };
-    let tools = if workload.faults.any() {
+    let specs = if workload.faults.any() {
         tools.into_iter().chain(workload::fault_tools()).collect()
     } else {
         tools
     };
+    let tools = ToolSet { specs, workspace };
     let duration = match (args.turns, args.duration) {
         (Some(_), _) => None,
         (None, d) => Some(d.unwrap_or(DEFAULT_DURATION)),

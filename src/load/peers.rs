@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::ToolKind;
-use super::driver::{Bounds, Display, Phase, direct_phase, engine_phase};
+use super::driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
 use super::stats::{Percentiles, Recorder};
 use super::workload::{Slot, Workload, load_tools};
 
@@ -164,7 +164,10 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         progress: config.progress,
         sample_rss: false,
     };
-    let tools = load_tools(sleep);
+    let tools = ToolSet {
+        specs: load_tools(sleep),
+        workspace: None,
+    };
     let mut best: Option<(Phase, Phase)> = None;
     let mut violations = Recorder::default();
     for _ in 0..config.rounds.max(1) {

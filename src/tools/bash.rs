@@ -66,7 +66,6 @@ use super::bash_capture::{Capture, NO_OUTPUT, combine};
 use crate::protocol::ErrorCode;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
-use crate::workspace::Workspace;
 
 /// Timeout of one call when it gives no `timeout_ms`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -148,14 +147,13 @@ pub enum Launcher {
 /// The `bash` spec: async, not concurrency-safe, policy timeout [`MAX_TIMEOUT`] (each call is
 /// bounded by its own `timeout_ms`, default 120 s), 50,000 bytes. Namespaces are used when they
 /// work ([`Isolation::Auto`]).
-pub fn spec(ws: &Workspace) -> ToolSpec {
-    spec_with(ws, Isolation::Auto)
+pub fn spec() -> ToolSpec {
+    spec_with(Isolation::Auto)
 }
 
 /// The `bash` spec with an explicit [`Isolation`] choice.
-pub fn spec_with(ws: &Workspace, isolation: Isolation) -> ToolSpec {
+pub fn spec_with(isolation: Isolation) -> ToolSpec {
     let tool = Arc::new(Bash {
-        root: Arc::from(ws.root()),
         isolation,
         launcher: OnceCell::new(),
     });
@@ -255,9 +253,9 @@ fn find_program(name: &str) -> Option<PathBuf> {
         })
 }
 
-/// One `bash` tool instance: the workspace root and the launcher, probed on first use.
+/// One `bash` tool instance: its isolation choice and the launcher, probed on first use. The
+/// workspace comes with each call.
 struct Bash {
-    root: Arc<Path>,
     isolation: Isolation,
     launcher: OnceCell<Launcher>,
 }
@@ -318,7 +316,7 @@ impl Bash {
         };
 
         let mut child = shell(
-            &self.root,
+            ctx.workspace()?.root(),
             command,
             &ctx.call_id,
             token.as_deref(),

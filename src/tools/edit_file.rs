@@ -14,8 +14,7 @@ use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
 /// The `edit_file` spec: blocking, not concurrency-safe.
-pub fn spec(ws: &Workspace) -> ToolSpec {
-    let ws = ws.clone();
+pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "edit_file",
         "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only \
@@ -32,7 +31,7 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
             "required": ["path", "old_text", "new_text"],
             "additionalProperties": false
         }),
-        Handler::blocking(move |args, ctx| run(&ws, args, ctx)),
+        Handler::blocking(|args, ctx| run(ctx.workspace()?, args, ctx)),
     )
     .concurrency_safe(false)
 }

@@ -27,8 +27,7 @@ pub const OUTPUT_CAP: usize = 50_000;
 pub const MAX_ENTRIES: usize = 100_000;
 
 /// The `glob` spec: blocking, concurrency-safe.
-pub fn spec(ws: &Workspace) -> ToolSpec {
-    let ws = ws.clone();
+pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "glob",
         "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
@@ -40,7 +39,7 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
             "required": ["pattern"],
             "additionalProperties": false
         }),
-        Handler::blocking(move |args, _ctx| run(&ws, args)),
+        Handler::blocking(|args, ctx| run(ctx.workspace()?, args)),
     )
     .concurrency_safe(true)
     .output_cap(OUTPUT_CAP)

@@ -1,14 +1,13 @@
-//! The seed's five built-in tools, each a [`ToolSpec`] built over one [`Workspace`].
+//! The seed's five built-in tools, each a [`ToolSpec`] working in its call's session workspace.
 //!
 //! Each module owns one tool: its schema, its description, its policy and its handler. The file
 //! tools reach the disk only through the workspace's capability handle (see
 //! [`crate::workspace`]); `bash` runs with the workspace as its home and working directory.
-//! Nothing here keeps state between calls beyond the `Workspace` each spec captures.
+//! The workspace comes with each call ([`crate::ToolContext::workspace`]); no spec captures one.
 
 use serde_json::Value;
 
 use crate::tool::{ToolError, ToolSpec};
-use crate::workspace::Workspace;
 
 pub mod bash;
 mod bash_capture;
@@ -17,14 +16,16 @@ pub mod glob;
 pub mod read_file;
 pub mod write_file;
 
-/// The five built-in tools, in the order bash, read_file, write_file, edit_file, glob.
-pub fn builtin_tools(ws: &Workspace) -> Vec<ToolSpec> {
+/// The five built-in tools, in the order bash, read_file, write_file, edit_file, glob. Each call
+/// works in the workspace of its session ([`crate::ToolContext::workspace`]), so one engine
+/// serves sessions confined to different directories.
+pub fn builtin_tools() -> Vec<ToolSpec> {
     vec![
-        bash::spec(ws),
-        read_file::spec(ws),
-        write_file::spec(ws),
-        edit_file::spec(ws),
-        glob::spec(ws),
+        bash::spec(),
+        read_file::spec(),
+        write_file::spec(),
+        edit_file::spec(),
+        glob::spec(),
     ]
 }
 

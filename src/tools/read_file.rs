@@ -28,8 +28,7 @@ pub const OUTPUT_CAP: usize = 50_000;
 pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The `read_file` spec: blocking, concurrency-safe.
-pub fn spec(ws: &Workspace) -> ToolSpec {
-    let ws = ws.clone();
+pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "read_file",
         "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
@@ -42,7 +41,7 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
             "required": ["path"],
             "additionalProperties": false
         }),
-        Handler::blocking(move |args, _ctx| run(&ws, args)),
+        Handler::blocking(|args, ctx| run(ctx.workspace()?, args)),
     )
     .concurrency_safe(true)
     .output_cap(OUTPUT_CAP)

@@ -13,8 +13,7 @@ use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
 /// The `write_file` spec: blocking, not concurrency-safe.
-pub fn spec(ws: &Workspace) -> ToolSpec {
-    let ws = ws.clone();
+pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "write_file",
         "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
@@ -27,7 +26,7 @@ pub fn spec(ws: &Workspace) -> ToolSpec {
             "required": ["path", "content"],
             "additionalProperties": false
         }),
-        Handler::blocking(move |args, ctx| run(&ws, args, ctx)),
+        Handler::blocking(|args, ctx| run(ctx.workspace()?, args, ctx)),
     )
     .concurrency_safe(false)
 }

@@ -1,19 +1,45 @@
 //! Calling a tool's handler directly, as the engine would, and tracing the processes a bash call
 //! leaves behind — shared by the tool-level tests (confinement, atomic writes, bash control).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use switchboard::tool::{Handler, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::tool::{Handler, SessionScope, ToolContext, ToolOutcome, ToolSpec};
+use switchboard::workspace::Workspace;
 use tokio_util::sync::CancellationToken;
 
-/// A handler context for call `call_id` with `budget` until its deadline.
+/// A handler context for call `call_id` with `budget` until its deadline, in a session without a
+/// workspace (wrap the spec with [`in_workspace`] to give its calls one).
 pub fn ctx(call_id: &str, budget: Duration, cancel: CancellationToken) -> ToolContext {
-    ToolContext {
-        call_id: call_id.into(),
-        deadline: Instant::now() + budget,
+    ToolContext::new(
+        call_id,
+        "test",
+        Arc::new(SessionScope::new("test", None)),
+        Instant::now() + budget,
         cancel,
-    }
+    )
+}
+
+/// The spec as a session confined to `ws` sees it: every call's context carries `ws` as its
+/// session's workspace, as the engine's would.
+pub fn in_workspace(spec: ToolSpec, ws: &Workspace) -> ToolSpec {
+    let scope = Arc::new(SessionScope::new("test", Some(ws.clone())));
+    let scoped = move |ctx: &ToolContext| ToolContext {
+        session: Arc::clone(&scope),
+        ..ctx.clone()
+    };
+    let handler = match spec.handler.clone() {
+        Handler::Inline(f) => Handler::inline(move |args, ctx| f(args, &scoped(ctx))),
+        Handler::Blocking(f) => Handler::blocking(move |args, ctx| f(args, &scoped(ctx))),
+        Handler::Async(f) => Handler::future(move |args, ctx| f(args, scoped(&ctx))),
+    };
+    ToolSpec { handler, ..spec }
+}
+
+/// [`in_workspace`] for each spec.
+pub fn all_in_workspace(specs: Vec<ToolSpec>, ws: &Workspace) -> Vec<ToolSpec> {
+    specs.into_iter().map(|s| in_workspace(s, ws)).collect()
 }
 
 /// Runs a spec's handler with `ctx` (async handlers are awaited).

@@ -1,0 +1,374 @@
+//! `execute`: the per-call layer stack, and the only place that decides how a handler kind runs.
+//!
+//! Every admitted call — from the scheduler, a worker or the direct baseline — goes through
+//! [`run`] (or [`run_in_place`] for a turn of inline handlers). The stack, outermost first:
+//!
+//! ```text
+//! per-tool cap ─► global cap ─► policy ─► deadline & cancellation ─► handler ─► output cap
+//! (caps: bounded waiting lines, full → `overloaded`)   (seam)   (stop grace, commit gate)   (panic caught)
+//! ```
+//!
+//! Each layer is one small function below with its own unit test: [`acquire_places`],
+//! [`check_policy`], [`supervise`], [`start_handler`], [`to_result`]. Inline handlers are cheap
+//! and cannot be interrupted, so they skip the caps and the deadline: policy → handler → cap, in
+//! place. The in-flight gauge is held by a guard for as long as a handler may run.
+//!
+//! Where each kind runs: inline in place (no task, no spawn); async on the caller's task (a
+//! worker's stage task polls a stage's async calls together); blocking on tokio's blocking pool,
+//! which keeps its concurrency places until the thread really ends.
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
+
+use crate::limiter::{Limiter, Refusal};
+use crate::metrics::EngineMetrics;
+use crate::observe;
+use crate::plan::Planned;
+use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
+use crate::registry::RegisteredTool;
+use crate::tool::{
+    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, cap_output,
+};
+
+/// How long a handler that was told to stop (deadline passed, turn cancelled) may take to answer
+/// with its partial output before its future is dropped.
+pub const STOP_GRACE: Duration = Duration::from_millis(250);
+
+/// How long a handler that has begun committing ([`ToolContext::begin_commit`]) is waited for
+/// after its deadline or cancellation. A commit is a rename; only a handler that hangs after
+/// beginning one can outlast this, and it is then answered `timeout`/`cancelled` after all.
+pub const COMMIT_GRACE: Duration = Duration::from_secs(30);
+
+/// What every call of one turn shares.
+#[derive(Clone, Copy)]
+pub struct CallEnv<'a> {
+    /// When the turn reached the scheduler (queue wait is measured from here).
+    pub arrived: Instant,
+    /// The turn's cancellation.
+    pub cancel: &'a CancellationToken,
+    /// The engine's global concurrency cap.
+    pub limiter: &'a Limiter,
+    /// The engine's metric handles.
+    pub metrics: &'a EngineMetrics,
+    /// The turn's span (parent of every call span).
+    pub span: &'a Span,
+    /// The session the turn belongs to.
+    pub scope: &'a Arc<SessionScope>,
+}
+
+/// True when the handler runs in place (inline): a turn of such calls needs no task and no worker.
+pub fn runs_in_place(handler: &Handler) -> bool {
+    matches!(handler, Handler::Inline(_))
+}
+
+/// The kind's name, for logs: `inline`, `async` or `blocking`.
+pub fn kind_name(handler: &Handler) -> &'static str {
+    match handler {
+        Handler::Inline(_) => "inline",
+        Handler::Async(_) => "async",
+        Handler::Blocking(_) => "blocking",
+    }
+}
+
+/// Runs one call through the stack. Never fails: every outcome is a result.
+pub async fn run(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
+    if runs_in_place(&planned.tool.handler) {
+        return run_in_place(planned, env);
+    }
+    let Planned { mut call, tool, .. } = planned;
+    let places = match acquire_places(&tool, env.limiter, env.cancel).await {
+        Ok(places) => places,
+        Err(answer) => return not_started(call, answer.0, &answer.1),
+    };
+    let started = Instant::now();
+    let stop = env.cancel.child_token();
+    let mut ctx = context(&call, &tool, env.scope, started, stop.clone());
+    ctx.commit = CommitGate::guarded();
+    let gate = ctx.commit.clone();
+    if let Err(e) = check_policy(&call, &tool, &ctx) {
+        return to_result(call, tool.policy.output_cap, Err(e), Timing::default());
+    }
+    let span = observe::call_span(env.span, &call);
+    let deadline = ctx.deadline;
+    let args = std::mem::take(&mut call.arguments);
+    let running = start_handler(&tool.handler, args, ctx, places, &span);
+    let running = running.map(|joined| joined_outcome(joined, &tool));
+    let outcome = {
+        let _in_flight = env.metrics.in_flight_guard();
+        let stopping = Stopping {
+            deadline,
+            timeout: tool.policy.timeout,
+            cancel: env.cancel,
+            stop: &stop,
+            gate: &gate,
+        };
+        supervise(std::pin::pin!(running), stopping).await
+    };
+    let result = to_result(
+        call,
+        tool.policy.output_cap,
+        outcome,
+        Timing::measured(env.arrived, started),
+    );
+    observe::call_finished(&span, &result);
+    result
+}
+
+/// Runs an inline call in place: policy → handler (panic caught) → output cap. Its timeout is not
+/// enforced (an inline handler cannot be interrupted; see [`Handler::Inline`]). Any other kind is
+/// answered `execution_error` — callers check [`runs_in_place`] first.
+pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
+    let Planned { call, tool, .. } = planned;
+    let Handler::Inline(f) = &tool.handler else {
+        let detail = "internal: a waiting handler was asked to run in place";
+        return not_started(call, ErrorCode::ExecutionError, detail);
+    };
+    if env.cancel.is_cancelled() {
+        return not_started(call, ErrorCode::Cancelled, "cancelled before it started");
+    }
+    let started = Instant::now();
+    let ctx = context(&call, &tool, env.scope, started, env.cancel.clone());
+    if let Err(e) = check_policy(&call, &tool, &ctx) {
+        return to_result(call, tool.policy.output_cap, Err(e), Timing::default());
+    }
+    let span = observe::call_span(env.span, &call);
+    let outcome = span
+        .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
+        .unwrap_or_else(|panic| Err(record_panic(&*panic, &tool)));
+    let result = to_result(
+        call,
+        tool.policy.output_cap,
+        outcome,
+        Timing::measured(env.arrived, started),
+    );
+    observe::call_finished(&span, &result);
+    result
+}
+
+fn context(
+    call: &ToolCall,
+    tool: &RegisteredTool,
+    scope: &Arc<SessionScope>,
+    started: Instant,
+    cancel: CancellationToken,
+) -> ToolContext {
+    ToolContext::new(
+        Arc::clone(&call.id),
+        Arc::clone(&tool.name),
+        Arc::clone(scope),
+        started + tool.policy.timeout,
+        cancel,
+    )
+}
+
+/// The places a running call holds: in its tool's own cap (if it has one) and in the global cap.
+pub type Places = (Option<OwnedSemaphorePermit>, OwnedSemaphorePermit);
+
+/// Layer 1 — caps: a place in the tool's own cap, then in the global cap, each behind a bounded
+/// waiting line. `Err` is the call's answer (`overloaded` when a line is full, `cancelled` when
+/// the turn is cancelled while waiting or the engine is shut down); nothing ran.
+pub async fn acquire_places(
+    tool: &RegisteredTool,
+    global: &Limiter,
+    cancel: &CancellationToken,
+) -> Result<Places, (ErrorCode, String)> {
+    let own = match &tool.limiter {
+        Some(limiter) => Some(
+            limiter
+                .acquire(cancel)
+                .await
+                .map_err(|r| refusal(r, &format!("tool {}", tool.name)))?,
+        ),
+        None => None,
+    };
+    let place = global
+        .acquire(cancel)
+        .await
+        .map_err(|r| refusal(r, "the engine"))?;
+    Ok((own, place))
+}
+
+fn refusal(refusal: Refusal, whose: &str) -> (ErrorCode, String) {
+    match refusal {
+        Refusal::Overloaded => (
+            ErrorCode::Overloaded,
+            format!("too many calls waiting for {whose}; nothing ran, retry later"),
+        ),
+        Refusal::Cancelled => (ErrorCode::Cancelled, "cancelled before it started".into()),
+        Refusal::Closed => (ErrorCode::Cancelled, "the engine is shut down".into()),
+    }
+}
+
+/// Layer 2 — policy: whether this validated call may run. The seam where permission rules,
+/// approvals and hooks go; today every call is allowed.
+pub fn check_policy(
+    _call: &ToolCall,
+    _tool: &RegisteredTool,
+    _ctx: &ToolContext,
+) -> Result<(), ToolError> {
+    Ok(())
+}
+
+/// A handler's end: its outcome, or the payload of its panic.
+pub type Joined = Result<ToolOutcome, Box<dyn std::any::Any + Send>>;
+
+/// Layer 4 — the handler: starts an async or blocking handler and returns its future (panics
+/// caught). Async handlers run on the caller's task; blocking ones on the blocking pool, where
+/// the thread keeps `places` until it really ends (one that outlives its call still counts
+/// against the caps). Dropping the future drops an async handler, which kills what it started.
+pub fn start_handler(
+    handler: &Handler,
+    args: serde_json::Value,
+    ctx: ToolContext,
+    places: Places,
+    span: &Span,
+) -> BoxFuture<'static, Joined> {
+    match handler {
+        Handler::Async(f) => {
+            let running = AssertUnwindSafe(f(args, ctx)).catch_unwind();
+            async move {
+                let _places = places;
+                running.await
+            }
+            .instrument(span.clone())
+            .boxed()
+        }
+        Handler::Blocking(f) => {
+            let f = Arc::clone(f);
+            let span = span.clone();
+            let handle = tokio::task::spawn_blocking(move || {
+                let _places = places;
+                span.in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&args, &ctx))))
+            });
+            async move {
+                handle.await.unwrap_or_else(|e| {
+                    Ok(Err(ToolError::execution(format!(
+                        "handler thread failed: {e}"
+                    ))))
+                })
+            }
+            .boxed()
+        }
+        Handler::Inline(f) => {
+            let joined = catch_unwind(AssertUnwindSafe(|| f(&args, &ctx)));
+            drop(places);
+            futures::future::ready(joined).boxed()
+        }
+    }
+}
+
+/// What the deadline layer watches.
+pub struct Stopping<'a> {
+    /// When the call must be answered.
+    pub deadline: Instant,
+    /// The policy timeout (for the message).
+    pub timeout: Duration,
+    /// The turn's cancellation.
+    pub cancel: &'a CancellationToken,
+    /// The call's own stop signal (the handler's `ctx.cancel`).
+    pub stop: &'a CancellationToken,
+    /// The call's commit gate.
+    pub gate: &'a CommitGate,
+}
+
+/// Layer 3 — deadline and cancellation. Waits for the handler; at the deadline or on
+/// cancellation it closes the commit gate and tells the handler to stop, then:
+/// * a handler that had begun committing is awaited (up to [`COMMIT_GRACE`]) and its own answer
+///   kept — an effect that happened is never reported as `timeout`/`cancelled`;
+/// * otherwise the handler has [`STOP_GRACE`] to answer with its partial output; the call is
+///   answered `timeout` / `cancelled` (carrying that output) and the future is dropped.
+pub async fn supervise<F>(mut running: Pin<&mut F>, s: Stopping<'_>) -> ToolOutcome
+where
+    F: Future<Output = ToolOutcome>,
+{
+    let code = tokio::select! {
+        outcome = running.as_mut() => return outcome,
+        _ = tokio::time::sleep_until(s.deadline.into()) => ErrorCode::Timeout,
+        _ = s.cancel.cancelled() => ErrorCode::Cancelled,
+    };
+    let committing = !s.gate.close();
+    s.stop.cancel();
+    if committing && let Ok(outcome) = tokio::time::timeout(COMMIT_GRACE, running.as_mut()).await
+    {
+        return outcome;
+    }
+    let late = tokio::time::timeout(STOP_GRACE, running).await;
+    let what = match code {
+        ErrorCode::Timeout => format!("timed out after {}", human_duration(s.timeout)),
+        _ => "cancelled while running".to_string(),
+    };
+    match late {
+        // The handler answered for itself (e.g. bash with its partial output).
+        Ok(Err(e)) if e.code == code => Err(e),
+        Ok(Ok(text)) | Ok(Err(ToolError { detail: text, .. })) if !text.is_empty() => Err(
+            ToolError::new(code, format!("{what}; partial output:\n{text}")),
+        ),
+        _ => Err(ToolError::new(code, what)),
+    }
+}
+
+fn joined_outcome(joined: Joined, tool: &RegisteredTool) -> ToolOutcome {
+    joined.unwrap_or_else(|panic| Err(record_panic(&*panic, tool)))
+}
+
+fn record_panic(payload: &(dyn std::any::Any + Send), tool: &RegisteredTool) -> ToolError {
+    tool.breaker.record_panic();
+    panicked(payload)
+}
+
+/// Layer 5 — output cap: a handler's outcome as the call's result, its output (or error detail)
+/// capped at `output_cap` bytes.
+pub fn to_result(
+    call: ToolCall,
+    output_cap: usize,
+    outcome: ToolOutcome,
+    timing: Timing,
+) -> ToolDispatchResult {
+    match outcome {
+        Ok(text) => {
+            ToolDispatchResult::ok(call.id, call.name, cap_output(text, output_cap), timing)
+        }
+        Err(e) => ToolDispatchResult::error(
+            call.id,
+            call.name,
+            e.code,
+            &cap_output(e.detail, output_cap),
+            timing,
+        ),
+    }
+}
+
+/// A call answered without running its handler.
+pub fn not_started(call: ToolCall, code: ErrorCode, detail: &str) -> ToolDispatchResult {
+    ToolDispatchResult::error(call.id, call.name, code, detail, Timing::default())
+}
+
+/// A panic payload as an `execution_error` (`handler panicked: …`).
+pub fn panicked(payload: &(dyn std::any::Any + Send)) -> ToolError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into());
+    ToolError::execution(format!("handler panicked: {message}"))
+}
+
+fn human_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,107 @@
+//! A [`Session`]: one agent conversation's handle on the engine — its own scheduler actor, its own
+//! cancellation, and its [`SessionScope`] (id and workspace) that every call of the session sees
+//! in its [`crate::ToolContext`].
+//!
+//! Turns of one session run in the order they are dispatched through its scheduler; turns of
+//! different sessions never wait on each other's scheduler. The scheduler stops when the last
+//! clone of the session is dropped.
+
+use std::sync::Arc;
+
+use kameo::prelude::*;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Engine;
+use crate::protocol::{ToolCall, ToolDispatchResult};
+use crate::scheduler::Scheduler;
+use crate::tool::SessionScope;
+use crate::workspace::Workspace;
+
+/// One agent session's handle. Clones share the session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    inner: Arc<SessionInner>,
+}
+
+#[derive(Debug)]
+struct SessionInner {
+    engine: Engine,
+    scheduler: ActorRef<Scheduler>,
+    scope: Arc<SessionScope>,
+    cancel: CancellationToken,
+}
+
+impl Drop for SessionInner {
+    fn drop(&mut self) {
+        self.engine.session_closed();
+    }
+}
+
+impl Session {
+    pub(crate) fn new(
+        engine: Engine,
+        scheduler: ActorRef<Scheduler>,
+        scope: Arc<SessionScope>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Session {
+            inner: Arc::new(SessionInner {
+                engine,
+                scheduler,
+                scope,
+                cancel,
+            }),
+        }
+    }
+
+    /// Dispatches one turn of this session: one result per call, in call order.
+    pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+        self.dispatch_with_cancel(calls, self.inner.cancel.clone())
+            .await
+    }
+
+    /// Like [`Session::dispatch`], cancellable on its own. Make `cancel` with
+    /// [`Session::turn_token`] so that cancelling the session (or the engine) cancels it too.
+    pub async fn dispatch_with_cancel(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> Vec<ToolDispatchResult> {
+        self.inner
+            .engine
+            .dispatch_on(&self.inner.scheduler, &self.inner.scope, calls, cancel)
+            .await
+    }
+
+    /// A cancellation token for one turn of this session (a child of the session's).
+    pub fn turn_token(&self) -> CancellationToken {
+        self.inner.cancel.child_token()
+    }
+
+    /// Cancels the session: calls running now are answered `cancelled` (their processes are
+    /// stopped), calls not started are answered `cancelled` without running, and so is every later
+    /// turn of this session.
+    pub fn cancel(&self) {
+        self.inner.cancel.cancel();
+    }
+
+    /// True once [`Session::cancel`] (or engine shutdown) happened.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// The session id (unique within its engine: `s1`, `s2`, …).
+    pub fn id(&self) -> &str {
+        self.inner.scope.id()
+    }
+
+    /// The workspace the session's built-in tools are confined to, if any.
+    pub fn workspace(&self) -> Option<&Workspace> {
+        self.inner.scope.workspace()
+    }
+
+    /// The engine this session belongs to.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+}
