@@ -26,6 +26,7 @@ pub mod scheduler;
 pub mod session;
 pub mod tool;
 pub mod tools;
+pub mod typed;
 pub mod validation;
 pub mod worker;
 pub mod workspace;

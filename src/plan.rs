@@ -150,6 +150,9 @@ pub fn admit<'s>(
             "missing or empty tool_use_id".into(),
         ));
     }
+    if let Err(detail) = check_id(&call.id) {
+        return Err((ErrorCode::InvalidArguments, detail));
+    }
     let Some(tool) = snapshot.get(&call.name) else {
         let shown = if call.name.is_empty() {
             "<empty>".to_string()
@@ -180,6 +183,32 @@ pub fn admit<'s>(
     validation::check(&tool.validator, &call.arguments)
         .map_err(|detail| (ErrorCode::InvalidArguments, detail))?;
     Ok(tool)
+}
+
+/// Longest `tool_use_id` accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// A `tool_use_id` must be what the model APIs accept back: `^[a-zA-Z0-9_-]+$` and at most
+/// [`MAX_ID_BYTES`] bytes. Anything else would make the provider reject the whole conversation
+/// once the result is sent, so the call is answered `invalid_arguments` without running (its
+/// result still carries the id as given, so the pairing stays visible).
+pub fn check_id(id: &str) -> Result<(), String> {
+    if id.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "tool_use_id is {} bytes long; at most {MAX_ID_BYTES} are accepted",
+            id.len()
+        ));
+    }
+    match id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        Some(c) => Err(format!(
+            "tool_use_id {} contains {c:?}; ids must match ^[a-zA-Z0-9_-]+$",
+            clamp(id, 64)
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Splits calls into stages from their concurrency safety, in model order: a maximal run of
@@ -361,6 +390,18 @@ mod tests {
         let err = admit(&snap, &call("x", "safe", json!(1))).unwrap_err();
         assert_eq!(err.0, ErrorCode::ExecutionError);
         assert!(err.1.starts_with("tool safe is disabled"), "{}", err.1);
+    }
+
+    #[test]
+    fn ids_the_model_apis_would_reject_are_answered_without_running() {
+        for bad in ["toolu ä/../x", "a.b", "x\n", &"a".repeat(MAX_ID_BYTES + 1)] {
+            let err = admit(&snapshot(), &call(bad, "safe", json!(1))).unwrap_err();
+            assert_eq!(err.0, ErrorCode::InvalidArguments, "{bad}");
+            assert!(err.1.starts_with("tool_use_id "), "{}", err.1);
+        }
+        for good in ["toolu_01A-b", "call_9", &"a".repeat(MAX_ID_BYTES)] {
+            assert!(admit(&snapshot(), &call(good, "safe", json!(1))).is_ok(), "{good}");
+        }
     }
 
     #[test]

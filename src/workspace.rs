@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cap_std::fs::{Dir, OpenOptions};
-use tokio_util::sync::CancellationToken;
 
 use crate::protocol::ErrorCode;
 use crate::tool::ToolError;
@@ -146,21 +145,22 @@ impl Workspace {
     /// refused (`permission_denied`). The rename replaces a directory entry of a handle opened
     /// beneath the root, so a symlink swapped in meanwhile is replaced, never followed.
     pub fn write_atomic(&self, rel: &Path, bytes: &[u8], shown: &str) -> Result<(), ToolError> {
-        self.write_atomic_unless(rel, bytes, shown, &CancellationToken::new())
+        self.write_atomic_unless(rel, bytes, shown, &|| true)
     }
 
-    /// [`Workspace::write_atomic`] that gives up, leaving the old content and no temp file, when
-    /// `cancel` is cancelled before the rename (`cancelled`). Tools pass their call's token, so a
-    /// call the engine already answered `cancelled` or `timeout` does not change the file after
-    /// the fact (unless the rename was already under way).
+    /// [`Workspace::write_atomic`] that asks `may_commit` right before the rename — the point of
+    /// no return — and gives up when it says no, leaving the old content and no temp file
+    /// (`cancelled`). Tools pass their call's [`crate::ToolContext::begin_commit`], so a call the
+    /// engine has given up (cancelled, past its deadline) never changes the file, and a call that
+    /// did change it is answered with its real result, never `cancelled` or `timeout`.
     pub fn write_atomic_unless(
         &self,
         rel: &Path,
         bytes: &[u8],
         shown: &str,
-        cancel: &CancellationToken,
+        may_commit: &dyn Fn() -> bool,
     ) -> Result<(), ToolError> {
-        self.write_atomic_with(rel, shown, cancel, |file| file.write_all(bytes))
+        self.write_atomic_with(rel, shown, may_commit, |file| file.write_all(bytes))
     }
 
     /// [`Workspace::write_atomic_unless`] with the temp file's content produced by `fill`.
@@ -168,7 +168,7 @@ impl Workspace {
         &self,
         rel: &Path,
         shown: &str,
-        cancel: &CancellationToken,
+        may_commit: &dyn Fn() -> bool,
         fill: impl FnOnce(&mut cap_std::fs::File) -> io::Result<()>,
     ) -> Result<(), ToolError> {
         let target = self.write_target(rel, shown)?;
@@ -222,7 +222,8 @@ impl Workspace {
             }
             file.sync_all()?;
             drop(file);
-            if cancel.is_cancelled() {
+            // The point of no return: past it the call is answered with what happened.
+            if !may_commit() {
                 return Ok(false);
             }
             parent_dir.rename(&temp_name, &parent_dir, name)?;
@@ -361,7 +362,7 @@ mod tests {
             .write_atomic_with(
                 Path::new("f.txt"),
                 "f.txt",
-                &CancellationToken::new(),
+                &|| true,
                 failing,
             )
             .unwrap_err();
@@ -379,7 +380,7 @@ mod tests {
             .write_atomic_with(
                 Path::new("sub/new.txt"),
                 "sub/new.txt",
-                &CancellationToken::new(),
+                &|| true,
                 failing,
             )
             .unwrap_err();
@@ -392,11 +393,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
         std::fs::write(ws.root().join("f.txt"), "old").unwrap();
-        let cancel = CancellationToken::new();
-        cancel.cancel();
         for name in ["f.txt", "new.txt"] {
             let err = ws
-                .write_atomic_unless(Path::new(name), b"new", name, &cancel)
+                .write_atomic_unless(Path::new(name), b"new", name, &|| false)
                 .unwrap_err();
             assert_eq!(err.code, ErrorCode::Cancelled);
         }

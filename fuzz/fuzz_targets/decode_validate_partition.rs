@@ -15,7 +15,6 @@ use switchboard::protocol::{self, ErrorCode, Timing, ToolDispatchResult};
 use switchboard::plan::{StageMode, partition};
 use switchboard::tools::builtin_tools;
 use switchboard::validation;
-use switchboard::workspace::Workspace;
 
 /// The five built-in tools: name, compiled validator, concurrency safety.
 struct Tool {
@@ -27,8 +26,7 @@ struct Tool {
 fn tools() -> &'static [Tool] {
     static TOOLS: OnceLock<Vec<Tool>> = OnceLock::new();
     TOOLS.get_or_init(|| {
-        // Only the specs' schemas and policies are used; nothing touches the directory.
-        let ws = Workspace::open(std::env::temp_dir()).expect("temp dir");
+        // Only the specs' schemas and policies are used.
         builtin_tools()
             .into_iter()
             .map(|spec| Tool {

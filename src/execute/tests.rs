@@ -199,12 +199,17 @@ async fn a_handler_that_began_committing_keeps_its_own_answer() {
         tokio::time::sleep(STOP_GRACE * 4).await;
         Ok("Wrote 2 bytes".to_string())
     };
-    cancel.cancel();
+    let later = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        later.cancel();
+    });
     let out = supervise(
         std::pin::pin!(handler),
         stopping(Instant::now() + Duration::from_secs(60), &cancel, &stop, &gate),
     )
     .await;
+    assert!(cancel.is_cancelled());
     assert_eq!(out.unwrap(), "Wrote 2 bytes");
 }
 

@@ -47,7 +47,7 @@ fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolEr
     let text = read_text(ws, &rel, path)?;
     let edited = replace_first(&text, old_text, new_text)
         .ok_or_else(|| ToolError::execution(format!("text not found in {path}")))?;
-    ws.write_atomic_unless(&rel, edited.as_bytes(), path, &ctx.cancel)?;
+    ws.write_atomic_unless(&rel, edited.as_bytes(), path, &|| ctx.begin_commit())?;
     Ok(format!("Edited {path}"))
 }
 

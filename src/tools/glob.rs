@@ -15,10 +15,10 @@
 use std::path::PathBuf;
 
 use globset::{GlobBuilder, GlobMatcher};
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::Deserialize;
 
-use crate::tool::{Handler, ToolError, ToolSpec, cap_output};
-use crate::tools::str_arg;
+use crate::tool::{ToolError, ToolSpec, cap_output};
 use crate::workspace::{MAX_PATH_BYTES, Workspace};
 
 /// Output cap of `glob`, in bytes.
@@ -26,20 +26,19 @@ pub const OUTPUT_CAP: usize = 50_000;
 /// Most directory entries one call visits before it stops.
 pub const MAX_ENTRIES: usize = 100_000;
 
+/// The arguments of `glob` (a typed tool: its input schema is generated from this struct).
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct GlobArgs {
+    /// Glob pattern, relative to the workspace.
+    pub pattern: String,
+}
+
 /// The `glob` spec: blocking, concurrency-safe.
 pub fn spec() -> ToolSpec {
-    ToolSpec::new(
+    ToolSpec::typed_blocking(
         "glob",
         "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
-        json!({
-            "type": "object",
-            "properties": {
-                "pattern": {"type": "string", "description": "Glob pattern, relative to the workspace."}
-            },
-            "required": ["pattern"],
-            "additionalProperties": false
-        }),
-        Handler::blocking(|args, ctx| run(ctx.workspace()?, args)),
+        |args: GlobArgs, ctx| run(ctx.workspace()?, &args.pattern),
     )
     .concurrency_safe(true)
     .output_cap(OUTPUT_CAP)
@@ -83,8 +82,7 @@ fn parse(pattern: &str) -> Result<Pattern, ToolError> {
     })
 }
 
-fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
-    let pattern = str_arg(args, "pattern")?;
+fn run(ws: &Workspace, pattern: &str) -> Result<String, ToolError> {
     let parsed = parse(pattern)?;
     let (mut matches, complete) = walk(ws, &parsed)?;
     if matches.is_empty() && complete {

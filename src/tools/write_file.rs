@@ -35,6 +35,6 @@ fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolEr
     let path = str_arg(args, "path")?;
     let content = str_arg(args, "content")?;
     let rel = ws.relative(path)?;
-    ws.write_atomic_unless(&rel, content.as_bytes(), path, &ctx.cancel)?;
+    ws.write_atomic_unless(&rel, content.as_bytes(), path, &|| ctx.begin_commit())?;
     Ok(format!("Wrote {} bytes to {path}", content.len()))
 }
