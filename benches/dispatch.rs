@@ -107,14 +107,14 @@ trait Dispatch: Clone + Send + Sync + 'static {
 }
 
 impl Dispatch for Engine {
-    fn run(&self, calls: Vec<ToolCall>) -> impl Future<Output = Vec<ToolDispatchResult>> + Send {
-        self.dispatch(calls)
+    async fn run(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+        self.dispatch(calls).await.expect("engine available")
     }
 }
 
 impl Dispatch for switchboard::Session {
-    fn run(&self, calls: Vec<ToolCall>) -> impl Future<Output = Vec<ToolDispatchResult>> + Send {
-        self.dispatch(calls)
+    async fn run(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+        self.dispatch(calls).await.expect("engine available")
     }
 }
 
@@ -251,7 +251,7 @@ fn bench_sessions(c: &mut Criterion) {
         let sessions: Vec<_> = rt.block_on(async {
             let sessions: Vec<_> = (0..n).map(|_| engine.session()).collect();
             for s in &sessions {
-                s.dispatch(turn("noop", 1)).await;
+                s.dispatch(turn("noop", 1)).await.expect("engine available");
             }
             sessions
         });

@@ -32,14 +32,14 @@ use kameo::prelude::*;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::engine::EngineUnavailable;
-use crate::session::Session;
+use crate::engine::EngineError;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, encode_anthropic};
 use crate::provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, StreamEvent, history_content,
     tool_call_of, tool_calls_of,
 };
 use crate::registry::CatalogFormat;
+use crate::session::Session;
 
 /// The seed's default turn limit.
 pub const DEFAULT_MAX_TURNS: usize = 8;
@@ -148,9 +148,9 @@ pub enum AgentError {
     /// The model call failed.
     #[error(transparent)]
     Provider(#[from] ProviderError),
-    /// The engine could not serve the catalog.
+    /// The engine could not serve the catalog or a turn (shut down, an actor gone).
     #[error(transparent)]
-    Engine(#[from] EngineUnavailable),
+    Engine(#[from] EngineError),
 }
 
 /// The Agent loop actor's state.
@@ -230,7 +230,7 @@ impl AgentLoop {
             }));
             let calls = tool_calls_of(&response.content);
             if calls.is_empty() {
-                eager.join().await;
+                eager.join().await?;
                 let stop_reason = if response.stop_reason.as_deref() == Some("max_tokens") {
                     StopReason::MaxTokens
                 } else {
@@ -247,7 +247,7 @@ impl AgentLoop {
                 });
             }
             tool_calls += calls.len();
-            let (results, eager_n) = eager.finish(calls, &self.session).await;
+            let (results, eager_n) = eager.finish(calls, &self.session).await?;
             self.history.push(encode_anthropic(&results));
             dispatches.push(results);
             eager_counts.push(eager_n);
@@ -290,7 +290,9 @@ impl AgentLoop {
         match result {
             Ok(response) => Ok((response, eager)),
             Err(e) => {
-                eager.join().await;
+                // The provider's error ends the prompt; the eager calls are still awaited so
+                // nothing keeps running behind it (an engine fault among them adds nothing).
+                let _ = eager.join().await;
                 Err(e.into())
             }
         }
@@ -309,7 +311,7 @@ struct Eager {
 struct Started {
     id: Arc<str>,
     name: Arc<str>,
-    turn: JoinHandle<Vec<ToolDispatchResult>>,
+    turn: JoinHandle<Result<Vec<ToolDispatchResult>, EngineError>>,
 }
 
 impl Eager {
@@ -360,12 +362,14 @@ impl Eager {
         });
     }
 
-    /// Waits for every eager call; one result each, in call order.
-    async fn join(self) -> Vec<ToolDispatchResult> {
+    /// Waits for every eager call; one result each, in call order (an engine fault is the
+    /// loop's error).
+    async fn join(self) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let mut results = Vec::with_capacity(self.started.len());
         for Started { id, name, turn } in self.started {
             let result = match turn.await {
-                Ok(mut r) if r.len() == 1 => r.pop(),
+                Ok(Ok(mut r)) if r.len() == 1 => r.pop(),
+                Ok(Err(e)) => return Err(e),
                 _ => None,
             };
             results.push(result.unwrap_or_else(|| {
@@ -378,7 +382,7 @@ impl Eager {
                 )
             }));
         }
-        results
+        Ok(results)
     }
 
     /// Runs the calls not started yet (after the eager ones finished) and merges the results in
@@ -387,11 +391,11 @@ impl Eager {
         self,
         calls: Vec<ToolCall>,
         session: &Session,
-    ) -> (Vec<ToolDispatchResult>, usize) {
+    ) -> Result<(Vec<ToolDispatchResult>, usize), EngineError> {
         if self.started.is_empty() {
-            return (session.dispatch(calls).await, 0);
+            return Ok((session.dispatch(calls).await?, 0));
         }
-        let mut results = self.join().await;
+        let mut results = self.join().await?;
         // Keep only eager results that answer the final answer's calls, position by position; if
         // the streamed blocks and the final answer disagree, the calls after the agreeing prefix
         // run now (results of eager calls the answer does not hold are dropped).
@@ -428,10 +432,10 @@ impl Eager {
                     )
                 })
                 .collect(),
-            None => session.dispatch(rest).await,
+            None => session.dispatch(rest).await?,
         };
         results.extend(rest_results);
-        (results, n)
+        Ok((results, n))
     }
 }
 

@@ -181,8 +181,8 @@ mod tests {
 
     use super::*;
     use crate::Engine;
-    use crate::tool::{Handler, ToolError};
     use crate::protocol::ErrorCode;
+    use crate::tool::{Handler, ToolError};
 
     fn schema() -> Value {
         json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},
@@ -280,11 +280,11 @@ mod tests {
     async fn both(turn: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
         let engine = Engine::builder().tools(specs()).build().unwrap();
         let direct = DirectDispatcher::new(specs()).unwrap();
-        let from_engine = engine.dispatch(turn.clone()).await;
+        let from_engine = engine.dispatch(turn.clone()).await.unwrap();
         let from_direct = direct.dispatch(turn.clone()).await;
         assert_eq!(from_direct.len(), turn.len());
         assert_eq!(contents(&from_direct), contents(&from_engine));
-        let session = engine.session().dispatch(turn).await;
+        let session = engine.session().dispatch(turn).await.unwrap();
         assert_eq!(contents(&from_direct), contents(&session));
         engine.shutdown(Duration::from_secs(1)).await;
         from_direct

@@ -346,7 +346,10 @@ pub async fn dispatch_document(
         serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
     let calls =
         protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
-    let results = engine.dispatch_with_cancel(calls, cancel).await;
+    let results = engine
+        .dispatch_with_cancel(calls, cancel)
+        .await
+        .map_err(|e| format!("the engine failed: {e}"))?;
     let mut out = Vec::with_capacity(256);
     protocol::write_json(format, &results, &mut out)
         .map_err(|e| format!("cannot encode the results: {e}"))?;

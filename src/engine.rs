@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
-use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
+use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{
     CatalogFormat, GetCatalog, GetSnapshot, Register, RegisteredTool, Registry, RegistryError,
     Resolve, Unregister,
@@ -27,8 +27,8 @@ use crate::registry::{
 use crate::scheduler::{DispatchTurn, Scheduler};
 use crate::session::Session;
 use crate::tool::{SessionScope, ToolSpec};
-use crate::workspace::Workspace;
 use crate::worker::WorkerPool;
+use crate::workspace::Workspace;
 
 /// Default global cap on calls running at once (async and blocking handlers).
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
@@ -177,10 +177,22 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// The reason an engine-level request (not a tool call) failed: the registry actor is gone.
+/// An engine fault: the caller's problem, never the model's. Tool failures are results with an
+/// [`ErrorCode`]; these are what can make a *request to the engine* fail, and nothing of the
+/// request ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("engine unavailable: {0}")]
-pub struct EngineUnavailable(pub String);
+#[non_exhaustive]
+pub enum EngineError {
+    /// The engine is shutting down or shut down ([`Engine::shutdown`]); the turn was refused.
+    #[error("the engine is shut down")]
+    ShutDown,
+    /// The turn's scheduler actor is gone (its session was closed, or the engine stopped).
+    #[error("scheduler unavailable: {0}")]
+    SchedulerUnavailable(String),
+    /// The registry actor is gone (the engine stopped).
+    #[error("registry unavailable: {0}")]
+    RegistryUnavailable(String),
+}
 
 impl Engine {
     /// Starts configuring an engine.
@@ -207,24 +219,24 @@ impl Engine {
     }
 
     /// The catalog in Anthropic, OpenAI or MCP shape: copies the caller may change freely.
-    pub async fn catalog(&self, format: CatalogFormat) -> Result<Vec<Value>, EngineUnavailable> {
+    pub async fn catalog(&self, format: CatalogFormat) -> Result<Vec<Value>, EngineError> {
         self.inner
             .registry
             .ask(GetCatalog(format))
             .await
-            .map_err(|e| EngineUnavailable(e.to_string()))
+            .map_err(|e| EngineError::RegistryUnavailable(e.to_string()))
     }
 
     /// Resolves every name of a turn in one registry message.
     pub async fn resolve(
         &self,
         names: Vec<Arc<str>>,
-    ) -> Result<Vec<Option<Arc<RegisteredTool>>>, EngineUnavailable> {
+    ) -> Result<Vec<Option<Arc<RegisteredTool>>>, EngineError> {
         self.inner
             .registry
             .ask(Resolve(names))
             .await
-            .map_err(|e| EngineUnavailable(e.to_string()))
+            .map_err(|e| EngineError::RegistryUnavailable(e.to_string()))
     }
 
     /// How many tools are registered now.
@@ -241,9 +253,13 @@ impl Engine {
         self.inner.version.load(Ordering::Acquire)
     }
 
-    /// Dispatches one turn on a shared scheduler: one result per call, in call order. Never fails:
-    /// every problem is a result. Safe to call from many tasks at once.
-    pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+    /// Dispatches one turn on a shared scheduler: one result per call, in call order. Every
+    /// problem of a call is a result; only an engine fault ([`EngineError`]: shut down, an actor
+    /// gone) is an `Err`, and then nothing of the turn ran. Safe to call from many tasks at once.
+    pub async fn dispatch(
+        &self,
+        calls: Vec<ToolCall>,
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         self.dispatch_with_cancel(calls, self.inner.root.clone())
             .await
     }
@@ -255,7 +271,7 @@ impl Engine {
         &self,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
-    ) -> Vec<ToolDispatchResult> {
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
         let scheduler = &self.inner.schedulers[i];
         self.dispatch_on(scheduler, &self.inner.scope, calls, cancel)
@@ -314,42 +330,27 @@ impl Engine {
         scope: &Arc<SessionScope>,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
-    ) -> Vec<ToolDispatchResult> {
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         if calls.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         // Counted in flight before the check, so shutdown either sees this turn or refuses it.
         let _guard = InFlight::enter(&self.inner);
         if self.inner.closed.load(Ordering::Acquire) {
-            return answer_all(&calls, ErrorCode::Cancelled, "the engine is shutting down");
+            return Err(EngineError::ShutDown);
         }
-        let identities: Vec<_> = calls
-            .iter()
-            .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
-            .collect();
         let turn = DispatchTurn {
             calls,
             cancel,
             scope: Arc::clone(scope),
         };
-        match scheduler.ask(turn).await {
-            Ok(results) => results,
-            Err(e) => identities
-                .into_iter()
-                .map(|(id, name)| {
-                    ToolDispatchResult::error(
-                        id,
-                        name,
-                        ErrorCode::ExecutionError,
-                        &format!("scheduler unavailable: {e}"),
-                        Timing::default(),
-                    )
-                })
-                .collect(),
-        }
+        scheduler
+            .ask(turn)
+            .await
+            .map_err(|e| EngineError::SchedulerUnavailable(e.to_string()))
     }
 
-    /// Shuts down cleanly: new turns are answered `cancelled`; turns in flight get `grace` to
+    /// Shuts down cleanly: new turns are refused ([`EngineError::ShutDown`]); turns in flight get `grace` to
     /// finish, then everything still running is cancelled (and answered). Actors stop afterwards.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.closed.store(true, Ordering::Release);
@@ -393,19 +394,4 @@ impl Drop for InFlight<'_> {
             self.0.idle.notify_waiters();
         }
     }
-}
-
-fn answer_all(calls: &[ToolCall], code: ErrorCode, detail: &str) -> Vec<ToolDispatchResult> {
-    calls
-        .iter()
-        .map(|c| {
-            ToolDispatchResult::error(
-                Arc::clone(&c.id),
-                Arc::clone(&c.name),
-                code,
-                detail,
-                Timing::default(),
-            )
-        })
-        .collect()
 }

@@ -31,9 +31,10 @@ pub mod validation;
 pub mod worker;
 pub mod workspace;
 
-pub use engine::{Engine, EngineBuilder};
-pub use session::Session;
+pub use engine::{Engine, EngineBuilder, EngineError};
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
+pub use registry::{CatalogFormat, RegistryError};
+pub use session::Session;
 pub use tool::{
     CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
 };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError};
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::scheduler::Scheduler;
 use crate::tool::SessionScope;
@@ -54,8 +54,12 @@ impl Session {
         }
     }
 
-    /// Dispatches one turn of this session: one result per call, in call order.
-    pub async fn dispatch(&self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
+    /// Dispatches one turn of this session: one result per call, in call order. `Err` only for an
+    /// engine fault ([`EngineError`]), when nothing of the turn ran.
+    pub async fn dispatch(
+        &self,
+        calls: Vec<ToolCall>,
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         self.dispatch_with_cancel(calls, self.inner.cancel.clone())
             .await
     }
@@ -66,7 +70,7 @@ impl Session {
         &self,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
-    ) -> Vec<ToolDispatchResult> {
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         self.inner
             .engine
             .dispatch_on(&self.inner.scheduler, &self.inner.scope, calls, cancel)

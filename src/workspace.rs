@@ -359,12 +359,7 @@ mod tests {
             Err(io::Error::other("disk full"))
         };
         let err = ws
-            .write_atomic_with(
-                Path::new("f.txt"),
-                "f.txt",
-                &|| true,
-                failing,
-            )
+            .write_atomic_with(Path::new("f.txt"), "f.txt", &|| true, failing)
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::ExecutionError);
         assert!(err.detail.contains("disk full"), "{}", err.detail);
@@ -377,12 +372,7 @@ mod tests {
         // A new file that fails is not created at all.
         std::fs::create_dir(ws.root().join("sub")).unwrap();
         let err = ws
-            .write_atomic_with(
-                Path::new("sub/new.txt"),
-                "sub/new.txt",
-                &|| true,
-                failing,
-            )
+            .write_atomic_with(Path::new("sub/new.txt"), "sub/new.txt", &|| true, failing)
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::ExecutionError);
         assert!(names(&ws.root().join("sub")).is_empty());

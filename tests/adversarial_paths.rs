@@ -501,7 +501,8 @@ fn a_hard_link_to_an_outside_file_is_never_written_through() {
 
 fn engine(ws: &Workspace) -> Engine {
     Engine::builder()
-        .tools(builtin_tools()).workspace(ws.clone())
+        .tools(builtin_tools())
+        .workspace(ws.clone())
         .build()
         .expect("engine builds")
 }
@@ -544,7 +545,8 @@ async fn a_symlink_planted_by_bash_earlier_in_the_same_turn_is_denied() {
     ];
     let results = tokio::time::timeout(Duration::from_secs(10), engine.dispatch(turn))
         .await
-        .unwrap();
+        .unwrap()
+        .expect("engine available");
     assert_eq!(results[0].content, "planted");
     for r in &results[1..8] {
         assert_eq!(

@@ -59,7 +59,12 @@ async fn a_full_waiting_line_answers_overloaded_and_runs_nothing() {
         .unwrap();
     let turn = {
         let engine = engine.clone();
-        tokio::spawn(async move { engine.dispatch(calls("gated", 4)).await })
+        tokio::spawn(async move {
+            engine
+                .dispatch(calls("gated", 4))
+                .await
+                .expect("engine available")
+        })
     };
     // One call runs (and waits at the gate), one waits for the cap, two find the line full.
     tokio::time::timeout(BOUND, async {
@@ -126,7 +131,8 @@ async fn a_per_tool_cap_keeps_that_tool_from_running_twice_at_once() {
         .unwrap();
     let results = tokio::time::timeout(BOUND, capped.dispatch(calls("pair", 2)))
         .await
-        .unwrap();
+        .unwrap()
+        .expect("engine available");
     assert_eq!(results.len(), 2);
     assert_eq!(
         most.load(Ordering::SeqCst),
@@ -141,7 +147,8 @@ async fn a_per_tool_cap_keeps_that_tool_from_running_twice_at_once() {
         .unwrap();
     let results = tokio::time::timeout(BOUND, uncapped.dispatch(calls("pair", 2)))
         .await
-        .unwrap();
+        .unwrap()
+        .expect("engine available");
     assert_eq!(
         codes(&results),
         [None, None],
@@ -167,7 +174,8 @@ async fn a_dead_worker_is_replaced_and_no_call_loses_its_answer() {
     for _ in 0..50 {
         let results = tokio::time::timeout(BOUND, engine.dispatch(calls("work", 3)))
             .await
-            .unwrap();
+            .unwrap()
+            .expect("engine available");
         assert_eq!(results.len(), 3);
         let ids: Vec<&str> = results.iter().map(|r| &*r.tool_use_id).collect();
         assert_eq!(ids, ["c0", "c1", "c2"]);
@@ -203,11 +211,17 @@ async fn a_tool_that_keeps_panicking_is_switched_off_instead_of_looping() {
         .build()
         .unwrap();
     for _ in 0..6 {
-        let r = engine.dispatch(calls("crashy", 1)).await;
+        let r = engine
+            .dispatch(calls("crashy", 1))
+            .await
+            .expect("engine available");
         assert!(r[0].content.contains("panicked"), "{}", r[0].content);
     }
     // More than 5 panics within 10 s: the next calls are answered at once, without running.
-    let r = engine.dispatch(calls("crashy", 2)).await;
+    let r = engine
+        .dispatch(calls("crashy", 2))
+        .await
+        .expect("engine available");
     assert_eq!(codes(&r), [Some(ErrorCode::ExecutionError); 2]);
     assert!(r[0].content.contains("is disabled"), "{}", r[0].content);
     assert_eq!(runs.load(Ordering::SeqCst), 6);

@@ -231,7 +231,8 @@ async fn partial_output_of_a_flood_is_capped() {
 
 fn engine(ws: &Workspace) -> Engine {
     Engine::builder()
-        .tools(builtin_tools()).workspace(ws.clone())
+        .tools(builtin_tools())
+        .workspace(ws.clone())
         .build()
         .expect("engine builds")
 }
@@ -254,7 +255,8 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
         ]),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .expect("engine available");
     assert_eq!(results[0].error, Some(ErrorCode::Timeout));
     assert_eq!(
         results[0].content,
@@ -278,7 +280,7 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
         wait_for_file(&ready).await;
         session.cancel();
     });
-    let results = results.unwrap();
+    let results = results.unwrap().expect("engine available");
     assert_eq!(results[0].error, Some(ErrorCode::Cancelled));
     assert_eq!(
         results[0].content,
@@ -331,7 +333,8 @@ async fn timeout_ms_is_validated_and_bounds_the_call() {
     ));
     let results = tokio::time::timeout(BOUND, engine.dispatch(calls))
         .await
-        .unwrap();
+        .unwrap()
+        .expect("engine available");
     for r in &results[..bad.len()] {
         assert_eq!(r.error, Some(ErrorCode::InvalidArguments), "{}", r.content);
         assert!(r.content.contains("/timeout_ms"), "{}", r.content);

@@ -292,7 +292,8 @@ async fn through_the_engine_every_tool_output_is_capped_by_its_policy() {
         ]),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .expect("engine available");
     assert!(results[0].is_ok());
     assert!(
         results[0].content.len() <= 10_000,

@@ -346,7 +346,12 @@ async fn bash_deadline_times_out_and_kills_the_process_group() {
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Timeout);
-    assert_eq!(err.detail, "timeout (0.3s)");
+    // The budget left when bash starts: 0.3 s, or 0.2 s on a loaded machine.
+    assert!(
+        ["timeout (0.3s)", "timeout (0.2s)"].contains(&err.detail.as_str()),
+        "{}",
+        err.detail
+    );
 
     let id = unique_id("deadline");
     let short = ctx(&id, Duration::from_secs(1), CancellationToken::new());

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::json;
-use switchboard::{ErrorCode, Handler, ToolSpec};
+use switchboard::{EngineError, ErrorCode, Handler, ToolSpec};
 use tokio::sync::Notify;
 
 /// An async tool that announces its start and then sleeps 30 s, ignoring cancellation.
@@ -124,6 +124,7 @@ async fn cancelling_a_session_answers_its_running_and_later_calls_cancelled_only
                     call("after", "count_async", json!({})),
                 ])
                 .await
+                .expect("engine available")
         })
     };
     tokio::time::timeout(TURN_BOUND, started.notified())
@@ -151,7 +152,8 @@ async fn cancelling_a_session_answers_its_running_and_later_calls_cancelled_only
         ]),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .expect("a cancelled session still answers its turns");
     assert_eq!(ids(&later), ["x", "y", "z"]);
     assert_eq!(later[0].error, Some(ErrorCode::Cancelled));
     assert_eq!(later[1].error, Some(ErrorCode::Cancelled));
@@ -168,7 +170,8 @@ async fn cancelling_a_session_answers_its_running_and_later_calls_cancelled_only
         ]),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .expect("engine available");
     assert_eq!(outcomes(&other), ["ok", "ok"]);
     let shared = run_turn(&engine, vec![call("s1", "count", json!({}))]).await;
     assert_eq!(outcomes(&shared), ["ok"]);
@@ -195,6 +198,7 @@ async fn shutdown_answers_a_stubborn_call_cancelled_and_refuses_later_turns_with
                     call("l", "long", json!({})),
                 ])
                 .await
+                .expect("engine available")
         })
     };
     tokio::time::timeout(TURN_BOUND, started.notified())
@@ -219,6 +223,7 @@ async fn shutdown_answers_a_stubborn_call_cancelled_and_refuses_later_turns_with
     );
     assert_eq!(counter.load(Ordering::SeqCst), 1);
 
+    // Later turns are refused as an engine fault, not answered as tool failures.
     let after = tokio::time::timeout(
         TURN_BOUND,
         engine.dispatch(vec![
@@ -228,18 +233,14 @@ async fn shutdown_answers_a_stubborn_call_cancelled_and_refuses_later_turns_with
     )
     .await
     .unwrap();
-    assert_eq!(ids(&after), ["a", "b"]);
-    assert!(
-        after.iter().all(|r| r.error == Some(ErrorCode::Cancelled)),
-        "{after:?}"
-    );
+    assert!(matches!(after, Err(EngineError::ShutDown)), "{after:?}");
     let after = tokio::time::timeout(
         TURN_BOUND,
         session.dispatch(vec![call("c", "count", json!({}))]),
     )
     .await
     .unwrap();
-    assert_eq!(after[0].error, Some(ErrorCode::Cancelled));
+    assert!(matches!(after, Err(EngineError::ShutDown)), "{after:?}");
     assert_eq!(
         counter.load(Ordering::SeqCst),
         1,
@@ -248,7 +249,7 @@ async fn shutdown_answers_a_stubborn_call_cancelled_and_refuses_later_turns_with
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_with_nothing_in_flight_returns_and_later_turns_are_cancelled() {
+async fn shutdown_with_nothing_in_flight_returns_and_later_turns_are_refused() {
     let counter = Arc::new(AtomicUsize::new(0));
     let engine = engine(vec![counting_tool("count", Arc::clone(&counter))]);
     let first = run_turn(&engine, vec![call("1", "count", json!({}))]).await;
@@ -256,7 +257,7 @@ async fn shutdown_with_nothing_in_flight_returns_and_later_turns_are_cancelled()
     tokio::time::timeout(TURN_BOUND, engine.shutdown(Duration::from_secs(5)))
         .await
         .expect("an idle engine shuts down without waiting for the grace period to matter");
-    let after = run_turn(&engine, vec![call("2", "count", json!({}))]).await;
-    assert_eq!(after[0].error, Some(ErrorCode::Cancelled));
+    let after = engine.dispatch(vec![call("2", "count", json!({}))]).await;
+    assert!(matches!(after, Err(EngineError::ShutDown)), "{after:?}");
     assert_eq!(counter.load(Ordering::SeqCst), 1);
 }

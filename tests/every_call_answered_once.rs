@@ -229,5 +229,11 @@ async fn an_empty_turn_gets_an_empty_answer() {
     let engine = engine(vec![echo_tool("echo")]);
     assert!(run_turn(&engine, Vec::new()).await.is_empty());
     let session = engine.session();
-    assert!(session.dispatch(Vec::new()).await.is_empty());
+    assert!(
+        session
+            .dispatch(Vec::new())
+            .await
+            .expect("engine available")
+            .is_empty()
+    );
 }

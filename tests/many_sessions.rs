@@ -62,8 +62,8 @@ async fn sixty_four_tasks_dispatching_at_once_each_get_their_own_answers_in_orde
                 let calls = mixed_turn(t, n);
                 let calls_ids: Vec<String> = calls.iter().map(|c| c.id.to_string()).collect();
                 let results = match &session {
-                    Some(s) => s.dispatch(calls).await,
-                    None => engine.dispatch(calls).await,
+                    Some(s) => s.dispatch(calls).await.expect("engine available"),
+                    None => engine.dispatch(calls).await.expect("engine available"),
                 };
                 check_turn(t, n, &calls_ids, &results);
                 answered += results.len();

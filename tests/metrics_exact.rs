@@ -254,7 +254,9 @@ async fn metrics_record_exactly_what_happened() {
         call("a8", "also_nope", json!({})),
         call("a9", "echo", json!({"text": "three"})),
     ];
-    let results = bounded(engine.dispatch(turn_a)).await;
+    let results = bounded(engine.dispatch(turn_a))
+        .await
+        .expect("engine available");
     assert_eq!(
         outcomes(&results),
         [
@@ -271,15 +273,19 @@ async fn metrics_record_exactly_what_happened() {
     );
 
     // Turn B: a call that outlives its 50 ms deadline (one serial stage).
-    let results = bounded(engine.dispatch(vec![call("b1", "slow", json!({}))])).await;
+    let results = bounded(engine.dispatch(vec![call("b1", "slow", json!({}))]))
+        .await
+        .expect("engine available");
     assert_eq!(outcomes(&results), ["timeout"]);
 
     // Turn C: a call cancelled while it runs, through its session (one serial stage).
     let waiting = {
         let s1 = s1.clone();
-        tokio::spawn(
-            async move { bounded(s1.dispatch(vec![call("c1", "waits", json!({}))])).await },
-        )
+        tokio::spawn(async move {
+            bounded(s1.dispatch(vec![call("c1", "waits", json!({}))]))
+                .await
+                .expect("engine available")
+        })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     s1.cancel();
@@ -394,7 +400,9 @@ async fn metrics_record_exactly_what_happened() {
                 call(&format!("u{n}"), &format!("invented_tool_{n}"), json!({}))
             })
             .collect();
-        let results = bounded(engine.dispatch(calls)).await;
+        let results = bounded(engine.dispatch(calls))
+            .await
+            .expect("engine available");
         assert!(results.iter().all(|r| r.outcome() == "unknown_tool"));
     }
     let delta = take(&mut totals);

@@ -341,9 +341,15 @@ fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
         }
         let dispatch = async {
             if turn.on_session {
-                session.dispatch_with_cancel(calls, token).await
+                session
+                    .dispatch_with_cancel(calls, token)
+                    .await
+                    .expect("engine available")
             } else {
-                engine.dispatch_with_cancel(calls, token).await
+                engine
+                    .dispatch_with_cancel(calls, token)
+                    .await
+                    .expect("engine available")
             }
         };
         let results = tokio::time::timeout(BOUND, dispatch).await;

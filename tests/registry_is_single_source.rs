@@ -169,7 +169,10 @@ async fn runtime_registration_and_removal_are_seen_by_the_next_dispatch() {
 
     let before = run_turn(&engine, vec![call("1", "late", json!({}))]).await;
     assert_eq!(before[0].error, Some(ErrorCode::UnknownTool));
-    let before = session.dispatch(vec![call("1", "late", json!({}))]).await;
+    let before = session
+        .dispatch(vec![call("1", "late", json!({}))])
+        .await
+        .expect("engine available");
     assert_eq!(before[0].error, Some(ErrorCode::UnknownTool));
 
     engine
@@ -181,7 +184,10 @@ async fn runtime_registration_and_removal_are_seen_by_the_next_dispatch() {
         let r = run_turn(&engine, vec![call(&format!("e{i}"), "late", json!({}))]).await;
         assert_eq!(r[0].content, "ran", "{}", r[0].content);
     }
-    let r = session.dispatch(vec![call("s", "late", json!({}))]).await;
+    let r = session
+        .dispatch(vec![call("s", "late", json!({}))])
+        .await
+        .expect("engine available");
     assert_eq!(r[0].content, "ran");
     assert_eq!(counter.load(Ordering::SeqCst), 9);
 
@@ -194,7 +200,10 @@ async fn runtime_registration_and_removal_are_seen_by_the_next_dispatch() {
             "Error [unknown_tool]: tool is not registered: late"
         );
     }
-    let r = session.dispatch(vec![call("s2", "late", json!({}))]).await;
+    let r = session
+        .dispatch(vec![call("s2", "late", json!({}))])
+        .await
+        .expect("engine available");
     assert_eq!(r[0].error, Some(ErrorCode::UnknownTool));
     assert_eq!(
         counter.load(Ordering::SeqCst),
@@ -214,7 +223,8 @@ async fn a_session_created_before_any_tool_exists_sees_later_registrations() {
     engine.register(echo_tool("echo")).await.unwrap();
     let r = session
         .dispatch(vec![call("a", "echo", json!({"text": "hi"}))])
-        .await;
+        .await
+        .expect("engine available");
     assert_eq!(r[0].content, "echo:hi");
 }
 

@@ -19,8 +19,8 @@ use super::stats::Recorder;
 use super::workload::{SessionTurns, Templates, Workload};
 use crate::baseline::DirectDispatcher;
 use crate::engine::Engine;
-use crate::session::Session;
 use crate::protocol::{ToolCall, ToolDispatchResult, WireFormat, write_json};
+use crate::session::Session;
 use crate::tool::ToolSpec;
 
 /// At most this many recorders per phase; sessions beyond share them.
@@ -46,8 +46,9 @@ impl Target {
         calls: Vec<ToolCall>,
         cancel_after: Option<Duration>,
     ) -> Vec<ToolDispatchResult> {
+        // An engine fault answers nothing: the run counts the turn as not answered exactly once.
         match (self, cancel_after) {
-            (Target::Engine(session), None) => session.dispatch(calls).await,
+            (Target::Engine(session), None) => session.dispatch(calls).await.unwrap_or_default(),
             (Target::Engine(session), Some(after)) => {
                 let token = session.turn_token();
                 let trigger = token.clone();
@@ -55,7 +56,10 @@ impl Target {
                     tokio::time::sleep(after).await;
                     trigger.cancel();
                 });
-                session.dispatch_with_cancel(calls, token).await
+                session
+                    .dispatch_with_cancel(calls, token)
+                    .await
+                    .unwrap_or_default()
             }
             (Target::Direct(direct), _) => direct.dispatch(calls).await,
         }

@@ -17,8 +17,8 @@ use super::report::group;
 use super::rss::{self, SoakVerdict};
 use super::workload::{TEXT, load_tools};
 use crate::engine::Engine;
-use crate::session::Session;
 use crate::protocol::ToolCall;
+use crate::session::Session;
 
 /// What an idle run measured.
 #[derive(Debug)]
@@ -115,7 +115,7 @@ pub async fn run(
         for i in 0..n {
             let session = opener.session();
             let call = ToolCall::new(format!("warm_{i}"), "noop", json!({"text": TEXT, "n": 0}));
-            let results = session.dispatch(vec![call]).await;
+            let results = session.dispatch(vec![call]).await.unwrap_or_default();
             if results.len() != 1 || !results[0].is_ok() {
                 failures += 1;
             }

@@ -243,6 +243,7 @@ pub async fn run_turn(engine: &Engine, calls: Vec<ToolCall>) -> Vec<ToolDispatch
     tokio::time::timeout(TURN_BOUND, engine.dispatch(calls))
         .await
         .expect("the turn was answered within the bound")
+        .expect("the engine is available")
 }
 
 /// The `tool_use_id`s of results, in order.
