@@ -19,56 +19,18 @@ use std::time::{Duration, Instant};
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::baseline::DirectDispatcher;
 use switchboard::protocol::{WireFormat, write_json};
-use switchboard::{Engine, Handler, ToolCall, ToolDispatchResult, ToolSpec};
+use switchboard::testing::{TEXT, load_tools, noop_async};
+use switchboard::{Engine, ToolCall, ToolDispatchResult, ToolSpec};
 use tokio::runtime::Runtime;
 
-const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";
-
-fn schema() -> Value {
-    json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},
-           "required":["text","n"],"additionalProperties":false})
-}
-
-fn text_of(args: &Value) -> String {
-    args["text"].as_str().unwrap_or_default().to_string()
-}
-
+/// The load generator's workload tools (`sleep` sleeps 10 ms) plus `noop_async`.
 fn tools() -> Vec<ToolSpec> {
-    vec![
-        ToolSpec::new(
-            "noop",
-            "returns text",
-            schema(),
-            Handler::inline(|a, _| Ok(text_of(a))),
-        )
-        .concurrency_safe(true),
-        ToolSpec::new(
-            "noop_serial",
-            "returns text, serially",
-            schema(),
-            Handler::inline(|a, _| Ok(text_of(a))),
-        ),
-        ToolSpec::new(
-            "noop_async",
-            "returns text from a future",
-            schema(),
-            Handler::future(|a: Value, _| async move { Ok(text_of(&a)) }),
-        )
-        .concurrency_safe(true),
-        ToolSpec::new(
-            "sleep10",
-            "sleeps 10 ms, returns text",
-            schema(),
-            Handler::future(|a: Value, _| async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                Ok(text_of(&a))
-            }),
-        )
-        .concurrency_safe(true),
-    ]
+    let mut tools = load_tools(Duration::from_millis(10));
+    tools.push(noop_async());
+    tools
 }
 
 fn call(i: usize, name: &str) -> ToolCall {
@@ -296,14 +258,7 @@ fn bench_sleep_batch8(c: &mut Criterion) {
     let (engine, direct) = (engine(&rt, 2), direct());
     let mut group = c.benchmark_group("sleep_batch8");
     group.sample_size(10).sampling_mode(SamplingMode::Flat);
-    pair(
-        &mut group,
-        &rt,
-        &engine,
-        &direct,
-        "sleep10",
-        turn("sleep10", 8),
-    );
+    pair(&mut group, &rt, &engine, &direct, "sleep", turn("sleep", 8));
     group.finish();
     rt.block_on(engine.shutdown(Duration::from_secs(1)));
 }

@@ -8,7 +8,6 @@
 //! them), so `dispatch`'s stdout holds only protocol JSON.
 
 use std::io::{BufRead, Read, Write};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,10 +16,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::command::{TelemetryArgs, fail, say};
 use crate::demo;
+use crate::document::dispatch_document;
 use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
-use crate::protocol::{self, WireFormat};
+use crate::protocol::WireFormat;
 use crate::registry::CatalogFormat;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
@@ -35,17 +36,6 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Metrics flags of the long-running commands.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct TelemetryArgs {
-    /// Serve Prometheus metrics on ADDR (`/metrics`, `/healthz`), e.g. 127.0.0.1:9464.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
-    /// Write the final Prometheus exposition to PATH when the command ends.
-    #[arg(long, value_name = "PATH")]
-    pub metrics_file: Option<PathBuf>,
 }
 
 /// Subcommands.
@@ -286,7 +276,7 @@ async fn dispatch_one(engine: &Engine, format: WireFormat) -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
-        Err(e) => fail(2, &e),
+        Err(e) => fail(2, &e.to_string()),
     }
 }
 
@@ -334,41 +324,8 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
     }
 }
 
-/// Decodes one document, dispatches its calls (cancelled with `cancel`), encodes the answer.
-/// `Err` is a one-line reason.
-pub async fn dispatch_document(
-    engine: &Engine,
-    format: WireFormat,
-    text: &str,
-    cancel: CancellationToken,
-) -> Result<String, String> {
-    let doc: Value =
-        serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
-    let calls =
-        protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
-    let results = engine
-        .dispatch_with_cancel(calls, cancel)
-        .await
-        .map_err(|e| format!("the engine failed: {e}"))?;
-    let mut out = Vec::with_capacity(256);
-    protocol::write_json(format, &results, &mut out)
-        .map_err(|e| format!("cannot encode the results: {e}"))?;
-    String::from_utf8(out).map_err(|e| format!("cannot encode the results: {e}"))
-}
-
 fn print_line(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{text}");
     let _ = out.flush();
-}
-
-/// Says `switchboard: <message>` on stderr (a closed stderr is ignored, never a panic).
-pub(crate) fn say(message: &str) {
-    let _ = writeln!(std::io::stderr(), "switchboard: {message}");
-}
-
-/// Says why the command failed and gives its exit code.
-pub(crate) fn fail(code: u8, message: &str) -> ExitCode {
-    say(message);
-    ExitCode::from(code)
 }

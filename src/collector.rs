@@ -1,7 +1,7 @@
 //! The Collector: one result slot per call, filled exactly once, emitted in call order.
 //!
 //! Every path that answers a call — success, handler error, panic, timeout, cancellation, a lost
-//! worker — goes through [`Collector::fill`], which is also the one place a call's timing and
+//! worker — goes through [`Collector::fill_with`], which is also the one place a call's timing and
 //! outcome are recorded ([`crate::observe`]). A second answer for a slot (a late reply) is dropped.
 //! [`Collector::finish`] answers any slot still empty, so a turn always yields exactly one result
 //! per call, in the order the model asked.
@@ -11,7 +11,6 @@ use std::sync::Arc;
 use crate::metrics::ToolMetrics;
 use crate::observe;
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
-use crate::registry::Snapshot;
 
 /// The slots of one turn.
 #[derive(Debug)]
@@ -19,25 +18,17 @@ pub struct Collector {
     identities: Vec<(Arc<str>, Arc<str>)>,
     slots: Vec<Option<ToolDispatchResult>>,
     open: usize,
-    snapshot: Arc<Snapshot>,
 }
 
 impl Collector {
     /// One empty slot per call; `identities` are the calls' `(tool_use_id, name)` in model order.
-    /// `snapshot` is the registry view the turn was planned with (it names the metric handles).
-    pub fn new(identities: Vec<(Arc<str>, Arc<str>)>, snapshot: Arc<Snapshot>) -> Self {
+    pub fn new(identities: Vec<(Arc<str>, Arc<str>)>) -> Self {
         let n = identities.len();
         Collector {
             identities,
             slots: (0..n).map(|_| None).collect(),
             open: n,
-            snapshot,
         }
-    }
-
-    /// The registry view of this turn.
-    pub fn snapshot(&self) -> &Snapshot {
-        &self.snapshot
     }
 
     /// How many calls the turn has.
@@ -45,29 +36,14 @@ impl Collector {
         self.slots.len()
     }
 
-    /// True for a turn with no calls.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+    /// The tool name of call `index`, as the model spelled it.
+    pub fn name(&self, index: usize) -> Option<Arc<str>> {
+        self.identities.get(index).map(|(_, name)| Arc::clone(name))
     }
 
-    /// Slots not answered yet.
-    pub fn open(&self) -> usize {
-        self.open
-    }
-
-    /// Fills slot `index`, recording into the metric handles named by the result's tool. Returns
-    /// false — and drops the result — if the slot was already answered or does not exist.
-    pub fn fill(&mut self, index: usize, result: ToolDispatchResult) -> bool {
-        let snapshot = Arc::clone(&self.snapshot);
-        let metrics = match result.error {
-            Some(ErrorCode::UnknownTool) => &snapshot.metrics.unknown,
-            _ => snapshot.tool_metrics(&result.tool_name),
-        };
-        self.fill_with(index, result, metrics)
-    }
-
-    /// Like [`Collector::fill`], with the tool's metric handles already at hand (the hot path:
-    /// no lookup by name).
+    /// Fills slot `index`, recording into `metrics` (the handles of the result's tool, which the
+    /// caller holds: the collector never looks a tool up). Returns false — and drops the result —
+    /// if the slot was already answered or does not exist.
     pub fn fill_with(
         &mut self,
         index: usize,
@@ -89,7 +65,13 @@ impl Collector {
     }
 
     /// Answers slot `index` with an error (id and name taken from the call).
-    pub fn fill_error(&mut self, index: usize, code: ErrorCode, detail: &str) -> bool {
+    pub fn fill_error(
+        &mut self,
+        index: usize,
+        code: ErrorCode,
+        detail: &str,
+        metrics: &ToolMetrics,
+    ) -> bool {
         let Some((id, name)) = self.identities.get(index) else {
             return false;
         };
@@ -100,25 +82,36 @@ impl Collector {
             detail,
             Timing::default(),
         );
-        self.fill(index, result)
+        self.fill_with(index, result, metrics)
     }
 
-    /// Answers every open slot with the same error.
-    pub fn fill_open(&mut self, code: ErrorCode, detail: &str) {
+    /// Answers every open slot with the same error; `metrics_for` gives each call's handles by
+    /// tool name.
+    pub fn fill_open<'m>(
+        &mut self,
+        code: ErrorCode,
+        detail: &str,
+        metrics_for: impl Fn(&str) -> &'m ToolMetrics,
+    ) {
         for index in 0..self.slots.len() {
             if self.slots[index].is_none() {
-                self.fill_error(index, code, detail);
+                let metrics = metrics_for(&self.identities[index].1);
+                self.fill_error(index, code, detail, metrics);
             }
         }
     }
 
     /// The results in call order. A slot nobody answered (an engine fault) is answered
     /// `execution_error` here, so the count always equals the number of calls.
-    pub fn finish(mut self) -> Vec<ToolDispatchResult> {
+    pub fn finish<'m>(
+        mut self,
+        metrics_for: impl Fn(&str) -> &'m ToolMetrics,
+    ) -> Vec<ToolDispatchResult> {
         if self.open > 0 {
             self.fill_open(
                 ErrorCode::ExecutionError,
                 "the engine produced no result for this call",
+                metrics_for,
             );
         }
         self.slots.into_iter().flatten().collect()
@@ -144,33 +137,38 @@ mod tests {
         )
     }
 
+    fn handles() -> &'static ToolMetrics {
+        static HANDLES: std::sync::OnceLock<ToolMetrics> = std::sync::OnceLock::new();
+        HANDLES.get_or_init(|| crate::metrics::detached(|| ToolMetrics::new("t")))
+    }
+
     #[test]
     fn results_come_out_in_call_order_whatever_order_they_fill() {
-        let mut c = Collector::new(ids(4), Arc::default());
+        let mut c = Collector::new(ids(4));
         for i in [3, 1, 0, 2] {
-            assert!(c.fill(i, ok(i)));
+            assert!(c.fill_with(i, ok(i), handles()));
         }
-        let out = c.finish();
+        let out = c.finish(|_| handles());
         let got: Vec<_> = out.iter().map(|r| r.content.as_str()).collect();
         assert_eq!(got, ["r0", "r1", "r2", "r3"]);
     }
 
     #[test]
     fn a_slot_is_filled_once_and_late_replies_are_dropped() {
-        let mut c = Collector::new(ids(1), Arc::default());
-        assert!(c.fill_error(0, ErrorCode::Timeout, "late"));
-        assert!(!c.fill(0, ok(0)));
-        assert!(!c.fill(7, ok(7)));
-        let out = c.finish();
+        let mut c = Collector::new(ids(1));
+        assert!(c.fill_error(0, ErrorCode::Timeout, "late", handles()));
+        assert!(!c.fill_with(0, ok(0), handles()));
+        assert!(!c.fill_with(7, ok(7), handles()));
+        let out = c.finish(|_| handles());
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].error, Some(ErrorCode::Timeout));
     }
 
     #[test]
     fn unanswered_slots_are_answered_at_finish() {
-        let mut c = Collector::new(ids(3), Arc::default());
-        c.fill(1, ok(1));
-        let out = c.finish();
+        let mut c = Collector::new(ids(3));
+        c.fill_with(1, ok(1), handles());
+        let out = c.finish(|_| handles());
         assert_eq!(out.len(), 3);
         assert_eq!(out[0].error, Some(ErrorCode::ExecutionError));
         assert_eq!(&*out[2].tool_use_id, "c2");

@@ -23,8 +23,7 @@ use crate::agent_loop::{
     AgentError, AgentLoop, DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS, LoopConfig, LoopResult,
     StopReason, StreamOptions, default_system_prompt,
 };
-use crate::cli::TelemetryArgs;
-use crate::cli::fail;
+use crate::command::{TelemetryArgs, fail};
 use crate::engine::Engine;
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};

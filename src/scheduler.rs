@@ -47,6 +47,8 @@ pub struct TurnPlan {
     pub span: Span,
     /// The session the turn belongs to.
     pub scope: Arc<SessionScope>,
+    /// The registry view the turn was planned with (it holds the metric handles).
+    pub snapshot: Arc<Snapshot>,
 }
 
 /// Plans a turn against a registry snapshot ([`plan::plan`]) and answers the rejected calls.
@@ -61,10 +63,11 @@ pub fn prepare(
         .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
         .collect();
     let span = observe::turn_span(calls.len());
-    let mut collector = Collector::new(identities, Arc::clone(snapshot));
+    let mut collector = Collector::new(identities);
     let plan = plan::plan(snapshot, calls);
     for r in &plan.rejected {
-        collector.fill_error(r.index, r.code, &r.detail);
+        let metrics = collector_metrics(snapshot, &collector, r.index);
+        collector.fill_error(r.index, r.code, &r.detail, metrics);
     }
     TurnPlan {
         collector,
@@ -73,7 +76,17 @@ pub fn prepare(
         arrived,
         span,
         scope,
+        snapshot: Arc::clone(snapshot),
     }
+}
+
+/// The metric handles of call `index` of the turn (its tool's, or the `_unknown` label's).
+fn collector_metrics<'s>(
+    snapshot: &'s Snapshot,
+    collector: &Collector,
+    index: usize,
+) -> &'s crate::metrics::ToolMetrics {
+    snapshot.tool_metrics(collector.name(index).as_deref().unwrap_or_default())
 }
 
 impl TurnPlan {
@@ -90,7 +103,7 @@ impl TurnPlan {
         workers: &WorkerPool,
         cancel: &CancellationToken,
     ) -> Vec<ToolDispatchResult> {
-        let metrics = Arc::clone(&self.collector.snapshot().metrics);
+        let metrics = Arc::clone(&self.snapshot.metrics);
         observe::stages_started(&self.stages, &metrics);
         for p in std::mem::take(&mut self.runnable) {
             let env = CallEnv {
@@ -123,16 +136,17 @@ impl TurnPlan {
                         p.index,
                         ErrorCode::Cancelled,
                         "cancelled before it started",
+                        &p.tool.metrics,
                     );
                 }
                 continue;
             }
-            observe::stage_started(stage.mode, calls.len(), &self.collector.snapshot().metrics);
+            observe::stage_started(stage.mode, calls.len(), &self.snapshot.metrics);
             if calls
                 .iter()
                 .all(|p| execute::runs_in_place(&p.tool.handler))
             {
-                let metrics = Arc::clone(&self.collector.snapshot().metrics);
+                let metrics = Arc::clone(&self.snapshot.metrics);
                 for p in calls {
                     let env = CallEnv {
                         arrived: self.arrived,
@@ -148,7 +162,10 @@ impl TurnPlan {
                 }
                 continue;
             }
-            let indices: Vec<usize> = calls.iter().map(|p| p.index).collect();
+            let answering: Vec<_> = calls
+                .iter()
+                .map(|p| (p.index, Arc::clone(&p.tool)))
+                .collect();
             let (slot, worker) = workers.pick();
             let reply = worker
                 .ask(RunStage {
@@ -169,9 +186,13 @@ impl TurnPlan {
                     // The worker is gone: its calls are still answered, once, and it is replaced.
                     workers.replace_if_dead(slot);
                     let detail = format!("worker unavailable: {e}");
-                    for index in indices {
-                        self.collector
-                            .fill_error(index, ErrorCode::ExecutionError, &detail);
+                    for (index, tool) in answering {
+                        self.collector.fill_error(
+                            index,
+                            ErrorCode::ExecutionError,
+                            &detail,
+                            &tool.metrics,
+                        );
                     }
                 }
             }
@@ -183,9 +204,10 @@ impl TurnPlan {
         observe::turn_dispatched(
             self.collector.len(),
             self.arrived.elapsed(),
-            &self.collector.snapshot().metrics,
+            &self.snapshot.metrics,
         );
-        self.collector.finish()
+        let snapshot = self.snapshot;
+        self.collector.finish(|name| snapshot.tool_metrics(name))
     }
 }
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use common_mock::*;
 use serde_json::{Value, json};
-use switchboard::cli::TelemetryArgs;
+use switchboard::command::TelemetryArgs;
 use switchboard::provider::EventLog;
 use switchboard::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
 

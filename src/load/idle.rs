@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::monitor::{Monitor, MonitorConfig, Shared};
-use super::report::group;
+use super::numbers::group;
 use super::rss::{self, SoakVerdict};
 use super::workload::{TEXT, load_tools};
 use crate::engine::Engine;

@@ -15,6 +15,7 @@
 mod driver;
 mod idle;
 mod monitor;
+mod numbers;
 mod peers;
 mod report;
 mod rss;
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::cli::TelemetryArgs;
+use crate::command::TelemetryArgs;
 use crate::exporter::Telemetry;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
@@ -195,7 +196,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn fail(code: u8, message: &str) -> ExitCode {
-    crate::cli::fail(code, &format!("load: {message}"))
+    crate::command::fail(code, &format!("load: {message}"))
 }
 
 /// Runs `switchboard load`.
@@ -278,7 +279,7 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
         println!("{}", result.line);
         violations += result.violations;
         for e in &result.examples {
-            crate::cli::say(&format!("load: {}: violation: {e}", w.name));
+            crate::command::say(&format!("load: {}: violation: {e}", w.name));
         }
         lines.push(result.line);
     }

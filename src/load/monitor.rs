@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::report::{group, rate};
+use super::numbers::{group, rate};
 use super::rss;
 
 /// How often the progress bar is redrawn.
@@ -82,7 +82,7 @@ impl Monitor {
                 thread: Some(thread),
             },
             Err(e) => {
-                crate::cli::say(&format!("cannot start the load monitor thread: {e}"));
+                crate::command::say(&format!("cannot start the load monitor thread: {e}"));
                 fallback.stop.store(true, Ordering::Relaxed);
                 Monitor {
                     done: None,

@@ -12,44 +12,10 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::driver::Phase;
+use super::numbers::{duration_us, group, rate};
 use super::rss;
 use super::stats::{Percentiles, code_index, round2};
 use crate::protocol::ErrorCode;
-
-/// `1234567` → `1,234,567`.
-pub fn group(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// A rate as a grouped integer (`2,130,455`).
-pub fn rate(per_s: f64) -> String {
-    if per_s.is_finite() && per_s >= 0.0 {
-        group(per_s.round() as u64)
-    } else {
-        "n/a".into()
-    }
-}
-
-/// Microseconds in the most readable unit: `850 ns`, `12.3 µs`, `1.25 ms`, `2.10 s`.
-pub fn duration_us(us: f64) -> String {
-    if us < 1.0 {
-        format!("{:.0} ns", us * 1000.0)
-    } else if us < 1000.0 {
-        format!("{us:.1} µs")
-    } else if us < 1_000_000.0 {
-        format!("{:.2} ms", us / 1000.0)
-    } else {
-        format!("{:.2} s", us / 1_000_000.0)
-    }
-}
 
 /// One phase as JSON.
 pub fn phase_json(phase: &Phase) -> Value {

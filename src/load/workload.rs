@@ -17,26 +17,12 @@ use serde_json::{Value, json};
 
 use super::ToolKind;
 use crate::protocol::ToolCall;
+use crate::testing::NAMES;
+pub use crate::testing::{CPU_WORK_MAX, TEXT, load_tools, schema};
 use crate::tool::{Handler, ToolSpec};
-
-/// The 32 characters every workload call carries as `text`.
-pub const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";
-
-/// Largest `n` the `cpu` tool honours (bigger values are clamped), so no call can run for long.
-pub const CPU_WORK_MAX: u64 = 1_000_000;
 
 /// The name used for unknown-tool calls.
 pub const UNKNOWN_TOOL: &str = "no_such_tool";
-
-/// The workload tools' names, in variant order: even indices are concurrency-safe, odd serial.
-const NAMES: [&str; 6] = [
-    "noop",
-    "noop_serial",
-    "sleep",
-    "sleep_serial",
-    "cpu",
-    "cpu_serial",
-];
 
 /// The fault-injection tools (`--faults`): one panics, one hangs until its timeout.
 const FAULT_NAMES: [&str; 2] = ["fault_panic", "fault_hang"];
@@ -151,58 +137,6 @@ pub struct Workload {
     pub seed: u64,
     /// Injected faults.
     pub faults: Faults,
-}
-
-/// The schema every workload tool takes.
-pub fn schema() -> Value {
-    json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},
-           "required":["text","n"],"additionalProperties":false})
-}
-
-fn text_of(args: &Value) -> String {
-    args.get("text")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// FNV-1a over `text`, `rounds` times: deterministic CPU work sized by `n`.
-fn cpu_hash(text: &str, rounds: u64) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for round in 0..rounds.min(CPU_WORK_MAX) {
-        for b in text.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= round;
-    }
-    format!("{h:016x}")
-}
-
-/// The six workload tools (see the module docs). `sleep` sleeps `sleep` per call.
-pub fn load_tools(sleep: Duration) -> Vec<ToolSpec> {
-    let mut specs = Vec::with_capacity(NAMES.len());
-    for (i, name) in NAMES.iter().enumerate() {
-        let safe = i.is_multiple_of(2);
-        let handler = match i / 2 {
-            0 => Handler::inline(|a, _| Ok(text_of(a))),
-            1 => Handler::future(move |a: Value, _| async move {
-                tokio::time::sleep(sleep).await;
-                Ok(text_of(&a))
-            }),
-            _ => Handler::inline(|a, _| {
-                let rounds = a.get("n").and_then(Value::as_u64).unwrap_or(0);
-                Ok(cpu_hash(&text_of(a), rounds))
-            }),
-        };
-        let description = match i / 2 {
-            0 => "Returns `text` (load workload).",
-            1 => "Sleeps, then returns `text` (load workload).",
-            _ => "Hashes `text` `n` times (load workload).",
-        };
-        specs.push(ToolSpec::new(*name, description, schema(), handler).concurrency_safe(safe));
-    }
-    specs
 }
 
 /// The directory of session `index` inside a builtin workspace.
@@ -547,11 +481,5 @@ mod tests {
         assert!((400..600).contains(&unknown), "{unknown}");
         assert!((400..600).contains(&invalid), "{invalid}");
         assert_eq!(unknown + invalid + serial, 2000);
-    }
-
-    #[test]
-    fn cpu_work_is_deterministic() {
-        assert_eq!(cpu_hash(TEXT, 3), cpu_hash(TEXT, 3));
-        assert_ne!(cpu_hash(TEXT, 3), cpu_hash(TEXT, 4));
     }
 }

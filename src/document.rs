@@ -1,0 +1,96 @@
+//! One wire document in, one wire document out: the whole of `switchboard dispatch` as a library
+//! call, shared by the CLI and every front end (the sidecar server, the MCP server).
+//!
+//! [`dispatch_document`] parses the text as JSON, decodes its tool calls in the given
+//! [`WireFormat`] (Anthropic: an assistant message, a Messages API response or a block array;
+//! OpenAI: an assistant message, a chat completion or a `tool_calls` array), dispatches them on
+//! an [`Engine`] or a [`Session`], and encodes what to append to the conversation. Tool failures
+//! are inside the answer; a [`DocumentError`] means the document itself was refused (or the
+//! engine failed) and nothing ran.
+
+use std::future::Future;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, EngineError};
+use crate::protocol::{self, ToolCall, ToolDispatchResult, WireFormat};
+use crate::session::Session;
+
+/// Why a document got no answer. Nothing of it ran.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DocumentError {
+    /// The text is not JSON.
+    #[error("input is not valid JSON: {0}")]
+    NotJson(String),
+    /// JSON, but not one of the accepted shapes.
+    #[error("unexpected input shape: {0}")]
+    Shape(String),
+    /// The engine failed (shut down, an actor gone).
+    #[error("the engine failed: {0}")]
+    Engine(#[from] EngineError),
+    /// The answer could not be encoded.
+    #[error("cannot encode the results: {0}")]
+    Encode(String),
+}
+
+/// What can dispatch a turn: an [`Engine`] (its shared schedulers) or a [`Session`].
+pub trait Dispatcher {
+    /// Dispatches one turn, cancellable with `cancel`.
+    fn dispatch_turn(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<Vec<ToolDispatchResult>, EngineError>> + Send;
+}
+
+impl Dispatcher for Engine {
+    fn dispatch_turn(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<Vec<ToolDispatchResult>, EngineError>> + Send {
+        self.dispatch_with_cancel(calls, cancel)
+    }
+}
+
+impl Dispatcher for Session {
+    fn dispatch_turn(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<Vec<ToolDispatchResult>, EngineError>> + Send {
+        self.dispatch_with_cancel(calls, cancel)
+    }
+}
+
+/// Parses and decodes one document's tool calls.
+pub fn decode_document(format: WireFormat, text: &str) -> Result<Vec<ToolCall>, DocumentError> {
+    let doc: Value =
+        serde_json::from_str(text).map_err(|e| DocumentError::NotJson(e.to_string()))?;
+    protocol::decode(format, &doc).map_err(|e| DocumentError::Shape(e.to_string()))
+}
+
+/// Encodes a turn's results as the text to append to the conversation.
+pub fn encode_document(
+    format: WireFormat,
+    results: &[ToolDispatchResult],
+) -> Result<String, DocumentError> {
+    let mut out = Vec::with_capacity(256);
+    protocol::write_json(format, results, &mut out)
+        .map_err(|e| DocumentError::Encode(e.to_string()))?;
+    String::from_utf8(out).map_err(|e| DocumentError::Encode(e.to_string()))
+}
+
+/// Decodes one document, dispatches its calls on `target` (cancelled with `cancel`), and encodes
+/// the answer: exactly what `switchboard dispatch` prints for it.
+pub async fn dispatch_document(
+    target: &impl Dispatcher,
+    format: WireFormat,
+    text: &str,
+    cancel: CancellationToken,
+) -> Result<String, DocumentError> {
+    let calls = decode_document(format, text)?;
+    let results = target.dispatch_turn(calls, cancel).await?;
+    encode_document(format, &results)
+}

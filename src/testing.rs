@@ -1,0 +1,112 @@
+//! Test doubles for embedders' tests, benchmarks and load runs (feature `testing`, on with `cli`):
+//! the six load-workload tools every figure in the README is measured with — `noop`, `sleep`
+//! and `cpu`, each concurrency-safe, plus a serial variant of each (`*_serial`) — all taking
+//! `{"text": string, "n": integer ≥ 0}` and answering `text` (`cpu`: a hash of it). One
+//! definition, used by `switchboard load`, `serve --with-load-tools` and `cargo bench`.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::tool::{Handler, ToolSpec};
+
+/// The 32 characters every workload call carries as `text`.
+pub const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";
+
+/// Largest `n` the `cpu` tool honours (bigger values are clamped), so no call can run for long.
+pub const CPU_WORK_MAX: u64 = 1_000_000;
+
+/// The workload tools' names, in variant order: even indices are concurrency-safe, odd serial.
+pub(crate) const NAMES: [&str; 6] = [
+    "noop",
+    "noop_serial",
+    "sleep",
+    "sleep_serial",
+    "cpu",
+    "cpu_serial",
+];
+
+/// The schema every workload tool takes.
+pub fn schema() -> Value {
+    json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},
+           "required":["text","n"],"additionalProperties":false})
+}
+
+/// The `text` argument, or an empty string.
+pub fn text_of(args: &Value) -> String {
+    args.get("text")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// FNV-1a over `text`, `rounds` times: deterministic CPU work sized by `n`.
+fn cpu_hash(text: &str, rounds: u64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for round in 0..rounds.min(CPU_WORK_MAX) {
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= round;
+    }
+    format!("{h:016x}")
+}
+
+/// The six workload tools (see the module docs). `sleep` sleeps `sleep` per call.
+pub fn load_tools(sleep: Duration) -> Vec<ToolSpec> {
+    let mut specs = Vec::with_capacity(NAMES.len());
+    for (i, name) in NAMES.iter().enumerate() {
+        let safe = i.is_multiple_of(2);
+        let handler = match i / 2 {
+            0 => Handler::inline(|a, _| Ok(text_of(a))),
+            1 => Handler::future(move |a: Value, _| async move {
+                tokio::time::sleep(sleep).await;
+                Ok(text_of(&a))
+            }),
+            _ => Handler::inline(|a, _| {
+                let rounds = a.get("n").and_then(Value::as_u64).unwrap_or(0);
+                Ok(cpu_hash(&text_of(a), rounds))
+            }),
+        };
+        let description = match i / 2 {
+            0 => "Returns `text` (load workload).",
+            1 => "Sleeps, then returns `text` (load workload).",
+            _ => "Hashes `text` `n` times (load workload).",
+        };
+        specs.push(ToolSpec::new(*name, description, schema(), handler).concurrency_safe(safe));
+    }
+    specs
+}
+
+/// `noop_async`: like `noop`, from a future (so its stage goes to a worker); concurrency-safe.
+pub fn noop_async() -> ToolSpec {
+    ToolSpec::new(
+        "noop_async",
+        "Returns `text` from a future (load workload).",
+        schema(),
+        Handler::future(|a: Value, _| async move { Ok(text_of(&a)) }),
+    )
+    .concurrency_safe(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_work_is_deterministic() {
+        assert_eq!(cpu_hash(TEXT, 3), cpu_hash(TEXT, 3));
+        assert_ne!(cpu_hash(TEXT, 3), cpu_hash(TEXT, 4));
+    }
+
+    #[test]
+    fn there_are_six_workload_tools_safe_then_serial() {
+        let tools = load_tools(Duration::ZERO);
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, NAMES);
+        for (i, t) in tools.iter().enumerate() {
+            assert_eq!(t.policy.concurrency_safe, i % 2 == 0, "{}", t.name);
+        }
+    }
+}
