@@ -5,6 +5,10 @@
 //! outcome are recorded ([`crate::observe`]). A second answer for a slot (a late reply) is dropped.
 //! [`Collector::finish`] answers any slot still empty, so a turn always yields exactly one result
 //! per call, in the order the model asked.
+//!
+//! Import note: the collector knows metric handles, not the registry. Whoever fills a slot hands
+//! it the handles of the call's tool (the scheduler holds the turn's registry snapshot), so the
+//! collector never looks a tool up.
 
 use std::sync::Arc;
 

@@ -16,6 +16,7 @@ pub mod document;
 pub mod engine;
 pub mod execute;
 pub mod exporter;
+pub mod file_state;
 pub(crate) mod limiter;
 #[cfg(feature = "cli")]
 pub mod load;

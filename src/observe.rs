@@ -6,6 +6,9 @@
 //! (spans and events named after the OpenTelemetry GenAI conventions: `gen_ai.operation.name =
 //! "execute_tool"`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `error.type` on failure). Disabled
 //! tracing levels cost a static check; metric handles cost an atomic add.
+//!
+//! Import note: telemetry depends on the planner's stage types ([`crate::plan`]), never on the
+//! scheduler, so the scheduler can use it without a cycle.
 
 use std::time::Duration;
 

@@ -22,6 +22,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::file_state::FileStamps;
 use crate::protocol::ErrorCode;
 use crate::workspace::Workspace;
 
@@ -140,6 +141,7 @@ impl ToolContext {
 pub struct SessionScope {
     id: Arc<str>,
     workspace: Option<Workspace>,
+    files: FileStamps,
 }
 
 impl SessionScope {
@@ -148,6 +150,7 @@ impl SessionScope {
         SessionScope {
             id: id.into(),
             workspace,
+            files: FileStamps::default(),
         }
     }
 
@@ -159,6 +162,11 @@ impl SessionScope {
     /// The workspace, if the session has one.
     pub fn workspace(&self) -> Option<&Workspace> {
         self.workspace.as_ref()
+    }
+
+    /// What the session saw of the files it read or wrote (for the modified-since-read check).
+    pub fn files(&self) -> &FileStamps {
+        &self.files
     }
 }
 

@@ -8,6 +8,7 @@
 
 use serde_json::{Value, json};
 
+use crate::file_state::{DirLock, Stamp};
 use crate::tool::{Handler, ToolContext, ToolError, ToolSpec};
 use crate::tools::read_file::read_text;
 use crate::tools::str_arg;
@@ -44,10 +45,16 @@ fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolEr
         return Err(ToolError::invalid("argument 'old_text' must not be empty"));
     }
     let rel = ws.relative(path)?;
+    // Check, read, modify and rename under the directory's lock: no other edit interleaves.
+    let _lock = DirLock::for_path(ws, &rel, path)?;
+    ctx.session.files().check_unchanged(ws, &rel, path)?;
     let text = read_text(ws, &rel, path)?;
     let edited = replace_first(&text, old_text, new_text)
         .ok_or_else(|| ToolError::execution(format!("text not found in {path}")))?;
     ws.write_atomic_unless(&rel, edited.as_bytes(), path, &|| ctx.begin_commit())?;
+    if let Some(stamp) = Stamp::now(ws, &rel) {
+        ctx.session.files().record(&rel, stamp);
+    }
     Ok(format!("Edited {path}"))
 }
 

@@ -18,7 +18,8 @@ use std::path::Path;
 use cap_std::fs::{OpenOptions, OpenOptionsExt};
 use serde_json::{Value, json};
 
-use crate::tool::{Handler, ToolError, ToolSpec, cap_output};
+use crate::file_state::Stamp;
+use crate::tool::{Handler, ToolContext, ToolError, ToolSpec, cap_output};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
@@ -41,13 +42,13 @@ pub fn spec() -> ToolSpec {
             "required": ["path"],
             "additionalProperties": false
         }),
-        Handler::blocking(|args, ctx| run(ctx.workspace()?, args)),
+        Handler::blocking(|args, ctx| run(ctx.workspace()?, args, ctx)),
     )
     .concurrency_safe(true)
     .output_cap(OUTPUT_CAP)
 }
 
-fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
+fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
     let path = str_arg(args, "path")?;
     let limit = match args.get("limit") {
         None | Some(Value::Null) => None,
@@ -61,13 +62,23 @@ fn run(ws: &Workspace, args: &Value) -> Result<String, ToolError> {
         },
     };
     let rel = ws.relative(path)?;
-    let text = read_text(ws, &rel, path)?;
+    let (text, stamp) = read_text_stamped(ws, &rel, path)?;
+    ctx.session.files().record(&rel, stamp);
     Ok(cap_output(render_lines(&text, limit), OUTPUT_CAP))
 }
 
 /// Reads the regular file at `rel` as UTF-8 text through the workspace handle. `shown` is the
 /// model's path, used in error details.
 pub fn read_text(ws: &Workspace, rel: &Path, shown: &str) -> Result<String, ToolError> {
+    read_text_stamped(ws, rel, shown).map(|(text, _)| text)
+}
+
+/// [`read_text`], with the [`Stamp`] of the file it read (taken from the open handle).
+pub fn read_text_stamped(
+    ws: &Workspace,
+    rel: &Path,
+    shown: &str,
+) -> Result<(String, Stamp), ToolError> {
     // Refuse special files before opening them (opening a device can have effects of its own)...
     let meta = ws
         .dir()
@@ -105,7 +116,7 @@ pub fn read_text(ws: &Workspace, rel: &Path, shown: &str) -> Result<String, Tool
             "file too large (over {MAX_TEXT_BYTES} bytes): {shown}"
         )));
     }
-    decode_text(bytes, shown)
+    Ok((decode_text(bytes, shown)?, Stamp::of(&meta)))
 }
 
 /// Refuses directories and anything that is not a regular file (FIFOs, sockets, devices).

@@ -8,6 +8,7 @@
 
 use serde_json::{Value, json};
 
+use crate::file_state::{DirLock, Stamp};
 use crate::tool::{Handler, ToolContext, ToolError, ToolSpec};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
@@ -35,6 +36,11 @@ fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolEr
     let path = str_arg(args, "path")?;
     let content = str_arg(args, "content")?;
     let rel = ws.relative(path)?;
+    let _lock = DirLock::for_path(ws, &rel, path)?;
+    ctx.session.files().check_unchanged(ws, &rel, path)?;
     ws.write_atomic_unless(&rel, content.as_bytes(), path, &|| ctx.begin_commit())?;
+    if let Some(stamp) = Stamp::now(ws, &rel) {
+        ctx.session.files().record(&rel, stamp);
+    }
     Ok(format!("Wrote {} bytes to {path}", content.len()))
 }
