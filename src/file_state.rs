@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use cap_std::fs::{Dir, Metadata, MetadataExt};
+use cap_std::fs::{Metadata, MetadataExt};
 use rustix::fs::{FlockOperation, flock};
 
 use crate::tool::ToolError;
