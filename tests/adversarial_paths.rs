@@ -12,18 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{ToolOutcome, ToolSpec};
-use switchboard::tools::{builtin_tools, edit_file, glob, read_file, write_file};
+use switchboard::tools::{edit_file, glob, read_file, write_file};
 use switchboard::workspace::Workspace;
 
-use common::direct::call_sync;
-
-fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    call_sync(spec, "adversarial", args)
-}
-use switchboard::{Engine, ToolCall};
+use common::direct::{assert_code, call_tool as call};
+use switchboard::ToolCall;
 
 const SECRET: &str = "outside secret\n";
 const INSIDE: &str = "inside text\n";
@@ -138,19 +134,12 @@ impl Fixture {
     }
 }
 
-fn assert_code(outcome: ToolOutcome, code: ErrorCode, what: &str) {
-    match outcome {
-        Err(e) => assert_eq!(e.code, code, "{what}: {e}"),
-        Ok(text) => panic!("{what}: expected {code}, got success: {text}"),
-    }
-}
-
 /// Denied, and the denial does not echo the outside content.
 fn assert_denied(outcome: ToolOutcome, what: &str) {
     if let Err(e) = &outcome {
         assert!(!e.detail.contains("outside secret"), "{what}: {e}");
     }
-    assert_code(outcome, ErrorCode::PermissionDenied, what);
+    common::direct::assert_denied(outcome, what);
 }
 
 #[test]
@@ -499,18 +488,10 @@ fn a_hard_link_to_an_outside_file_is_never_written_through() {
     f.assert_outside_untouched();
 }
 
-fn engine(ws: &Workspace) -> Engine {
-    Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .build()
-        .expect("engine builds")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_symlink_planted_by_bash_earlier_in_the_same_turn_is_denied() {
     let f = Fixture::new();
-    let engine = engine(&f.ws);
+    let engine = common::builtin_engine(&f.ws, Vec::new());
     let outside_dir = f.outside("");
     let turn = vec![
         ToolCall::new(

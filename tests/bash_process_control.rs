@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolOutcome, ToolSpec};
+use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::bash::{self, Isolation, Launcher};
-use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 
 use common::direct::{survivors, unique_id};
-use switchboard::{Engine, ToolCall};
+use switchboard::ToolCall;
 use tokio_util::sync::CancellationToken;
 
 /// Bound on anything a test waits for: a hang fails the test instead of wedging the suite.
@@ -50,15 +49,9 @@ impl Bash {
         }
     }
 
-    /// Runs a command as call `id`, cancelled by `cancel`, bounded by [`BOUND`].
+    /// Runs a command as call `id`, cancelled by `cancel`, bounded (10 s).
     async fn run(&self, id: &str, args: Value, cancel: CancellationToken) -> ToolOutcome {
-        let ctx = common::direct::ctx(id, Duration::from_secs(60), cancel);
-        let Handler::Async(f) = &self.spec.handler else {
-            panic!("bash is async")
-        };
-        tokio::time::timeout(BOUND, f(args, ctx))
-            .await
-            .expect("the call was answered within the bound")
+        common::direct::call_bounded(&self.spec, id, args, cancel).await
     }
 }
 
@@ -229,19 +222,11 @@ async fn partial_output_of_a_flood_is_capped() {
     );
 }
 
-fn engine(ws: &Workspace) -> Engine {
-    Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .build()
-        .expect("engine builds")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = Workspace::open(tmp.path()).unwrap();
-    let engine = engine(&ws);
+    let engine = common::builtin_engine(&ws, Vec::new());
     let id = unique_id("engine-timeout");
     let results = tokio::time::timeout(
         BOUND,
@@ -297,7 +282,7 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
 async fn timeout_ms_is_validated_and_bounds_the_call() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = Workspace::open(tmp.path()).unwrap();
-    let engine = engine(&ws);
+    let engine = common::builtin_engine(&ws, Vec::new());
     let bad = [
         json!(0),
         json!(-5),

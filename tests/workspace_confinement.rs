@@ -8,17 +8,13 @@ mod common;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{ToolOutcome, ToolSpec};
+use switchboard::tool::ToolOutcome;
 use switchboard::tools::{edit_file, glob, read_file, write_file};
 use switchboard::workspace::Workspace;
 
-use common::direct::call_sync;
-
-fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    call_sync(spec, "confinement", args)
-}
+use common::direct::{assert_code, assert_denied, call_tool as call};
 
 const SECRET: &str = "outside secret\n";
 
@@ -95,17 +91,6 @@ impl Fixture {
         assert_eq!(names, ["secret.txt"], "something was created outside");
         assert!(!self.base.join("x").exists());
     }
-}
-
-fn assert_code(outcome: ToolOutcome, code: ErrorCode, what: &str) {
-    match outcome {
-        Err(e) => assert_eq!(e.code, code, "{what}: {e}"),
-        Ok(text) => panic!("{what}: expected {code}, got success: {text}"),
-    }
-}
-
-fn assert_denied(outcome: ToolOutcome, what: &str) {
-    assert_code(outcome, ErrorCode::PermissionDenied, what);
 }
 
 #[test]

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use switchboard::tools::builtin_tools;
+use switchboard::workspace::Workspace;
 use switchboard::{
     Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolError, ToolOutcome, ToolSpec,
 };
@@ -262,6 +264,16 @@ pub fn logging_tool(name: &str, safe: bool, log: EventLog) -> ToolSpec {
 pub fn engine(tools: Vec<ToolSpec>) -> Engine {
     Engine::builder()
         .tools(tools)
+        .build()
+        .expect("engine builds")
+}
+
+/// An engine of the five built-in tools plus `extra`, serving `ws` (panics if it does not build).
+pub fn builtin_engine(ws: &Workspace, extra: Vec<ToolSpec>) -> Engine {
+    Engine::builder()
+        .tools(builtin_tools())
+        .tools(extra)
+        .workspace(ws.clone())
         .build()
         .expect("engine builds")
 }
