@@ -15,7 +15,8 @@ use common::model::{BOUND, MODEL, SYSTEM, agent, config, fast_retry, test_engine
 use common::outcomes;
 use common::wire::{Call, Stop, Wire};
 use serde_json::Value;
-use switchboard::agent_loop::{AgentError, AgentLoop, StopReason, StreamOptions};
+use switchboard::Engine;
+use switchboard::agent_loop::{AgentError, AgentLoop, LoopResult, StopReason, StreamOptions};
 use switchboard::provider::{MALFORMED_INPUT_KEY, ProviderError};
 use switchboard::providers::{HttpConfig, RetryPolicy};
 
@@ -59,6 +60,41 @@ for_each_wire!(
     without_eager_dispatch_every_call_waits_for_the_end_of_the_stream,
 );
 
+/// A mock server scripted with `turns`, the event log it and the handlers write to, and the
+/// engine of `echo`, `reader` and `writer`.
+struct Scene {
+    log: EventLog,
+    server: MockServer,
+    engine: Engine,
+}
+
+impl Scene {
+    async fn new(turns: Vec<MockTurn>) -> Scene {
+        let log = EventLog::default();
+        let server = MockServer::start(turns, log.clone()).await;
+        let engine = test_engine(&log);
+        Scene {
+            log,
+            server,
+            engine,
+        }
+    }
+
+    /// A loop talking to the server through `wire`'s provider.
+    fn agent(&self, wire: Wire, stream: bool, eager: bool) -> AgentLoop {
+        agent(&self.engine, wire.provider(&self.server), stream, eager)
+    }
+
+    /// Runs `prompt` to its end, bounded by [`BOUND`]; panics on an error.
+    async fn run(&self, wire: Wire, stream: bool, eager: bool, prompt: &str) -> LoopResult {
+        let mut agent = self.agent(wire, stream, eager);
+        tokio::time::timeout(BOUND, agent.run(prompt))
+            .await
+            .expect("the loop ended within the bound")
+            .unwrap()
+    }
+}
+
 async fn whole_answers_carry_the_catalog_and_then_exactly_the_encoded_results(wire: Wire) {
     catalog_and_results(wire, false).await;
 }
@@ -73,22 +109,13 @@ async fn catalog_and_results(wire: Wire, stream: bool) {
         ("t2", "nope", "{}"),
         ("t3", "echo", r#"{"text":5}"#),
     ];
-    let log = EventLog::default();
-    let server = MockServer::start(
-        vec![
-            wire.turn(Some("Checking."), &calls, Stop::ToolUse)
-                .fragments(4),
-            wire.final_answer("All done."),
-        ],
-        log.clone(),
-    )
+    let scene = Scene::new(vec![
+        wire.turn(Some("Checking."), &calls, Stop::ToolUse)
+            .fragments(4),
+        wire.final_answer("All done."),
+    ])
     .await;
-    let engine = test_engine(&log);
-    let mut agent = agent(&engine, wire.provider(&server), stream, true);
-    let r = tokio::time::timeout(BOUND, agent.run("go"))
-        .await
-        .unwrap()
-        .unwrap();
+    let r = scene.run(wire, stream, true, "go").await;
     assert_eq!(r.stop_reason, StopReason::FinalAnswer);
     assert_eq!(r.provider_stop_reason.as_deref(), Some("end_turn"));
     assert_eq!(r.final_text, "All done.");
@@ -100,9 +127,9 @@ async fn catalog_and_results(wire: Wire, stream: bool) {
     );
     assert_eq!(r.dispatches[0][0].content, "echo:hi");
 
-    let requests = server.requests();
+    let requests = scene.server.requests();
     assert_eq!(requests.len(), 2);
-    let catalog = engine.catalog(wire.catalog_format()).await.unwrap();
+    let catalog = scene.engine.catalog(wire.catalog_format()).await.unwrap();
     for req in &requests {
         wire.assert_endpoint_and_key(&req.path, &req.headers);
         assert_eq!(req.body["tools"], Value::Array(catalog.clone()));
@@ -134,26 +161,17 @@ async fn streamed_arguments_assemble_however_they_are_split(wire: Wire) {
         ("t2", "echo", r#"{"text":"2nd"}"#),
     ];
     for chunk in [1, 2, 3] {
-        let log = EventLog::default();
-        let server = MockServer::start(
-            vec![
-                wire.turn(Some("Echo: é😀"), &calls, Stop::ToolUse)
-                    .fragments(1)
-                    .chunks(chunk),
-                wire.final_answer("ok").chunks(chunk),
-            ],
-            log.clone(),
-        )
+        let scene = Scene::new(vec![
+            wire.turn(Some("Echo: é😀"), &calls, Stop::ToolUse)
+                .fragments(1)
+                .chunks(chunk),
+            wire.final_answer("ok").chunks(chunk),
+        ])
         .await;
-        let engine = test_engine(&log);
-        let mut agent = agent(&engine, wire.provider(&server), true, true);
-        let r = tokio::time::timeout(BOUND, agent.run("echo"))
-            .await
-            .unwrap()
-            .unwrap();
+        let r = scene.run(wire, true, true, "echo").await;
         assert_eq!(r.dispatches[0][0].content, ECHOED, "chunks of {chunk}");
         assert_eq!(r.dispatches[0][1].content, "echo:2nd", "chunks of {chunk}");
-        let history = wire.conversation(&server.requests()[1].body);
+        let history = wire.conversation(&scene.server.requests()[1].body);
         assert_eq!(
             history[1],
             wire.assistant_message(Some("Echo: é😀"), &calls),
@@ -172,21 +190,12 @@ async fn bad_json_arguments_are_answered_invalid_arguments_and_the_loop_continue
             continue;
         }
         for fragment in [2, 3] {
-            let log = EventLog::default();
-            let server = MockServer::start(
-                vec![
-                    wire.turn(None, &calls, Stop::ToolUse).fragments(fragment),
-                    wire.final_answer("Recovered."),
-                ],
-                log.clone(),
-            )
+            let scene = Scene::new(vec![
+                wire.turn(None, &calls, Stop::ToolUse).fragments(fragment),
+                wire.final_answer("Recovered."),
+            ])
             .await;
-            let engine = test_engine(&log);
-            let mut agent = agent(&engine, wire.provider(&server), stream, true);
-            let r = tokio::time::timeout(BOUND, agent.run("go"))
-                .await
-                .unwrap()
-                .unwrap();
+            let r = scene.run(wire, stream, true, "go").await;
             assert_eq!(r.stop_reason, StopReason::FinalAnswer);
             assert_eq!(r.final_text, "Recovered.");
             assert_eq!(outcomes(&r.dispatches[0]), ["invalid_arguments", "ok"]);
@@ -197,7 +206,7 @@ async fn bad_json_arguments_are_answered_invalid_arguments_and_the_loop_continue
             );
             // The history sent back is valid for the API: the bad call's arguments are an empty
             // object, and no private marker leaks.
-            let history = wire.conversation(&server.requests()[1].body);
+            let history = wire.conversation(&scene.server.requests()[1].body);
             assert_eq!(history[1], wire.assistant_message(None, &calls));
             assert!(!history[1].to_string().contains(MALFORMED_INPUT_KEY));
             assert_eq!(history[2..], wire.result_messages(&r.dispatches[0])[..]);
@@ -207,35 +216,30 @@ async fn bad_json_arguments_are_answered_invalid_arguments_and_the_loop_continue
 
 async fn a_429_is_retried_after_its_retry_after(wire: Wire) {
     for stream in [false, true] {
-        let log = EventLog::default();
-        let server = MockServer::start(
-            vec![
-                wire.error(
-                    429,
-                    &[("retry-after", "3")],
-                    "rate_limit_error",
-                    "slow down",
-                ),
-                wire.final_answer("after the wait"),
-            ],
-            log.clone(),
-        )
+        let scene = Scene::new(vec![
+            wire.error(
+                429,
+                &[("retry-after", "3")],
+                "rate_limit_error",
+                "slow down",
+            ),
+            wire.final_answer("after the wait"),
+        ])
         .await;
-        let engine = test_engine(&log);
         // Backoff would wait 30 s; `retry-after: 3` means 3 × 20 ms here.
         let retry = RetryPolicy {
             base_delay: Duration::from_secs(30),
             max_delay: Duration::from_secs(30),
             ..fast_retry()
         };
-        let provider = wire.provider_at(wire.url(&server), retry);
-        let mut agent = agent(&engine, provider, stream, true);
+        let provider = wire.provider_at(wire.url(&scene.server), retry);
+        let mut agent = agent(&scene.engine, provider, stream, true);
         let r = tokio::time::timeout(Duration::from_secs(10), agent.run("go"))
             .await
             .expect("retry-after was honoured, not the 30 s backoff")
             .unwrap();
         assert_eq!(r.final_text, "after the wait");
-        let requests = server.requests();
+        let requests = scene.server.requests();
         assert_eq!(requests.len(), 2);
         assert!(requests[1].at.duration_since(requests[0].at) >= Duration::from_millis(60));
         assert_eq!(requests[0].body, requests[1].body);
@@ -243,29 +247,21 @@ async fn a_429_is_retried_after_its_retry_after(wire: Wire) {
 }
 
 async fn a_503_is_retried(wire: Wire) {
-    let log = EventLog::default();
-    let server = MockServer::start(
-        vec![
-            wire.error(503, &[("retry-after", "0")], "overloaded", "busy"),
-            wire.final_answer("ok"),
-        ],
-        log.clone(),
-    )
+    let scene = Scene::new(vec![
+        wire.error(503, &[("retry-after", "0")], "overloaded", "busy"),
+        wire.final_answer("ok"),
+    ])
     .await;
-    let engine = test_engine(&log);
-    let mut agent = agent(&engine, wire.provider(&server), true, true);
+    let mut agent = scene.agent(wire, true, true);
     assert_eq!(agent.run("go").await.unwrap().final_text, "ok");
-    assert_eq!(server.requests().len(), 2);
+    assert_eq!(scene.server.requests().len(), 2);
 }
 
 async fn server_errors_are_retried_up_to_the_bound_then_named(wire: Wire) {
-    let log = EventLog::default();
     let err = || wire.error(529, &[], "overloaded_error", "Overloaded");
-    let server = MockServer::start(vec![err(), err(), err(), err(), err()], log.clone()).await;
-    let engine = test_engine(&log);
-    let mut agent = agent(&engine, wire.provider(&server), true, true);
-    let e = agent.run("go").await.unwrap_err();
-    assert_eq!(server.requests().len(), 4);
+    let scene = Scene::new(vec![err(), err(), err(), err(), err()]).await;
+    let e = scene.agent(wire, true, true).run("go").await.unwrap_err();
+    assert_eq!(scene.server.requests().len(), 4);
     assert!(matches!(
         e,
         AgentError::Provider(ProviderError::Status {
@@ -285,16 +281,16 @@ async fn server_errors_are_retried_up_to_the_bound_then_named(wire: Wire) {
 
 async fn a_401_names_the_variable_to_check_and_is_not_retried(wire: Wire) {
     for stream in [false, true] {
-        let log = EventLog::default();
-        let server = MockServer::start(
-            vec![wire.error(401, &[], "authentication_error", "invalid key")],
-            log.clone(),
-        )
+        let scene = Scene::new(vec![wire.error(
+            401,
+            &[],
+            "authentication_error",
+            "invalid key",
+        )])
         .await;
-        let engine = test_engine(&log);
-        let mut agent = agent(&engine, wire.provider(&server), stream, true);
+        let mut agent = scene.agent(wire, stream, true);
         let e = agent.run("go").await.unwrap_err().to_string();
-        assert_eq!(server.requests().len(), 1);
+        assert_eq!(scene.server.requests().len(), 1);
         assert!(e.contains("HTTP 401"), "{e}");
         assert!(
             e.ends_with(&format!("(check {})", wire.key_variable())),
@@ -316,12 +312,8 @@ async fn connection_failures_are_retried_then_reported(wire: Wire) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let log = EventLog::default();
-    let engine = test_engine(&log);
-    let url = match wire {
-        Wire::Anthropic => format!("http://127.0.0.1:{port}"),
-        Wire::OpenAi => format!("http://127.0.0.1:{port}/v1"),
-    };
+    let engine = test_engine(&EventLog::default());
+    let url = wire.base_url(&format!("http://127.0.0.1:{port}"));
     let mut agent = agent(&engine, wire.provider_at(url, fast_retry()), true, true);
     let e = agent.run("go").await.unwrap_err().to_string();
     assert!(e.contains("cannot reach"), "{e}");
@@ -339,30 +331,26 @@ async fn a_missing_key_is_refused_before_any_request_where_the_endpoint_needs_on
     assert_eq!(e, missing);
     assert!(e.is_config());
 
-    let log = EventLog::default();
-    let server = MockServer::start(vec![wire.final_answer("local")], log.clone()).await;
-    let local = wire.provider_for(HttpConfig::new(wire.url(&server), None));
+    let scene = Scene::new(vec![wire.final_answer("local")]).await;
+    let local = wire.provider_for(HttpConfig::new(wire.url(&scene.server), None));
     if wire.local_server_needs_a_key() {
         assert_eq!(local.err(), Some(missing));
-        assert!(server.requests().is_empty());
+        assert!(scene.server.requests().is_empty());
     } else {
-        let engine = test_engine(&log);
-        let mut local = agent(&engine, local.unwrap(), false, true);
+        let mut local = agent(&scene.engine, local.unwrap(), false, true);
         assert_eq!(local.run("hi").await.unwrap().final_text, "local");
-        assert!(!server.requests()[0].headers.contains_key("authorization"));
+        assert!(
+            !scene.server.requests()[0]
+                .headers
+                .contains_key("authorization")
+        );
     }
 }
 
 async fn max_tokens_and_max_turns_stop_the_loop(wire: Wire) {
     for stream in [false, true] {
-        let log = EventLog::default();
-        let server = MockServer::start(
-            vec![wire.turn(Some("I was cut o"), &[], Stop::MaxTokens)],
-            log.clone(),
-        )
-        .await;
-        let engine = test_engine(&log);
-        let mut a = agent(&engine, wire.provider(&server), stream, true);
+        let scene = Scene::new(vec![wire.turn(Some("I was cut o"), &[], Stop::MaxTokens)]).await;
+        let mut a = scene.agent(wire, stream, true);
         let r = a.run("write a novel").await.unwrap();
         assert_eq!(r.stop_reason, StopReason::MaxTokens);
         assert_eq!(r.final_text, "I was cut o");
@@ -377,8 +365,8 @@ async fn max_tokens_and_max_turns_stop_the_loop(wire: Wire) {
                 Stop::ToolUse,
             )
         };
-        let server = MockServer::start(vec![calls(0), calls(1), calls(2)], log.clone()).await;
-        let mut a = AgentLoop::new(engine.session(), wire.provider(&server), config(2))
+        let server = MockServer::start(vec![calls(0), calls(1), calls(2)], scene.log.clone()).await;
+        let mut a = AgentLoop::new(scene.engine.session(), wire.provider(&server), config(2))
             .unwrap()
             .with_stream(StreamOptions {
                 stream,
@@ -416,15 +404,9 @@ fn eager_turns(wire: Wire, hold: bool) -> Vec<MockTurn> {
 }
 
 async fn eager_dispatch_starts_a_safe_call_before_the_stream_ends(wire: Wire) {
-    let log = EventLog::default();
-    let server = MockServer::start(eager_turns(wire, true), log.clone()).await;
-    let engine = test_engine(&log);
-    let mut agent = agent(&engine, wire.provider(&server), true, true);
-    let r = tokio::time::timeout(BOUND, agent.run("go"))
-        .await
-        .unwrap()
-        .unwrap();
-    let at = |prefix: &str| log.first_starting_with(prefix);
+    let scene = Scene::new(eager_turns(wire, true)).await;
+    let r = scene.run(wire, true, true, "go").await;
+    let at = |prefix: &str| scene.log.first_starting_with(prefix);
     assert!(at("started reader a") < at("stream ended"));
     // The serial call waited for the stream and for every call before it.
     assert!(at("stream ended") < at("started writer c"));
@@ -438,39 +420,30 @@ async fn eager_dispatch_starts_a_safe_call_before_the_stream_ends(wire: Wire) {
     assert_eq!(ids, ["a", "b", "c", "d"]);
     assert_eq!(outcomes(results), ["ok", "ok", "ok", "ok"]);
     assert_eq!(
-        wire.conversation(&server.requests()[1].body)[2..],
+        wire.conversation(&scene.server.requests()[1].body)[2..],
         wire.result_messages(results)[..]
     );
 }
 
 /// [reader a, writer b, reader c], one-character fragments: only a starts eagerly.
 async fn a_serial_call_ends_eager_dispatch_and_waits_for_the_stream(wire: Wire) {
-    let log = EventLog::default();
-    let server = MockServer::start(
-        vec![
-            wire.turn(
-                None,
-                &[
-                    ("a", "reader", "{}"),
-                    ("b", "writer", "{}"),
-                    ("c", "reader", "{}"),
-                ],
-                Stop::ToolUse,
-            )
-            .fragments(1)
-            .hold_after_call(0, "started reader a"),
-            wire.final_answer("done"),
-        ],
-        log.clone(),
-    )
+    let scene = Scene::new(vec![
+        wire.turn(
+            None,
+            &[
+                ("a", "reader", "{}"),
+                ("b", "writer", "{}"),
+                ("c", "reader", "{}"),
+            ],
+            Stop::ToolUse,
+        )
+        .fragments(1)
+        .hold_after_call(0, "started reader a"),
+        wire.final_answer("done"),
+    ])
     .await;
-    let engine = test_engine(&log);
-    let mut agent = agent(&engine, wire.provider(&server), true, true);
-    let r = tokio::time::timeout(BOUND, agent.run("go"))
-        .await
-        .unwrap()
-        .unwrap();
-    let at = |prefix: &str| log.first_starting_with(prefix);
+    let r = scene.run(wire, true, true, "go").await;
+    let at = |prefix: &str| scene.log.first_starting_with(prefix);
     assert!(at("started reader a") < at("stream ended"));
     assert!(at("stream ended") < at("started writer b"));
     assert!(at("finished writer b") < at("started reader c"));
@@ -480,15 +453,12 @@ async fn a_serial_call_ends_eager_dispatch_and_waits_for_the_stream(wire: Wire) 
 }
 
 async fn without_eager_dispatch_every_call_waits_for_the_end_of_the_stream(wire: Wire) {
-    let log = EventLog::default();
-    let server = MockServer::start(eager_turns(wire, false), log.clone()).await;
-    let engine = test_engine(&log);
-    let mut agent = agent(&engine, wire.provider(&server), true, false);
-    let r = tokio::time::timeout(BOUND, agent.run("go"))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(log.first_starting_with("stream ended") < log.first_starting_with("started reader a"));
+    let scene = Scene::new(eager_turns(wire, false)).await;
+    let r = scene.run(wire, true, false, "go").await;
+    assert!(
+        scene.log.first_starting_with("stream ended")
+            < scene.log.first_starting_with("started reader a")
+    );
     assert_eq!(r.eager, [0]);
     assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok", "ok", "ok"]);
 }

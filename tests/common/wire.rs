@@ -80,6 +80,14 @@ impl Wire {
         stream || self == Wire::OpenAi
     }
 
+    /// The base URL of a server at `origin` (`http://host:port`) for this provider.
+    pub fn base_url(self, origin: &str) -> String {
+        match self {
+            Wire::Anthropic => origin.to_string(),
+            Wire::OpenAi => format!("{origin}/v1"),
+        }
+    }
+
     /// The base URL of `server` for this provider.
     pub fn url(self, server: &MockServer) -> String {
         match self {
