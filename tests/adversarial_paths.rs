@@ -16,57 +16,52 @@ use serde_json::json;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::{edit_file, glob, read_file, write_file};
-use switchboard::workspace::Workspace;
 
 use common::direct::{assert_code, call_tool as call};
+use common::workspace::Confined;
 use switchboard::ToolCall;
 
 const SECRET: &str = "outside secret\n";
 const INSIDE: &str = "inside text\n";
 
+/// The confinement layout with files on both sides, and the four file tools in its workspace.
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    ws: Workspace,
+    dir: Confined,
     read: ToolSpec,
     write: ToolSpec,
     edit: ToolSpec,
     glob: ToolSpec,
 }
 
+impl std::ops::Deref for Fixture {
+    type Target = Confined;
+    fn deref(&self) -> &Confined {
+        &self.dir
+    }
+}
+
 impl Fixture {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(tmp.path()).unwrap();
-        for dir in ["ws", "outside", "ws-evil", "outside/sub"] {
-            std::fs::create_dir(base.join(dir)).unwrap();
-        }
-        std::fs::write(base.join("outside/secret.txt"), SECRET).unwrap();
-        std::fs::write(base.join("outside/sub/deep.txt"), SECRET).unwrap();
-        std::fs::write(base.join("ws-evil/secret"), SECRET).unwrap();
-        std::fs::write(base.join("ws/inside.txt"), INSIDE).unwrap();
-        let ws = Workspace::open(base.join("ws")).unwrap();
+        let dir = Confined::new(
+            &["outside/sub"],
+            &[
+                ("outside/secret.txt", SECRET),
+                ("outside/sub/deep.txt", SECRET),
+                ("ws-evil/secret", SECRET),
+                ("ws/inside.txt", INSIDE),
+            ],
+        );
         Fixture {
-            read: common::direct::in_workspace(read_file::spec(), &ws),
-            write: common::direct::in_workspace(write_file::spec(), &ws),
-            edit: common::direct::in_workspace(edit_file::spec(), &ws),
-            glob: common::direct::in_workspace(glob::spec(), &ws),
-            _tmp: tmp,
-            base,
-            ws,
+            read: common::direct::in_workspace(read_file::spec(), &dir.ws),
+            write: common::direct::in_workspace(write_file::spec(), &dir.ws),
+            edit: common::direct::in_workspace(edit_file::spec(), &dir.ws),
+            glob: common::direct::in_workspace(glob::spec(), &dir.ws),
+            dir,
         }
-    }
-
-    fn ws_path(&self, rel: &str) -> PathBuf {
-        self.base.join("ws").join(rel)
     }
 
     fn outside(&self, rel: &str) -> String {
         self.base.join("outside").join(rel).display().to_string()
-    }
-
-    fn link(&self, target: impl AsRef<Path>, name: &str) {
-        symlink(target, self.ws_path(name)).unwrap();
     }
 
     fn read(&self, path: &str) -> ToolOutcome {

@@ -11,6 +11,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::cli::{stderr, stdout_one_line_json};
+use common::workspace::temp_workspace;
 
 use serde_json::{Value, json};
 use switchboard::protocol::{self, ErrorCode};
@@ -67,8 +68,7 @@ async fn assert_still_up(engine: &Engine) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deeply_nested_arguments_affect_only_their_own_call() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let deep: Value = serde_json::from_str(&nested(100, "1")).unwrap();
     let deep_obj: Value =
@@ -104,8 +104,7 @@ async fn deeply_nested_arguments_affect_only_their_own_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_megabyte_strings_as_arguments_names_and_ids() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let big = "x".repeat(10 * 1024 * 1024);
     let results = dispatch(
@@ -152,8 +151,7 @@ async fn ten_megabyte_strings_as_arguments_names_and_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_object_arguments_are_invalid_for_every_tool() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let mut calls = Vec::new();
     for tool in [
@@ -203,8 +201,7 @@ async fn non_object_arguments_are_invalid_for_every_tool() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let long_name = "n".repeat(10_000);
     let doc = json!({"role": "assistant", "content": [

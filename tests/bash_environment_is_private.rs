@@ -5,13 +5,14 @@
 
 mod common;
 
+use common::workspace::temp_workspace;
+
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::ToolCall;
-use switchboard::workspace::Workspace;
 use tokio::io::AsyncWriteExt;
 
 const BOUND: Duration = Duration::from_secs(15);
@@ -132,8 +133,7 @@ async fn an_engine_in_this_process_keeps_the_test_processs_environment_from_bash
     let description = std::env::var("CARGO_PKG_DESCRIPTION").unwrap();
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     assert!(!description.is_empty());
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = common::builtin_engine(&ws, Vec::new());
     let results = tokio::time::timeout(
         BOUND,

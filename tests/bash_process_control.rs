@@ -14,6 +14,7 @@ use switchboard::tools::bash::{self, Isolation, Launcher};
 use switchboard::workspace::Workspace;
 
 use common::direct::{survivors, unique_id};
+use common::workspace::temp_workspace;
 use switchboard::ToolCall;
 use tokio_util::sync::CancellationToken;
 
@@ -39,8 +40,7 @@ struct Bash {
 
 impl Bash {
     fn new(isolation: Isolation) -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         let spec = common::direct::in_workspace(bash::spec_with(isolation), &ws);
         Bash {
             _tmp: tmp,
@@ -224,8 +224,7 @@ async fn partial_output_of_a_flood_is_capped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = common::builtin_engine(&ws, Vec::new());
     let id = unique_id("engine-timeout");
     let results = tokio::time::timeout(
@@ -280,8 +279,7 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_ms_is_validated_and_bounds_the_call() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = common::builtin_engine(&ws, Vec::new());
     let bad = [
         json!(0),

@@ -3,11 +3,14 @@
 //! and memory holds no more than that while it is produced. `read_file` refuses special files at
 //! once (never blocking), binary files and invalid UTF-8 with a clear message.
 
+mod common;
+
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use common::workspace::temp_workspace;
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolSpec};
@@ -26,8 +29,7 @@ struct Tools {
 
 impl Tools {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         Tools {
             root: ws.root().to_path_buf(),
             ws,

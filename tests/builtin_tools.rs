@@ -16,6 +16,7 @@ use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 
 use common::direct::{call_bounded, call_with, ctx, survivors, unique_id};
+use common::workspace::temp_workspace;
 use tokio_util::sync::CancellationToken;
 
 /// Calls with a generous deadline, bounded so that a hang fails the test instead of stalling it.
@@ -31,8 +32,7 @@ struct Tools {
 
 impl Tools {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         let specs = common::direct::all_in_workspace(builtin_tools(), &ws);
         Tools {
             _tmp: tmp,

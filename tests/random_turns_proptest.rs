@@ -3,15 +3,17 @@
 //! one result, in call order, with a code from the stable set, and nothing outside the workspace
 //! changes. Runs the real file tools on a temp workspace beside an `outside` sentinel directory.
 
-use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+mod common;
+
+use common::workspace::Confined;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use switchboard::tools::{edit_file, glob, read_file, write_file};
-use switchboard::workspace::Workspace;
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolSpec};
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -135,34 +137,36 @@ fn snapshot(dir: &Path) -> Vec<(String, String)> {
     out
 }
 
+/// The confinement layout with files on both sides and symlinks out of the workspace.
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    ws: Workspace,
+    dir: Confined,
+}
+
+impl std::ops::Deref for Fixture {
+    type Target = Confined;
+    fn deref(&self) -> &Confined {
+        &self.dir
+    }
 }
 
 impl Fixture {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(tmp.path()).unwrap();
-        for dir in ["ws", "ws/sub", "outside", "outside/nested", "ws-evil"] {
-            std::fs::create_dir(base.join(dir)).unwrap();
-        }
-        std::fs::write(base.join("outside/secret.txt"), "secret abc\n").unwrap();
-        std::fs::write(base.join("outside/nested/deep.txt"), "deep abc").unwrap();
-        std::fs::write(base.join("ws-evil/x"), "evil abc").unwrap();
-        std::fs::write(base.join("ws/a.txt"), "alpha abc\n").unwrap();
-        std::fs::write(base.join("ws/sub/b.txt"), "beta abc\r\n").unwrap();
-        symlink(base.join("outside"), base.join("ws/out")).unwrap();
-        symlink("../outside/secret.txt", base.join("ws/leak")).unwrap();
-        symlink(base.join("outside/missing.txt"), base.join("ws/dangling")).unwrap();
-        symlink("/proc/self/root", base.join("ws/proc")).unwrap();
-        let ws = Workspace::open(base.join("ws")).unwrap();
-        Fixture {
-            _tmp: tmp,
-            base,
-            ws,
-        }
+        let dir = Confined::new(
+            &["ws/sub", "outside/nested"],
+            &[
+                ("outside/secret.txt", "secret abc\n"),
+                ("outside/nested/deep.txt", "deep abc"),
+                ("ws-evil/x", "evil abc"),
+                ("ws/a.txt", "alpha abc\n"),
+                ("ws/sub/b.txt", "beta abc\r\n"),
+            ],
+        );
+        let base = &dir.base;
+        dir.link(base.join("outside"), "out");
+        dir.link("../outside/secret.txt", "leak");
+        dir.link(base.join("outside/missing.txt"), "dangling");
+        dir.link("/proc/self/root", "proc");
+        Fixture { dir }
     }
 
     /// Everything outside the workspace (the sentinel and the sibling-prefix directory).

@@ -5,48 +5,36 @@
 
 mod common;
 
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
-
 use serde_json::json;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::ToolOutcome;
 use switchboard::tools::{edit_file, glob, read_file, write_file};
-use switchboard::workspace::Workspace;
 
 use common::direct::{assert_code, assert_denied, call_tool as call};
+use common::workspace::Confined;
 
 const SECRET: &str = "outside secret\n";
 
+/// The confinement layout with a secret on the outside.
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    ws: Workspace,
+    dir: Confined,
+}
+
+impl std::ops::Deref for Fixture {
+    type Target = Confined;
+    fn deref(&self) -> &Confined {
+        &self.dir
+    }
 }
 
 impl Fixture {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(tmp.path()).unwrap();
-        for dir in ["ws", "outside", "ws-evil"] {
-            std::fs::create_dir(base.join(dir)).unwrap();
-        }
-        std::fs::write(base.join("outside/secret.txt"), SECRET).unwrap();
-        std::fs::write(base.join("ws-evil/secret"), SECRET).unwrap();
-        let ws = Workspace::open(base.join("ws")).unwrap();
         Fixture {
-            _tmp: tmp,
-            base,
-            ws,
+            dir: Confined::new(
+                &[],
+                &[("outside/secret.txt", SECRET), ("ws-evil/secret", SECRET)],
+            ),
         }
-    }
-
-    fn ws_path(&self, rel: &str) -> PathBuf {
-        self.base.join("ws").join(rel)
-    }
-
-    fn link(&self, target: impl AsRef<Path>, name: &str) {
-        symlink(target, self.ws_path(name)).unwrap();
     }
 
     fn read(&self, path: &str) -> ToolOutcome {

@@ -3,7 +3,8 @@
 //! tool's handler as the engine would; [`cli`] runs the built binary and reads its output;
 //! [`model`] and [`mock_server`] script a model (scripted answers, a local HTTP server speaking
 //! both wire formats) and [`wire`] describes each HTTP provider's shapes so one suite runs for
-//! both. Every test file includes the whole tree (`mod common;`), so unused items are allowed.
+//! both; [`workspace`] makes workspaces on disk. Every test file includes the whole tree
+//! (`mod common;`), so unused items are allowed.
 #![allow(dead_code)]
 
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod direct;
 pub mod mock_server;
 pub mod model;
 pub mod wire;
+pub mod workspace;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
