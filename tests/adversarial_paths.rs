@@ -33,13 +33,6 @@ struct Fixture {
     glob: ToolSpec,
 }
 
-impl std::ops::Deref for Fixture {
-    type Target = Confined;
-    fn deref(&self) -> &Confined {
-        &self.dir
-    }
-}
-
 impl Fixture {
     fn new() -> Self {
         let dir = Confined::new(
@@ -61,7 +54,12 @@ impl Fixture {
     }
 
     fn outside(&self, rel: &str) -> String {
-        self.base.join("outside").join(rel).display().to_string()
+        self.dir
+            .base
+            .join("outside")
+            .join(rel)
+            .display()
+            .to_string()
     }
 
     fn read(&self, path: &str) -> ToolOutcome {
@@ -100,7 +98,7 @@ impl Fixture {
         }
         let mut out = Vec::new();
         for dir in ["outside", "ws-evil"] {
-            walk(&self.base.join(dir), &self.base, &mut out);
+            walk(&self.dir.base.join(dir), &self.dir.base, &mut out);
         }
         out.sort();
         out
@@ -117,7 +115,7 @@ impl Fixture {
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
         assert_eq!(self.outside_tree(), expected, "something outside changed");
-        let top: Vec<_> = std::fs::read_dir(&self.base)
+        let top: Vec<_> = std::fs::read_dir(&self.dir.base)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
@@ -179,7 +177,7 @@ fn dot_dot_in_every_position_is_denied() {
 #[test]
 fn absolute_paths_outside_and_sibling_prefixes_are_denied() {
     let f = Fixture::new();
-    let root = f.ws.root().display().to_string();
+    let root = f.dir.ws.root().display().to_string();
     let paths = [
         "/".to_string(),
         "/etc/passwd".to_string(),
@@ -188,12 +186,12 @@ fn absolute_paths_outside_and_sibling_prefixes_are_denied() {
         "/dev/zero".to_string(),
         f.outside("secret.txt"),
         f.outside("new.txt"),
-        f.base.join("ws-evil/secret").display().to_string(),
-        f.base.join("ws-evil/new").display().to_string(),
+        f.dir.base.join("ws-evil/secret").display().to_string(),
+        f.dir.base.join("ws-evil/new").display().to_string(),
         format!("{root}-evil/secret"),
         format!("{root}evil"),
         format!("{root}/../outside/secret.txt"),
-        f.base.display().to_string(),
+        f.dir.base.display().to_string(),
     ];
     for path in &paths {
         assert_denied(f.read(path), &format!("read {path}"));
@@ -219,22 +217,22 @@ fn absolute_paths_outside_and_sibling_prefixes_are_denied() {
 #[test]
 fn symlinks_out_of_every_shape_are_denied() {
     let f = Fixture::new();
-    f.link(f.outside("secret.txt"), "leaf_abs");
-    f.link("../outside/secret.txt", "leaf_rel");
-    f.link("../ws-evil/secret", "leaf_sibling");
-    f.link(f.outside("new.txt"), "dangling_abs");
-    f.link("../outside/new.txt", "dangling_rel");
-    f.link(f.outside(""), "dir_abs");
-    f.link("../outside", "dir_rel");
-    f.link("chain2", "chain1");
-    f.link("chain3", "chain2");
-    f.link(f.outside("secret.txt"), "chain3");
-    f.link("dir_rel/sub", "dir_chain");
-    f.link("/", "root_link");
-    f.link("/etc/passwd", "passwd");
-    std::fs::create_dir(f.ws_path("nested")).unwrap();
-    symlink("../../outside/secret.txt", f.ws_path("nested/up2")).unwrap();
-    symlink("../dir_rel", f.ws_path("nested/via_parent")).unwrap();
+    f.dir.link(f.outside("secret.txt"), "leaf_abs");
+    f.dir.link("../outside/secret.txt", "leaf_rel");
+    f.dir.link("../ws-evil/secret", "leaf_sibling");
+    f.dir.link(f.outside("new.txt"), "dangling_abs");
+    f.dir.link("../outside/new.txt", "dangling_rel");
+    f.dir.link(f.outside(""), "dir_abs");
+    f.dir.link("../outside", "dir_rel");
+    f.dir.link("chain2", "chain1");
+    f.dir.link("chain3", "chain2");
+    f.dir.link(f.outside("secret.txt"), "chain3");
+    f.dir.link("dir_rel/sub", "dir_chain");
+    f.dir.link("/", "root_link");
+    f.dir.link("/etc/passwd", "passwd");
+    std::fs::create_dir(f.dir.ws_path("nested")).unwrap();
+    symlink("../../outside/secret.txt", f.dir.ws_path("nested/up2")).unwrap();
+    symlink("../dir_rel", f.dir.ws_path("nested/via_parent")).unwrap();
     for path in [
         "leaf_abs",
         "leaf_rel",
@@ -276,7 +274,7 @@ fn symlinks_out_of_every_shape_are_denied() {
     // The links themselves are still links: nothing was written over them.
     for name in ["leaf_abs", "dangling_abs", "chain3", "dir_rel"] {
         assert!(
-            std::fs::symlink_metadata(f.ws_path(name))
+            std::fs::symlink_metadata(f.dir.ws_path(name))
                 .unwrap()
                 .is_symlink()
         );
@@ -286,10 +284,10 @@ fn symlinks_out_of_every_shape_are_denied() {
 #[test]
 fn a_dangling_directory_link_out_creates_nothing_outside() {
     let f = Fixture::new();
-    f.link(f.outside("newdir"), "dangdir");
+    f.dir.link(f.outside("newdir"), "dangdir");
     let outcome = f.write("dangdir/x.txt");
     assert!(outcome.is_err(), "{outcome:?}");
-    assert!(!f.base.join("outside/newdir").exists());
+    assert!(!f.dir.base.join("outside/newdir").exists());
     f.assert_outside_untouched();
 }
 
@@ -311,14 +309,14 @@ fn proc_magic_links_are_denied() {
         ("fd_dir", "/proc/self/fd".to_string()),
     ];
     for (name, target) in &links {
-        f.link(target, name);
+        f.dir.link(target, name);
     }
     // An open handle on the outside file, so some /proc/self/fd/N points at it.
-    let held = std::fs::File::open(f.base.join("outside/secret.txt")).unwrap();
+    let held = std::fs::File::open(f.dir.base.join("outside/secret.txt")).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&held);
-    f.link(format!("/proc/self/fd/{fd}"), "fd_held");
-    f.link(format!("/proc/{own}/fd/{fd}"), "pid_fd_held");
-    f.link(format!("/dev/fd/{fd}"), "dev_fd_held");
+    f.dir.link(format!("/proc/self/fd/{fd}"), "fd_held");
+    f.dir.link(format!("/proc/{own}/fd/{fd}"), "pid_fd_held");
+    f.dir.link(format!("/dev/fd/{fd}"), "dev_fd_held");
     for path in [
         "self_root/etc/passwd",
         "self_cwd/Cargo.toml",
@@ -395,7 +393,7 @@ fn tilde_is_never_expanded() {
     }
     assert_eq!(f.write("~root/x").unwrap(), "Wrote 6 bytes to ~root/x");
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("~root/x")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("~root/x")).unwrap(),
         "pwned\n"
     );
     assert_eq!(f.glob("~*").unwrap(), "~root");
@@ -405,18 +403,18 @@ fn tilde_is_never_expanded() {
 #[test]
 fn glob_never_lists_or_follows_outside_and_terminates_on_loops() {
     let f = Fixture::new();
-    f.link(f.outside(""), "dir_abs");
-    f.link("../outside", "dir_rel");
-    f.link("/", "root_link");
-    f.link("/proc/self/root", "proc_root");
-    f.link(".", "self_loop");
-    f.link("..", "parent_link");
-    f.link("loop_b", "loop_a");
-    f.link("loop_a", "loop_b");
-    std::fs::create_dir_all(f.ws_path("d/e")).unwrap();
-    symlink("../..", f.ws_path("d/e/up")).unwrap();
+    f.dir.link(f.outside(""), "dir_abs");
+    f.dir.link("../outside", "dir_rel");
+    f.dir.link("/", "root_link");
+    f.dir.link("/proc/self/root", "proc_root");
+    f.dir.link(".", "self_loop");
+    f.dir.link("..", "parent_link");
+    f.dir.link("loop_b", "loop_a");
+    f.dir.link("loop_a", "loop_b");
+    std::fs::create_dir_all(f.dir.ws_path("d/e")).unwrap();
+    symlink("../..", f.dir.ws_path("d/e/up")).unwrap();
     // A deep tree, so the walk has real work and still ends.
-    let mut deep = f.ws_path("deep");
+    let mut deep = f.dir.ws_path("deep");
     for i in 0..40 {
         deep = deep.join(format!("l{i}"));
     }
@@ -447,7 +445,7 @@ fn glob_never_lists_or_follows_outside_and_terminates_on_loops() {
             if line == "(no matches)" {
                 continue;
             }
-            let path = f.ws_path(line);
+            let path = f.dir.ws_path(line);
             assert!(
                 std::fs::symlink_metadata(&path).is_ok(),
                 "{pattern}: {line} is not an entry of the workspace"
@@ -467,17 +465,21 @@ fn glob_never_lists_or_follows_outside_and_terminates_on_loops() {
 fn a_hard_link_to_an_outside_file_is_never_written_through() {
     let f = Fixture::new();
     // Same filesystem (one temp dir), so the link can be made; as a bash command could.
-    std::fs::hard_link(f.base.join("outside/secret.txt"), f.ws_path("hard")).unwrap();
+    std::fs::hard_link(f.dir.base.join("outside/secret.txt"), f.dir.ws_path("hard")).unwrap();
     assert_eq!(f.write("hard").unwrap(), "Wrote 6 bytes to hard");
-    std::fs::hard_link(f.base.join("outside/sub/deep.txt"), f.ws_path("hard2")).unwrap();
+    std::fs::hard_link(
+        f.dir.base.join("outside/sub/deep.txt"),
+        f.dir.ws_path("hard2"),
+    )
+    .unwrap();
     assert_eq!(f.edit("hard2").unwrap(), "Edited hard2");
     // The workspace entries were replaced; the shared inodes outside kept their content.
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("hard")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("hard")).unwrap(),
         "pwned\n"
     );
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("hard2")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("hard2")).unwrap(),
         "outside pwned\n"
     );
     f.assert_outside_untouched();
@@ -486,7 +488,7 @@ fn a_hard_link_to_an_outside_file_is_never_written_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_symlink_planted_by_bash_earlier_in_the_same_turn_is_denied() {
     let f = Fixture::new();
-    let engine = common::builtin_engine(&f.ws, Vec::new());
+    let engine = common::builtin_engine(&f.dir.ws, Vec::new());
     let outside_dir = f.outside("");
     let turn = vec![
         ToolCall::new(
@@ -555,18 +557,18 @@ fn swapper(dir: PathBuf, link: &'static str, targets: [PathBuf; 2], stop: Arc<At
 #[test]
 fn a_symlink_swapped_while_reads_and_writes_run_never_leads_outside() {
     let f = Fixture::new();
-    std::fs::create_dir(f.ws_path("realdir")).unwrap();
-    std::fs::write(f.ws_path("realdir/secret.txt"), INSIDE).unwrap();
-    f.link("inside.txt", "leaf");
-    f.link("realdir", "dir");
+    std::fs::create_dir(f.dir.ws_path("realdir")).unwrap();
+    std::fs::write(f.dir.ws_path("realdir/secret.txt"), INSIDE).unwrap();
+    f.dir.link("inside.txt", "leaf");
+    f.dir.link("realdir", "dir");
     let stop = Arc::new(AtomicBool::new(false));
-    let ws_dir = f.base.join("ws");
+    let ws_dir = f.dir.base.join("ws");
     let swappers = [
         {
             let (dir, stop) = (ws_dir.clone(), Arc::clone(&stop));
             let targets = [
                 PathBuf::from("inside.txt"),
-                f.base.join("outside/secret.txt"),
+                f.dir.base.join("outside/secret.txt"),
             ];
             std::thread::spawn(move || swapper(dir, "leaf", targets, stop))
         },

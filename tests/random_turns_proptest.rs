@@ -142,13 +142,6 @@ struct Fixture {
     dir: Confined,
 }
 
-impl std::ops::Deref for Fixture {
-    type Target = Confined;
-    fn deref(&self) -> &Confined {
-        &self.dir
-    }
-}
-
 impl Fixture {
     fn new() -> Self {
         let dir = Confined::new(
@@ -171,8 +164,8 @@ impl Fixture {
 
     /// Everything outside the workspace (the sentinel and the sibling-prefix directory).
     fn outside(&self) -> Vec<(String, String)> {
-        let mut all = snapshot(&self.base.join("outside"));
-        all.extend(snapshot(&self.base.join("ws-evil")));
+        let mut all = snapshot(&self.dir.base.join("outside"));
+        all.extend(snapshot(&self.dir.base.join("ws-evil")));
         all
     }
 
@@ -212,7 +205,7 @@ impl Fixture {
                 slow("slow", true),
                 slow("slow_serial", false),
             ])
-            .workspace(self.ws.clone())
+            .workspace(self.dir.ws.clone())
             .workers(2)
             .build()
             .unwrap()
@@ -221,7 +214,7 @@ impl Fixture {
     /// The call for `kind`, and whether it attacks the workspace.
     fn call(&self, i: usize, kind: &Kind) -> (ToolCall, bool) {
         let id = format!("call-{i}");
-        let attacks = attack_paths(&self.base);
+        let attacks = attack_paths(&self.dir.base);
         let (name, args, attack): (String, Value, bool) = match kind {
             Kind::Read(p) => ("read_file".into(), json!({"path": INSIDE_PATHS[*p]}), false),
             Kind::Write(p, c) => (
@@ -305,7 +298,7 @@ fn check_result(r: &ToolDispatchResult) -> Result<(), TestCaseError> {
 fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
     let f = Fixture::new();
     let before = f.outside();
-    let ws_before = snapshot(f.ws.root());
+    let ws_before = snapshot(f.dir.ws.root());
     let mut calls = Vec::new();
     let mut attacks = Vec::new();
     for (i, kind) in turn.kinds.iter().enumerate() {
@@ -381,7 +374,7 @@ fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
                 .all(|r| r.error == Some(ErrorCode::InvalidArguments)),
             "a duplicate id refuses the whole turn"
         );
-        prop_assert_eq!(snapshot(f.ws.root()), ws_before, "nothing ran");
+        prop_assert_eq!(snapshot(f.dir.ws.root()), ws_before, "nothing ran");
     }
     prop_assert_eq!(
         f.outside(),
