@@ -51,7 +51,7 @@ async fn dispatch(engine: &Engine, calls: Vec<ToolCall>) -> Vec<ToolDispatchResu
         .await
         .expect("the turn was answered");
     assert_eq!(results.len(), n, "one result per call");
-    let got: Vec<String> = results.iter().map(|r| r.tool_use_id.to_string()).collect();
+    let got = common::ids(&results);
     assert_eq!(got, ids, "in call order");
     results
 }
@@ -228,7 +228,7 @@ async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
     let results = tokio::time::timeout(BOUND, engine.dispatch(calls))
         .await
         .unwrap();
-    let outcomes: Vec<&str> = results.iter().map(|r| r.outcome()).collect();
+    let outcomes = common::outcomes(&results);
     assert_eq!(
         outcomes,
         [
@@ -271,7 +271,7 @@ async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
     let results = tokio::time::timeout(BOUND, engine.dispatch(calls))
         .await
         .unwrap();
-    let outcomes: Vec<&str> = results.iter().map(|r| r.outcome()).collect();
+    let outcomes = common::outcomes(&results);
     assert_eq!(
         outcomes,
         [

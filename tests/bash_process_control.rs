@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::TURN_BOUND;
+
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -18,12 +20,9 @@ use common::workspace::temp_workspace;
 use switchboard::ToolCall;
 use tokio_util::sync::CancellationToken;
 
-/// Bound on anything a test waits for: a hang fails the test instead of wedging the suite.
-const BOUND: Duration = Duration::from_secs(10);
-
 /// Waits (bounded) until `path` exists.
 async fn wait_for_file(path: &std::path::Path) {
-    tokio::time::timeout(BOUND, async {
+    tokio::time::timeout(TURN_BOUND, async {
         while !path.exists() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -228,7 +227,7 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
     let engine = common::builtin_engine(&ws, Vec::new());
     let id = unique_id("engine-timeout");
     let results = tokio::time::timeout(
-        BOUND,
+        TURN_BOUND,
         engine.dispatch(vec![
             ToolCall::new(
                 id.as_str(),
@@ -259,7 +258,7 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
         ),
         ToolCall::new("never", "bash", json!({"command": "touch ran"})),
     ]);
-    let (results, ()) = tokio::join!(tokio::time::timeout(BOUND, turn), async {
+    let (results, ()) = tokio::join!(tokio::time::timeout(TURN_BOUND, turn), async {
         wait_for_file(&ready).await;
         session.cancel();
     });
@@ -313,7 +312,7 @@ async fn timeout_ms_is_validated_and_bounds_the_call() {
         "bash",
         json!({"command": "sleep 5", "timeout_ms": 1}),
     ));
-    let results = tokio::time::timeout(BOUND, engine.dispatch(calls))
+    let results = tokio::time::timeout(TURN_BOUND, engine.dispatch(calls))
         .await
         .unwrap();
     for r in &results[..bad.len()] {

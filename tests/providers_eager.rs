@@ -52,7 +52,7 @@ async fn a_safe_call_starts_while_the_scripted_stream_is_still_running() {
     );
     assert!(log.first_starting_with("stream ended") < log.first_starting_with("started writer c"));
     assert_eq!(r.eager, [2]);
-    let ids: Vec<&str> = r.dispatches[0].iter().map(|r| &*r.tool_use_id).collect();
+    let ids = common::ids(&r.dispatches[0]);
     assert_eq!(ids, ["a", "b", "c"]);
     assert_eq!(
         provider.requests()[1].messages[2],
@@ -239,7 +239,7 @@ async fn eager_results_that_disagree_with_the_final_answer_never_answer_the_wron
         .await
         .expect("bounded")
         .unwrap();
-    let ids: Vec<&str> = r.dispatches[0].iter().map(|x| &*x.tool_use_id).collect();
+    let ids = common::ids(&r.dispatches[0]);
     assert_eq!(ids, ["a", "c", "d"]);
     assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok", "ok"]);
 }

@@ -416,7 +416,7 @@ async fn eager_dispatch_starts_a_safe_call_before_the_stream_ends(wire: Wire) {
     // as the end of the stream (then it simply runs with the rest of the turn).
     assert!(matches!(r.eager[..], [1] | [2]), "{:?}", r.eager);
     let results = &r.dispatches[0];
-    let ids: Vec<&str> = results.iter().map(|r| &*r.tool_use_id).collect();
+    let ids = common::ids(results);
     assert_eq!(ids, ["a", "b", "c", "d"]);
     assert_eq!(outcomes(results), ["ok", "ok", "ok", "ok"]);
     assert_eq!(
@@ -448,7 +448,7 @@ async fn a_serial_call_ends_eager_dispatch_and_waits_for_the_stream(wire: Wire) 
     assert!(at("stream ended") < at("started writer b"));
     assert!(at("finished writer b") < at("started reader c"));
     assert_eq!(r.eager, [1]);
-    let ids: Vec<&str> = r.dispatches[0].iter().map(|r| &*r.tool_use_id).collect();
+    let ids = common::ids(&r.dispatches[0]);
     assert_eq!(ids, ["a", "b", "c"]);
 }
 

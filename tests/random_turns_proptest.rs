@@ -10,13 +10,13 @@ use std::time::Duration;
 
 mod common;
 
+use common::TURN_BOUND;
+
 use common::workspace::Confined;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use switchboard::tools::{edit_file, glob, read_file, write_file};
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolSpec};
-
-const BOUND: Duration = Duration::from_secs(10);
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -343,14 +343,14 @@ fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
                 engine.dispatch_with_cancel(calls, token).await
             }
         };
-        let results = tokio::time::timeout(BOUND, dispatch).await;
+        let results = tokio::time::timeout(TURN_BOUND, dispatch).await;
         engine.shutdown(Duration::from_millis(100)).await;
         results
     });
     let results = results.map_err(|_| TestCaseError::fail("the turn was not answered in time"))?;
 
     prop_assert_eq!(results.len(), ids.len(), "one result per call");
-    let got: Vec<String> = results.iter().map(|r| r.tool_use_id.to_string()).collect();
+    let got = common::ids(&results);
     prop_assert_eq!(&got, &ids, "results in call order");
     for (r, attack) in results.iter().zip(&attacks) {
         check_result(r)?;
