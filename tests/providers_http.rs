@@ -131,7 +131,7 @@ async fn catalog_and_results(wire: Wire, stream: bool) {
     assert_eq!(requests.len(), 2);
     let catalog = scene.engine.catalog(wire.catalog_format()).await.unwrap();
     for req in &requests {
-        wire.assert_endpoint_and_key(&req.path, &req.headers);
+        wire.assert_endpoint_and_key(req);
         assert_eq!(req.body["tools"], Value::Array(catalog.clone()));
         assert_eq!(req.body["model"], MODEL);
         assert_eq!(wire.system_prompt(&req.body), SYSTEM);

@@ -17,7 +17,7 @@ use switchboard::providers::{
 };
 use switchboard::registry::CatalogFormat;
 
-use super::mock_server::{MockServer, MockTurn};
+use super::mock_server::{MockServer, MockTurn, Recorded};
 use super::model::{completion, fast_retry, http_config, message, text, tool_use};
 
 /// One of the two HTTP providers.
@@ -171,20 +171,16 @@ impl Wire {
     }
 
     /// Asserts the request went to the provider's path with its key and version headers.
-    pub fn assert_endpoint_and_key(
-        self,
-        path: &str,
-        headers: &std::collections::HashMap<String, String>,
-    ) {
+    pub fn assert_endpoint_and_key(self, req: &Recorded) {
         match self {
             Wire::Anthropic => {
-                assert_eq!(path, "/v1/messages");
-                assert_eq!(headers["x-api-key"], "test-key");
-                assert_eq!(headers["anthropic-version"], "2023-06-01");
+                assert_eq!(req.path, "/v1/messages");
+                assert_eq!(req.headers["x-api-key"], "test-key");
+                assert_eq!(req.headers["anthropic-version"], "2023-06-01");
             }
             Wire::OpenAi => {
-                assert_eq!(path, "/v1/chat/completions");
-                assert_eq!(headers["authorization"], "Bearer test-key");
+                assert_eq!(req.path, "/v1/chat/completions");
+                assert_eq!(req.headers["authorization"], "Bearer test-key");
             }
         }
     }
