@@ -1,5 +1,6 @@
-//! Calling a tool's handler directly, as the engine would, and tracing the processes a bash call
-//! leaves behind — shared by the tool-level tests (confinement, atomic writes, bash control).
+//! Calling a tool's handler directly, as the engine would, asserting its error code, and tracing
+//! the processes a bash call leaves behind — shared by the tool-level tests (confinement, atomic
+//! writes, bash control).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
