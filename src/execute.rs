@@ -113,14 +113,7 @@ pub async fn run(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
         };
         supervise(std::pin::pin!(running), stopping).await
     };
-    let result = to_result(
-        call,
-        tool.policy.output_cap,
-        outcome,
-        Timing::measured(env.arrived, started),
-    );
-    observe::call_finished(&span, &result);
-    result
+    answer(call, &tool, outcome, env.arrived, started, &span)
 }
 
 /// Runs an inline call in place: policy → handler (panic caught) → output cap. Its timeout is not
@@ -144,13 +137,21 @@ pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
     let outcome = span
         .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
         .unwrap_or_else(|panic| Err(record_panic(&*panic, &tool)));
-    let result = to_result(
-        call,
-        tool.policy.output_cap,
-        outcome,
-        Timing::measured(env.arrived, started),
-    );
-    observe::call_finished(&span, &result);
+    answer(call, &tool, outcome, env.arrived, started, &span)
+}
+
+/// The handler's outcome as the call's result (output cap applied), marked on its span.
+fn answer(
+    call: ToolCall,
+    tool: &RegisteredTool,
+    outcome: ToolOutcome,
+    arrived: Instant,
+    started: Instant,
+    span: &Span,
+) -> ToolDispatchResult {
+    let timing = Timing::measured(arrived, started);
+    let result = to_result(call, tool.policy.output_cap, outcome, timing);
+    observe::call_finished(span, &result);
     result
 }
 

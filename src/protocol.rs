@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-/// Stable error codes. They are an API: never rename one.
+/// Stable error codes. They are an API: never rename one. `#[non_exhaustive]`: a new code may be
+/// added (a `match` needs a wildcard arm), an existing one is never renamed or removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// No tool of that exact name is registered.
     UnknownTool,

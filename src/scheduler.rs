@@ -103,22 +103,32 @@ impl TurnPlan {
         workers: &WorkerPool,
         cancel: &CancellationToken,
     ) -> Vec<ToolDispatchResult> {
-        let metrics = Arc::clone(&self.snapshot.metrics);
-        observe::stages_started(&self.stages, &metrics);
-        for p in std::mem::take(&mut self.runnable) {
-            let env = CallEnv {
-                arrived: self.arrived,
-                cancel,
-                limiter: workers.limiter(),
-                metrics: &metrics,
-                span: &self.span,
-                scope: &self.scope,
-            };
+        observe::stages_started(&self.stages, &self.snapshot.metrics);
+        let calls = std::mem::take(&mut self.runnable);
+        self.run_in_place(calls, workers, cancel);
+        self.finish()
+    }
+
+    /// Runs inline calls here, one after the other, answering each in its slot.
+    fn run_in_place(
+        &mut self,
+        calls: Vec<Planned>,
+        workers: &WorkerPool,
+        cancel: &CancellationToken,
+    ) {
+        let env = CallEnv {
+            arrived: self.arrived,
+            cancel,
+            limiter: workers.limiter(),
+            metrics: &self.snapshot.metrics,
+            span: &self.span,
+            scope: &self.scope,
+        };
+        for p in calls {
             let (index, tool) = (p.index, Arc::clone(&p.tool));
             let result = execute::run_in_place(p, env);
             self.collector.fill_with(index, result, &tool.metrics);
         }
-        self.finish()
     }
 
     /// Runs the plan stage by stage, sending each stage that must wait to a worker.
@@ -146,20 +156,7 @@ impl TurnPlan {
                 .iter()
                 .all(|p| execute::runs_in_place(&p.tool.handler))
             {
-                let metrics = Arc::clone(&self.snapshot.metrics);
-                for p in calls {
-                    let env = CallEnv {
-                        arrived: self.arrived,
-                        cancel,
-                        limiter: workers.limiter(),
-                        metrics: &metrics,
-                        span: &self.span,
-                        scope: &self.scope,
-                    };
-                    let (index, tool) = (p.index, Arc::clone(&p.tool));
-                    let result = execute::run_in_place(p, env);
-                    self.collector.fill_with(index, result, &tool.metrics);
-                }
+                self.run_in_place(calls, workers, cancel);
                 continue;
             }
             let answering: Vec<_> = calls

@@ -12,26 +12,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{ToolOutcome, ToolSpec};
-use switchboard::tools::{builtin_tools, edit_file, glob, read_file, write_file};
-use switchboard::workspace::Workspace;
+use switchboard::tools::{edit_file, glob, read_file, write_file};
 
-use common::direct::call_sync;
-
-fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    call_sync(spec, "adversarial", args)
-}
-use switchboard::{Engine, ToolCall};
+use common::direct::{assert_code, call_tool as call};
+use common::workspace::Confined;
+use switchboard::ToolCall;
 
 const SECRET: &str = "outside secret\n";
 const INSIDE: &str = "inside text\n";
 
+/// The confinement layout with files on both sides, and the four file tools in its workspace.
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    ws: Workspace,
+    dir: Confined,
     read: ToolSpec,
     write: ToolSpec,
     edit: ToolSpec,
@@ -40,37 +35,31 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(tmp.path()).unwrap();
-        for dir in ["ws", "outside", "ws-evil", "outside/sub"] {
-            std::fs::create_dir(base.join(dir)).unwrap();
-        }
-        std::fs::write(base.join("outside/secret.txt"), SECRET).unwrap();
-        std::fs::write(base.join("outside/sub/deep.txt"), SECRET).unwrap();
-        std::fs::write(base.join("ws-evil/secret"), SECRET).unwrap();
-        std::fs::write(base.join("ws/inside.txt"), INSIDE).unwrap();
-        let ws = Workspace::open(base.join("ws")).unwrap();
+        let dir = Confined::new(
+            &["outside/sub"],
+            &[
+                ("outside/secret.txt", SECRET),
+                ("outside/sub/deep.txt", SECRET),
+                ("ws-evil/secret", SECRET),
+                ("ws/inside.txt", INSIDE),
+            ],
+        );
         Fixture {
-            read: common::direct::in_workspace(read_file::spec(), &ws),
-            write: common::direct::in_workspace(write_file::spec(), &ws),
-            edit: common::direct::in_workspace(edit_file::spec(), &ws),
-            glob: common::direct::in_workspace(glob::spec(), &ws),
-            _tmp: tmp,
-            base,
-            ws,
+            read: common::direct::in_workspace(read_file::spec(), &dir.ws),
+            write: common::direct::in_workspace(write_file::spec(), &dir.ws),
+            edit: common::direct::in_workspace(edit_file::spec(), &dir.ws),
+            glob: common::direct::in_workspace(glob::spec(), &dir.ws),
+            dir,
         }
-    }
-
-    fn ws_path(&self, rel: &str) -> PathBuf {
-        self.base.join("ws").join(rel)
     }
 
     fn outside(&self, rel: &str) -> String {
-        self.base.join("outside").join(rel).display().to_string()
-    }
-
-    fn link(&self, target: impl AsRef<Path>, name: &str) {
-        symlink(target, self.ws_path(name)).unwrap();
+        self.dir
+            .base
+            .join("outside")
+            .join(rel)
+            .display()
+            .to_string()
     }
 
     fn read(&self, path: &str) -> ToolOutcome {
@@ -109,7 +98,7 @@ impl Fixture {
         }
         let mut out = Vec::new();
         for dir in ["outside", "ws-evil"] {
-            walk(&self.base.join(dir), &self.base, &mut out);
+            walk(&self.dir.base.join(dir), &self.dir.base, &mut out);
         }
         out.sort();
         out
@@ -126,7 +115,7 @@ impl Fixture {
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
         assert_eq!(self.outside_tree(), expected, "something outside changed");
-        let top: Vec<_> = std::fs::read_dir(&self.base)
+        let top: Vec<_> = std::fs::read_dir(&self.dir.base)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
@@ -138,19 +127,12 @@ impl Fixture {
     }
 }
 
-fn assert_code(outcome: ToolOutcome, code: ErrorCode, what: &str) {
-    match outcome {
-        Err(e) => assert_eq!(e.code, code, "{what}: {e}"),
-        Ok(text) => panic!("{what}: expected {code}, got success: {text}"),
-    }
-}
-
 /// Denied, and the denial does not echo the outside content.
 fn assert_denied(outcome: ToolOutcome, what: &str) {
     if let Err(e) = &outcome {
         assert!(!e.detail.contains("outside secret"), "{what}: {e}");
     }
-    assert_code(outcome, ErrorCode::PermissionDenied, what);
+    common::direct::assert_denied(outcome, what);
 }
 
 #[test]
@@ -195,7 +177,7 @@ fn dot_dot_in_every_position_is_denied() {
 #[test]
 fn absolute_paths_outside_and_sibling_prefixes_are_denied() {
     let f = Fixture::new();
-    let root = f.ws.root().display().to_string();
+    let root = f.dir.ws.root().display().to_string();
     let paths = [
         "/".to_string(),
         "/etc/passwd".to_string(),
@@ -204,12 +186,12 @@ fn absolute_paths_outside_and_sibling_prefixes_are_denied() {
         "/dev/zero".to_string(),
         f.outside("secret.txt"),
         f.outside("new.txt"),
-        f.base.join("ws-evil/secret").display().to_string(),
-        f.base.join("ws-evil/new").display().to_string(),
+        f.dir.base.join("ws-evil/secret").display().to_string(),
+        f.dir.base.join("ws-evil/new").display().to_string(),
         format!("{root}-evil/secret"),
         format!("{root}evil"),
         format!("{root}/../outside/secret.txt"),
-        f.base.display().to_string(),
+        f.dir.base.display().to_string(),
     ];
     for path in &paths {
         assert_denied(f.read(path), &format!("read {path}"));
@@ -235,22 +217,22 @@ fn absolute_paths_outside_and_sibling_prefixes_are_denied() {
 #[test]
 fn symlinks_out_of_every_shape_are_denied() {
     let f = Fixture::new();
-    f.link(f.outside("secret.txt"), "leaf_abs");
-    f.link("../outside/secret.txt", "leaf_rel");
-    f.link("../ws-evil/secret", "leaf_sibling");
-    f.link(f.outside("new.txt"), "dangling_abs");
-    f.link("../outside/new.txt", "dangling_rel");
-    f.link(f.outside(""), "dir_abs");
-    f.link("../outside", "dir_rel");
-    f.link("chain2", "chain1");
-    f.link("chain3", "chain2");
-    f.link(f.outside("secret.txt"), "chain3");
-    f.link("dir_rel/sub", "dir_chain");
-    f.link("/", "root_link");
-    f.link("/etc/passwd", "passwd");
-    std::fs::create_dir(f.ws_path("nested")).unwrap();
-    symlink("../../outside/secret.txt", f.ws_path("nested/up2")).unwrap();
-    symlink("../dir_rel", f.ws_path("nested/via_parent")).unwrap();
+    f.dir.link(f.outside("secret.txt"), "leaf_abs");
+    f.dir.link("../outside/secret.txt", "leaf_rel");
+    f.dir.link("../ws-evil/secret", "leaf_sibling");
+    f.dir.link(f.outside("new.txt"), "dangling_abs");
+    f.dir.link("../outside/new.txt", "dangling_rel");
+    f.dir.link(f.outside(""), "dir_abs");
+    f.dir.link("../outside", "dir_rel");
+    f.dir.link("chain2", "chain1");
+    f.dir.link("chain3", "chain2");
+    f.dir.link(f.outside("secret.txt"), "chain3");
+    f.dir.link("dir_rel/sub", "dir_chain");
+    f.dir.link("/", "root_link");
+    f.dir.link("/etc/passwd", "passwd");
+    std::fs::create_dir(f.dir.ws_path("nested")).unwrap();
+    symlink("../../outside/secret.txt", f.dir.ws_path("nested/up2")).unwrap();
+    symlink("../dir_rel", f.dir.ws_path("nested/via_parent")).unwrap();
     for path in [
         "leaf_abs",
         "leaf_rel",
@@ -292,7 +274,7 @@ fn symlinks_out_of_every_shape_are_denied() {
     // The links themselves are still links: nothing was written over them.
     for name in ["leaf_abs", "dangling_abs", "chain3", "dir_rel"] {
         assert!(
-            std::fs::symlink_metadata(f.ws_path(name))
+            std::fs::symlink_metadata(f.dir.ws_path(name))
                 .unwrap()
                 .is_symlink()
         );
@@ -302,10 +284,10 @@ fn symlinks_out_of_every_shape_are_denied() {
 #[test]
 fn a_dangling_directory_link_out_creates_nothing_outside() {
     let f = Fixture::new();
-    f.link(f.outside("newdir"), "dangdir");
+    f.dir.link(f.outside("newdir"), "dangdir");
     let outcome = f.write("dangdir/x.txt");
     assert!(outcome.is_err(), "{outcome:?}");
-    assert!(!f.base.join("outside/newdir").exists());
+    assert!(!f.dir.base.join("outside/newdir").exists());
     f.assert_outside_untouched();
 }
 
@@ -327,14 +309,14 @@ fn proc_magic_links_are_denied() {
         ("fd_dir", "/proc/self/fd".to_string()),
     ];
     for (name, target) in &links {
-        f.link(target, name);
+        f.dir.link(target, name);
     }
     // An open handle on the outside file, so some /proc/self/fd/N points at it.
-    let held = std::fs::File::open(f.base.join("outside/secret.txt")).unwrap();
+    let held = std::fs::File::open(f.dir.base.join("outside/secret.txt")).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&held);
-    f.link(format!("/proc/self/fd/{fd}"), "fd_held");
-    f.link(format!("/proc/{own}/fd/{fd}"), "pid_fd_held");
-    f.link(format!("/dev/fd/{fd}"), "dev_fd_held");
+    f.dir.link(format!("/proc/self/fd/{fd}"), "fd_held");
+    f.dir.link(format!("/proc/{own}/fd/{fd}"), "pid_fd_held");
+    f.dir.link(format!("/dev/fd/{fd}"), "dev_fd_held");
     for path in [
         "self_root/etc/passwd",
         "self_cwd/Cargo.toml",
@@ -411,7 +393,7 @@ fn tilde_is_never_expanded() {
     }
     assert_eq!(f.write("~root/x").unwrap(), "Wrote 6 bytes to ~root/x");
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("~root/x")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("~root/x")).unwrap(),
         "pwned\n"
     );
     assert_eq!(f.glob("~*").unwrap(), "~root");
@@ -421,18 +403,18 @@ fn tilde_is_never_expanded() {
 #[test]
 fn glob_never_lists_or_follows_outside_and_terminates_on_loops() {
     let f = Fixture::new();
-    f.link(f.outside(""), "dir_abs");
-    f.link("../outside", "dir_rel");
-    f.link("/", "root_link");
-    f.link("/proc/self/root", "proc_root");
-    f.link(".", "self_loop");
-    f.link("..", "parent_link");
-    f.link("loop_b", "loop_a");
-    f.link("loop_a", "loop_b");
-    std::fs::create_dir_all(f.ws_path("d/e")).unwrap();
-    symlink("../..", f.ws_path("d/e/up")).unwrap();
+    f.dir.link(f.outside(""), "dir_abs");
+    f.dir.link("../outside", "dir_rel");
+    f.dir.link("/", "root_link");
+    f.dir.link("/proc/self/root", "proc_root");
+    f.dir.link(".", "self_loop");
+    f.dir.link("..", "parent_link");
+    f.dir.link("loop_b", "loop_a");
+    f.dir.link("loop_a", "loop_b");
+    std::fs::create_dir_all(f.dir.ws_path("d/e")).unwrap();
+    symlink("../..", f.dir.ws_path("d/e/up")).unwrap();
     // A deep tree, so the walk has real work and still ends.
-    let mut deep = f.ws_path("deep");
+    let mut deep = f.dir.ws_path("deep");
     for i in 0..40 {
         deep = deep.join(format!("l{i}"));
     }
@@ -463,7 +445,7 @@ fn glob_never_lists_or_follows_outside_and_terminates_on_loops() {
             if line == "(no matches)" {
                 continue;
             }
-            let path = f.ws_path(line);
+            let path = f.dir.ws_path(line);
             assert!(
                 std::fs::symlink_metadata(&path).is_ok(),
                 "{pattern}: {line} is not an entry of the workspace"
@@ -483,34 +465,30 @@ fn glob_never_lists_or_follows_outside_and_terminates_on_loops() {
 fn a_hard_link_to_an_outside_file_is_never_written_through() {
     let f = Fixture::new();
     // Same filesystem (one temp dir), so the link can be made; as a bash command could.
-    std::fs::hard_link(f.base.join("outside/secret.txt"), f.ws_path("hard")).unwrap();
+    std::fs::hard_link(f.dir.base.join("outside/secret.txt"), f.dir.ws_path("hard")).unwrap();
     assert_eq!(f.write("hard").unwrap(), "Wrote 6 bytes to hard");
-    std::fs::hard_link(f.base.join("outside/sub/deep.txt"), f.ws_path("hard2")).unwrap();
+    std::fs::hard_link(
+        f.dir.base.join("outside/sub/deep.txt"),
+        f.dir.ws_path("hard2"),
+    )
+    .unwrap();
     assert_eq!(f.edit("hard2").unwrap(), "Edited hard2");
     // The workspace entries were replaced; the shared inodes outside kept their content.
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("hard")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("hard")).unwrap(),
         "pwned\n"
     );
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("hard2")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("hard2")).unwrap(),
         "outside pwned\n"
     );
     f.assert_outside_untouched();
 }
 
-fn engine(ws: &Workspace) -> Engine {
-    Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .build()
-        .expect("engine builds")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_symlink_planted_by_bash_earlier_in_the_same_turn_is_denied() {
     let f = Fixture::new();
-    let engine = engine(&f.ws);
+    let engine = common::builtin_engine(&f.dir.ws, Vec::new());
     let outside_dir = f.outside("");
     let turn = vec![
         ToolCall::new(
@@ -580,18 +558,18 @@ fn swapper(dir: PathBuf, link: &'static str, targets: [PathBuf; 2], stop: Arc<At
 #[test]
 fn a_symlink_swapped_while_reads_and_writes_run_never_leads_outside() {
     let f = Fixture::new();
-    std::fs::create_dir(f.ws_path("realdir")).unwrap();
-    std::fs::write(f.ws_path("realdir/secret.txt"), INSIDE).unwrap();
-    f.link("inside.txt", "leaf");
-    f.link("realdir", "dir");
+    std::fs::create_dir(f.dir.ws_path("realdir")).unwrap();
+    std::fs::write(f.dir.ws_path("realdir/secret.txt"), INSIDE).unwrap();
+    f.dir.link("inside.txt", "leaf");
+    f.dir.link("realdir", "dir");
     let stop = Arc::new(AtomicBool::new(false));
-    let ws_dir = f.base.join("ws");
+    let ws_dir = f.dir.base.join("ws");
     let swappers = [
         {
             let (dir, stop) = (ws_dir.clone(), Arc::clone(&stop));
             let targets = [
                 PathBuf::from("inside.txt"),
-                f.base.join("outside/secret.txt"),
+                f.dir.base.join("outside/secret.txt"),
             ];
             std::thread::spawn(move || swapper(dir, "leaf", targets, stop))
         },

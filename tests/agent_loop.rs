@@ -6,38 +6,15 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use common::model::{MODEL, answer, config, text, tool_use};
 use common::*;
 use kameo::prelude::*;
-use serde_json::{Value, json};
-use switchboard::agent_loop::{AgentError, AgentLoop, LoopConfig, RunPrompt, StopReason};
+use serde_json::json;
+use switchboard::agent_loop::{AgentError, AgentLoop, RunPrompt, StopReason};
 use switchboard::protocol::encode_anthropic;
-use switchboard::provider::{ModelResponse, ScriptedProvider};
+use switchboard::provider::ScriptedProvider;
 use switchboard::registry::CatalogFormat;
 use switchboard::{Engine, ErrorCode};
-
-fn text(t: &str) -> Value {
-    json!({"type": "text", "text": t})
-}
-
-fn tool_use(id: &str, name: &str, input: Value) -> Value {
-    json!({"type": "tool_use", "id": id, "name": name, "input": input})
-}
-
-fn answer(content: Vec<Value>, stop: &str) -> ModelResponse {
-    ModelResponse {
-        content,
-        stop_reason: Some(stop.to_string()),
-    }
-}
-
-fn config(max_turns: usize) -> LoopConfig {
-    LoopConfig {
-        model: "scripted-model".into(),
-        system: "be brief".into(),
-        max_tokens: 1000,
-        max_turns,
-    }
-}
 
 fn test_engine(counter: Arc<AtomicUsize>) -> Engine {
     engine(vec![
@@ -101,7 +78,7 @@ async fn the_loop_advertises_the_registry_catalog_and_appends_results_as_one_use
     let catalog = engine.catalog(CatalogFormat::Anthropic).await.unwrap();
     for request in &requests {
         assert_eq!(request.tools, catalog);
-        assert_eq!(request.model, "scripted-model");
+        assert_eq!(request.model, MODEL);
         assert_eq!(request.system, "be brief");
         assert_eq!(request.max_tokens, 1000);
     }

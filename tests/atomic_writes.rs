@@ -10,17 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::{edit_file, write_file};
-use switchboard::workspace::Workspace;
 
-use common::direct::call_sync;
-
-fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    call_sync(spec, "atomic", args)
-}
+use common::direct::call_tool as call;
+use common::workspace::temp_workspace;
 
 struct Files {
     _tmp: tempfile::TempDir,
@@ -31,8 +27,7 @@ struct Files {
 
 impl Files {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         Files {
             root: ws.root().to_path_buf(),
             write: common::direct::in_workspace(write_file::spec(), &ws),

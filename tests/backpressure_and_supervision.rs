@@ -2,19 +2,16 @@
 //! per-tool caps are real, a dead worker is replaced without losing an answer, and a tool that
 //! keeps panicking is switched off instead of crashing again and again.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use common::{TURN_BOUND, any_object, ids};
+use serde_json::json;
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolError, ToolSpec};
 use tokio::sync::{Barrier, Semaphore};
-
-const BOUND: Duration = Duration::from_secs(10);
-
-fn schema() -> Value {
-    json!({"type": "object"})
-}
 
 fn calls(name: &str, n: usize) -> Vec<ToolCall> {
     (0..n)
@@ -31,7 +28,7 @@ fn gated(name: &str, runs: Arc<AtomicUsize>, gate: Arc<Semaphore>) -> ToolSpec {
     ToolSpec::new(
         name,
         "waits for the gate",
-        schema(),
+        any_object(),
         Handler::future(move |_, _| {
             let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
             async move {
@@ -67,7 +64,7 @@ async fn a_full_waiting_line_answers_overloaded_and_runs_nothing() {
         })
     };
     // One call runs (and waits at the gate), one waits for the cap, two find the line full.
-    tokio::time::timeout(BOUND, async {
+    tokio::time::timeout(TURN_BOUND, async {
         while runs.load(Ordering::SeqCst) < 1 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -75,7 +72,10 @@ async fn a_full_waiting_line_answers_overloaded_and_runs_nothing() {
     .await
     .expect("the first call started");
     gate.add_permits(10);
-    let results = tokio::time::timeout(BOUND, turn).await.unwrap().unwrap();
+    let results = tokio::time::timeout(TURN_BOUND, turn)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         codes(&results),
         [
@@ -101,7 +101,7 @@ fn pair(max: usize, most: Arc<AtomicUsize>) -> ToolSpec {
     ToolSpec::new(
         "pair",
         "meets a partner",
-        schema(),
+        any_object(),
         Handler::future(move |_, _| {
             let (barrier, running, most) = (
                 Arc::clone(&barrier),
@@ -122,14 +122,15 @@ fn pair(max: usize, most: Arc<AtomicUsize>) -> ToolSpec {
     .max_concurrency(max)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused time: the handler is in-process, so its timeout elapses at once and exactly.
+#[tokio::test(start_paused = true)]
 async fn a_per_tool_cap_keeps_that_tool_from_running_twice_at_once() {
     let most = Arc::new(AtomicUsize::new(0));
     let capped = Engine::builder()
         .tool(pair(1, Arc::clone(&most)))
         .build()
         .unwrap();
-    let results = tokio::time::timeout(BOUND, capped.dispatch(calls("pair", 2)))
+    let results = tokio::time::timeout(TURN_BOUND, capped.dispatch(calls("pair", 2)))
         .await
         .unwrap()
         .expect("engine available");
@@ -145,7 +146,7 @@ async fn a_per_tool_cap_keeps_that_tool_from_running_twice_at_once() {
         .tool(pair(2, Arc::clone(&most)))
         .build()
         .unwrap();
-    let results = tokio::time::timeout(BOUND, uncapped.dispatch(calls("pair", 2)))
+    let results = tokio::time::timeout(TURN_BOUND, uncapped.dispatch(calls("pair", 2)))
         .await
         .unwrap()
         .expect("engine available");
@@ -172,13 +173,12 @@ async fn a_dead_worker_is_replaced_and_no_call_loses_its_answer() {
     // (once each) and the worker is replaced; soon every turn is served again.
     let mut served = false;
     for _ in 0..50 {
-        let results = tokio::time::timeout(BOUND, engine.dispatch(calls("work", 3)))
+        let results = tokio::time::timeout(TURN_BOUND, engine.dispatch(calls("work", 3)))
             .await
             .unwrap()
             .expect("engine available");
         assert_eq!(results.len(), 3);
-        let ids: Vec<&str> = results.iter().map(|r| &*r.tool_use_id).collect();
-        assert_eq!(ids, ["c0", "c1", "c2"]);
+        assert_eq!(ids(&results), ["c0", "c1", "c2"]);
         if results.iter().all(|r| r.is_ok()) {
             served = true;
             break;
@@ -202,7 +202,7 @@ async fn a_tool_that_keeps_panicking_is_switched_off_instead_of_looping() {
         .tool(ToolSpec::new(
             "crashy",
             "always panics",
-            schema(),
+            any_object(),
             Handler::inline(move |_, _| {
                 counted.fetch_add(1, Ordering::SeqCst);
                 panic!("boom")

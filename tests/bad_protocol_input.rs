@@ -4,19 +4,21 @@
 //! the `dispatch` binary. A document that cannot be parsed at all is refused whole (exit 2, a
 //! clear message, nothing run).
 
+mod common;
+
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
+
+use common::cli::{stderr, stdout_one_line_json};
+use common::workspace::temp_workspace;
 
 use serde_json::{Value, json};
 use switchboard::protocol::{self, ErrorCode};
-use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 use switchboard::{Engine, Handler, ToolCall, ToolDispatchResult, ToolSpec};
-use tokio::io::AsyncWriteExt;
 
 const BOUND: Duration = Duration::from_secs(15);
-const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
 /// `depth` nested arrays around `inner`, as JSON text.
 fn nested(depth: usize, inner: &str) -> String {
@@ -39,12 +41,7 @@ fn engine(ws: &Workspace) -> Engine {
         json!({"type": "object"}),
         Handler::inline(|args, _ctx| Ok(format!("depth {}", depth(&args["v"])))),
     );
-    Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .tool(any)
-        .build()
-        .unwrap()
+    common::builtin_engine(ws, vec![any])
 }
 
 async fn dispatch(engine: &Engine, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
@@ -55,7 +52,7 @@ async fn dispatch(engine: &Engine, calls: Vec<ToolCall>) -> Vec<ToolDispatchResu
         .expect("the turn was answered")
         .expect("engine available");
     assert_eq!(results.len(), n, "one result per call");
-    let got: Vec<String> = results.iter().map(|r| r.tool_use_id.to_string()).collect();
+    let got = common::ids(&results);
     assert_eq!(got, ids, "in call order");
     results
 }
@@ -72,8 +69,7 @@ async fn assert_still_up(engine: &Engine) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deeply_nested_arguments_affect_only_their_own_call() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let deep: Value = serde_json::from_str(&nested(100, "1")).unwrap();
     let deep_obj: Value =
@@ -109,8 +105,7 @@ async fn deeply_nested_arguments_affect_only_their_own_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_megabyte_strings_as_arguments_names_and_ids() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let big = "x".repeat(10 * 1024 * 1024);
     let results = dispatch(
@@ -160,8 +155,7 @@ async fn ten_megabyte_strings_as_arguments_names_and_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_object_arguments_are_invalid_for_every_tool() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let mut calls = Vec::new();
     for tool in [
@@ -211,8 +205,7 @@ async fn non_object_arguments_are_invalid_for_every_tool() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
+    let (_tmp, ws) = temp_workspace();
     let engine = engine(&ws);
     let long_name = "n".repeat(10_000);
     let doc = json!({"role": "assistant", "content": [
@@ -240,7 +233,7 @@ async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
         .await
         .unwrap()
         .expect("engine available");
-    let outcomes: Vec<&str> = results.iter().map(|r| r.outcome()).collect();
+    let outcomes = common::outcomes(&results);
     assert_eq!(
         outcomes,
         [
@@ -284,7 +277,7 @@ async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
         .await
         .unwrap()
         .expect("engine available");
-    let outcomes: Vec<&str> = results.iter().map(|r| r.outcome()).collect();
+    let outcomes = common::outcomes(&results);
     assert_eq!(
         outcomes,
         [
@@ -307,38 +300,7 @@ async fn missing_and_malformed_ids_and_huge_names_affect_only_their_call() {
 
 /// Runs `switchboard dispatch` on `ws` with `stdin`, bounded.
 async fn run_dispatch(ws: &Path, extra: &[&str], stdin: Vec<u8>) -> Output {
-    let mut child = tokio::process::Command::new(BIN)
-        .arg("dispatch")
-        .arg("--workspace")
-        .arg(ws)
-        .args(extra)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let writer = tokio::spawn(async move {
-        let _ = input.write_all(&stdin).await;
-    });
-    let out = tokio::time::timeout(BOUND, child.wait_with_output())
-        .await
-        .expect("dispatch finished")
-        .unwrap();
-    writer.await.unwrap();
-    out
-}
-
-fn stdout_json(out: &Output) -> Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.trim().lines().count(), 1, "one document: {text}");
-    serde_json::from_str(text.trim()).unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    common::cli::dispatch_bounded(ws, extra, stdin, BOUND).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,7 +338,7 @@ async fn the_binary_answers_every_call_of_a_turn_full_of_bad_input() {
     ]});
     let out = run_dispatch(tmp.path(), &[], doc.to_string().into_bytes()).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let reply = stdout_json(&out);
+    let reply = stdout_one_line_json(&out);
     let blocks = reply["content"].as_array().unwrap();
     let ids: Vec<&str> = blocks
         .iter()
@@ -415,7 +377,10 @@ async fn the_binary_refuses_documents_of_the_wrong_shape_with_a_clear_message() 
     // An empty list of blocks is a turn without calls.
     let out = run_dispatch(tmp.path(), &[], b"[]".to_vec()).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(stdout_json(&out), json!({"role": "user", "content": []}));
+    assert_eq!(
+        stdout_one_line_json(&out),
+        json!({"role": "user", "content": []})
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,7 +453,7 @@ async fn output_that_looks_like_protocol_stays_text_inside_one_well_formed_block
         };
         let out = run_dispatch(tmp.path(), &extra, input.into_bytes()).await;
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        let reply = stdout_json(&out);
+        let reply = stdout_one_line_json(&out);
         let items: Vec<&Value> = match format {
             None => reply["content"].as_array().unwrap().iter().collect(),
             Some(_) => reply.as_array().unwrap().iter().collect(),

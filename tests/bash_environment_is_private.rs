@@ -3,14 +3,16 @@
 //! the engine's process (`/proc/$PPID/environ`, `/proc/<engine pid>/environ`, `ps eww`) — also as
 //! root. `BASH_ENV`/`ENV` never run, `LD_PRELOAD` never passes.
 
+mod common;
+
+use common::workspace::temp_workspace;
+
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchboard::tools::builtin_tools;
-use switchboard::workspace::Workspace;
-use switchboard::{Engine, ToolCall};
+use switchboard::ToolCall;
 use tokio::io::AsyncWriteExt;
 
 const BOUND: Duration = Duration::from_secs(15);
@@ -71,7 +73,7 @@ async fn the_dispatch_binary_keeps_its_secrets_from_bash() {
         ("LD_PRELOAD", "/nonexistent/preload-f00d.so"),
         ("SECRET_WITH_NEWLINE", "line1\nhidden-line-9a9a"),
     ];
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    let mut cmd = tokio::process::Command::new(common::cli::BIN);
     cmd.args(["dispatch", "--workspace"])
         .arg(&ws)
         .env("BASH_ENV", &rc)
@@ -131,13 +133,8 @@ async fn an_engine_in_this_process_keeps_the_test_processs_environment_from_bash
     let description = std::env::var("CARGO_PKG_DESCRIPTION").unwrap();
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     assert!(!description.is_empty());
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
-    let engine = Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .build()
-        .unwrap();
+    let (_tmp, ws) = temp_workspace();
+    let engine = common::builtin_engine(&ws, Vec::new());
     let results = tokio::time::timeout(
         BOUND,
         engine.dispatch(vec![ToolCall::new(

@@ -5,25 +5,24 @@
 
 mod common;
 
+use common::TURN_BOUND;
+
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{Handler, ToolOutcome, ToolSpec};
+use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::bash::{self, Isolation, Launcher};
-use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 
 use common::direct::{survivors, unique_id};
-use switchboard::{Engine, ToolCall};
+use common::workspace::temp_workspace;
+use switchboard::ToolCall;
 use tokio_util::sync::CancellationToken;
-
-/// Bound on anything a test waits for: a hang fails the test instead of wedging the suite.
-const BOUND: Duration = Duration::from_secs(10);
 
 /// Waits (bounded) until `path` exists.
 async fn wait_for_file(path: &std::path::Path) {
-    tokio::time::timeout(BOUND, async {
+    tokio::time::timeout(TURN_BOUND, async {
         while !path.exists() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -40,8 +39,7 @@ struct Bash {
 
 impl Bash {
     fn new(isolation: Isolation) -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         let spec = common::direct::in_workspace(bash::spec_with(isolation), &ws);
         Bash {
             _tmp: tmp,
@@ -50,15 +48,9 @@ impl Bash {
         }
     }
 
-    /// Runs a command as call `id`, cancelled by `cancel`, bounded by [`BOUND`].
+    /// Runs a command as call `id`, cancelled by `cancel`, bounded (10 s).
     async fn run(&self, id: &str, args: Value, cancel: CancellationToken) -> ToolOutcome {
-        let ctx = common::direct::ctx(id, Duration::from_secs(60), cancel);
-        let Handler::Async(f) = &self.spec.handler else {
-            panic!("bash is async")
-        };
-        tokio::time::timeout(BOUND, f(args, ctx))
-            .await
-            .expect("the call was answered within the bound")
+        common::direct::call_bounded(&self.spec, id, args, cancel).await
     }
 }
 
@@ -229,22 +221,13 @@ async fn partial_output_of_a_flood_is_capped() {
     );
 }
 
-fn engine(ws: &Workspace) -> Engine {
-    Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .build()
-        .expect("engine builds")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
-    let engine = engine(&ws);
+    let (_tmp, ws) = temp_workspace();
+    let engine = common::builtin_engine(&ws, Vec::new());
     let id = unique_id("engine-timeout");
     let results = tokio::time::timeout(
-        BOUND,
+        TURN_BOUND,
         engine.dispatch(vec![
             ToolCall::new(
                 id.as_str(),
@@ -276,7 +259,7 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
         ),
         ToolCall::new("never", "bash", json!({"command": "touch ran"})),
     ]);
-    let (results, ()) = tokio::join!(tokio::time::timeout(BOUND, turn), async {
+    let (results, ()) = tokio::join!(tokio::time::timeout(TURN_BOUND, turn), async {
         wait_for_file(&ready).await;
         session.cancel();
     });
@@ -296,9 +279,8 @@ async fn through_the_engine_timeouts_and_cancellation_keep_the_partial_output() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_ms_is_validated_and_bounds_the_call() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(tmp.path()).unwrap();
-    let engine = engine(&ws);
+    let (_tmp, ws) = temp_workspace();
+    let engine = common::builtin_engine(&ws, Vec::new());
     let bad = [
         json!(0),
         json!(-5),
@@ -331,7 +313,7 @@ async fn timeout_ms_is_validated_and_bounds_the_call() {
         "bash",
         json!({"command": "sleep 5", "timeout_ms": 1}),
     ));
-    let results = tokio::time::timeout(BOUND, engine.dispatch(calls))
+    let results = tokio::time::timeout(TURN_BOUND, engine.dispatch(calls))
         .await
         .unwrap()
         .expect("engine available");

@@ -3,11 +3,16 @@
 //! and memory holds no more than that while it is produced. `read_file` refuses special files at
 //! once (never blocking), binary files and invalid UTF-8 with a clear message.
 
+mod common;
+
+use common::TURN_BOUND;
+
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use common::workspace::temp_workspace;
 use serde_json::{Value, json};
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolSpec};
@@ -15,8 +20,6 @@ use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 use switchboard::{Engine, ToolCall};
 use tokio_util::sync::CancellationToken;
-
-const BOUND: Duration = Duration::from_secs(10);
 
 struct Tools {
     _tmp: tempfile::TempDir,
@@ -26,8 +29,7 @@ struct Tools {
 
 impl Tools {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         Tools {
             root: ws.root().to_path_buf(),
             ws,
@@ -54,7 +56,7 @@ impl Tools {
     }
 
     /// Calls a blocking file tool on its own thread, so a call that blocks fails the test after
-    /// [`BOUND`] instead of hanging it.
+    /// [`TURN_BOUND`] instead of hanging it.
     fn call_bounded(&self, name: &str, args: Value) -> ToolOutcome {
         let spec = self.spec(name);
         let ctx = self.ctx("bounded", Duration::from_secs(30));
@@ -66,7 +68,7 @@ impl Tools {
             };
             let _ = tx.send(f(&args, &ctx));
         });
-        rx.recv_timeout(BOUND)
+        rx.recv_timeout(TURN_BOUND)
             .expect("the call returned at once instead of blocking")
     }
 
@@ -81,7 +83,7 @@ impl Tools {
         };
         let ctx = self.ctx("bounded-bash", Duration::from_secs(60));
         let args = json!({"command": command, "timeout_ms": timeout_ms});
-        tokio::time::timeout(BOUND, f(args, ctx))
+        tokio::time::timeout(TURN_BOUND, f(args, ctx))
             .await
             .expect("bash answered within the bound")
     }
@@ -285,7 +287,7 @@ async fn through_the_engine_every_tool_output_is_capped_by_its_policy() {
     .output_cap(10_000);
     let engine = Engine::builder().tool(huge).build().unwrap();
     let results = tokio::time::timeout(
-        BOUND,
+        TURN_BOUND,
         engine.dispatch(vec![
             ToolCall::new("ok", "huge", json!({})),
             ToolCall::new("err", "huge", json!({"fail": true})),

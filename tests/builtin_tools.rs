@@ -15,15 +15,13 @@ use switchboard::tool::{Handler, ToolOutcome, ToolSpec};
 use switchboard::tools::builtin_tools;
 use switchboard::workspace::Workspace;
 
-use common::direct::{call_with, ctx, survivors, unique_id};
+use common::direct::{call_bounded, call_with, ctx, survivors, unique_id};
+use common::workspace::temp_workspace;
 use tokio_util::sync::CancellationToken;
 
 /// Calls with a generous deadline, bounded so that a hang fails the test instead of stalling it.
 async fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    let ctx = ctx("call-1", Duration::from_secs(60), CancellationToken::new());
-    tokio::time::timeout(Duration::from_secs(10), call_with(spec, args, ctx))
-        .await
-        .expect("the call should finish within 10 s")
+    call_bounded(spec, "call-1", args, CancellationToken::new()).await
 }
 
 struct Tools {
@@ -34,8 +32,7 @@ struct Tools {
 
 impl Tools {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
+        let (tmp, ws) = temp_workspace();
         let specs = common::direct::all_in_workspace(builtin_tools(), &ws);
         Tools {
             _tmp: tmp,

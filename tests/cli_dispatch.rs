@@ -1,52 +1,10 @@
 //! The `switchboard` binary end to end: `dispatch` (both wire formats, `--lines`, bad input),
 //! `tools` and `demo`.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use common::cli::{describe, dispatch, run, stdout_json};
 use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
-
-/// Runs the binary with `args` in `cwd`, feeding `stdin`, and waits for it.
-fn run(cwd: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    {
-        let mut input = child.stdin.take().unwrap();
-        input.write_all(stdin.as_bytes()).unwrap();
-    }
-    child.wait_with_output().expect("the binary finishes")
-}
-
-fn dispatch(ws: &Path, extra: &[&str], stdin: &str) -> Output {
-    let ws = ws.to_str().unwrap();
-    let mut args = vec!["dispatch", "--workspace", ws];
-    args.extend_from_slice(extra);
-    run(Path::new(ws), &args, stdin)
-}
-
-fn stdout_json(out: &Output) -> Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {text}"))
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 #[test]
 fn an_anthropic_turn_is_answered_with_one_user_message_of_ordered_tool_results() {

@@ -30,7 +30,8 @@ fn stubborn_tool(name: &str, started: Arc<Notify>) -> ToolSpec {
     .concurrency_safe(true)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused time: the handler is in-process, so its timeout elapses at once and exactly.
+#[tokio::test(start_paused = true)]
 async fn an_async_call_past_its_deadline_is_answered_timeout_and_the_turn_returns() {
     let slow = ToolSpec::new(
         "slow",
@@ -179,7 +180,8 @@ async fn cancelling_a_session_answers_its_running_and_later_calls_cancelled_only
     assert_eq!(async_counter.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused time: the handler is in-process, so its timeout elapses at once and exactly.
+#[tokio::test(start_paused = true)]
 async fn shutdown_answers_a_stubborn_call_cancelled_and_refuses_later_turns_without_running() {
     let started = Arc::new(Notify::new());
     let counter = Arc::new(AtomicUsize::new(0));

@@ -3,10 +3,13 @@
 //! short and bounded (a child that outlives its bound is killed and the test fails); nothing here
 //! asserts on timing.
 
+mod common;
+
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::cli::switchboard;
 use serde_json::Value;
 
 /// Longest any one run may take.
@@ -19,7 +22,7 @@ struct Output {
 }
 
 fn load(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+    let mut child = switchboard()
         .arg("load")
         .args(args)
         .stdin(Stdio::null())

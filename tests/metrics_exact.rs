@@ -6,21 +6,21 @@
 //! (counters and gauges are swapped to 0, histograms drained), so every snapshot is folded into a
 //! running [`Totals`] and the assertions read that.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use common::{TURN_BOUND, call, outcomes, text_schema};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::metrics::{
     CALLS_IN_FLIGHT, REGISTRY_TOOLS, SESSIONS_ACTIVE, STAGE_CALLS, STAGES_TOTAL,
     TOOL_CALL_DURATION_SECONDS, TOOL_CALL_QUEUE_SECONDS, TOOL_CALLS_TOTAL, TURN_CALLS,
     TURN_DISPATCH_SECONDS, UNKNOWN_TOOL,
 };
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolError, ToolOutcome, ToolSpec};
-
-/// Upper bound of any one turn here: a hang fails the test instead of wedging it.
-const TURN_BOUND: Duration = Duration::from_secs(10);
 
 /// The tools registered at build time.
 const BUILT: [&str; 5] = ["echo", "fails", "panics", "slow", "waits"];
@@ -132,14 +132,6 @@ fn take(totals: &mut Totals) -> Totals {
     delta
 }
 
-fn text_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {"text": {"type": "string"}},
-        "required": ["text"]
-    })
-}
-
 fn explode() -> ToolOutcome {
     panic!("boom (expected by metrics_exact)")
 }
@@ -182,18 +174,10 @@ fn test_tools() -> Vec<ToolSpec> {
     ]
 }
 
-fn call(id: &str, name: &str, args: Value) -> ToolCall {
-    ToolCall::new(id, name, args)
-}
-
 async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(TURN_BOUND, f)
         .await
         .expect("answered within the bound")
-}
-
-fn outcomes(results: &[switchboard::ToolDispatchResult]) -> Vec<&'static str> {
-    results.iter().map(|r| r.outcome()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

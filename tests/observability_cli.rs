@@ -3,16 +3,15 @@
 //! per line on stderr with the OpenTelemetry GenAI names on every call's span — while stdout keeps
 //! only protocol JSON.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
+use common::cli::switchboard;
 use serde_json::Value;
-
-fn switchboard() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_switchboard"))
-}
 
 /// A plain HTTP/1.1 GET on loopback; returns the status line and the body.
 fn get(addr: &str, path: &str) -> (String, String) {

@@ -3,36 +3,21 @@
 //! them, results stay in call order, duplicates cannot un-run a started call, and a provider
 //! without real streaming still works with streaming on.
 
-mod common_mock;
+mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common_mock::*;
+use common::EventLog;
+use common::model::{self, BOUND, answer, config, test_engine, text, tool_use};
+use common::outcomes;
 use futures::future::BoxFuture;
 use serde_json::json;
 use switchboard::agent_loop::{AgentLoop, StreamOptions};
 use switchboard::protocol::encode_anthropic;
 use switchboard::provider::{
-    EventLog, MALFORMED_INPUT_KEY, ModelRequest, ModelResponse, Provider, ProviderError,
-    ScriptedProvider,
+    MALFORMED_INPUT_KEY, ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider,
 };
-
-fn answer(content: Vec<serde_json::Value>, stop: &str) -> ModelResponse {
-    ModelResponse {
-        content,
-        stop_reason: Some(stop.into()),
-    }
-}
-
-fn run_with(engine: &switchboard::Engine, provider: Arc<dyn Provider>, eager: bool) -> AgentLoop {
-    AgentLoop::new(engine.session(), provider, config(8))
-        .unwrap()
-        .with_stream(StreamOptions {
-            stream: true,
-            eager,
-        })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_safe_call_starts_while_the_scripted_stream_is_still_running() {
@@ -52,20 +37,22 @@ async fn a_safe_call_starts_while_the_scripted_stream_is_still_running() {
             answer(vec![text("done")], "end_turn"),
         ])
         .with_stream_delays(Duration::from_millis(1), Duration::ZERO)
-        .with_log(log.clone())
+        .with_log(log.shared())
         .hold_after_block(2, "started reader b"),
     );
-    let mut agent = run_with(&engine, provider.clone(), true);
+    let mut agent = model::agent(&engine, provider.clone(), true, true);
     let r = tokio::time::timeout(BOUND, agent.run("go"))
         .await
         .unwrap()
         .unwrap();
-    assert!(position(&log, "started reader a") < position(&log, "stream ended"));
-    assert!(position(&log, "started reader b") < position(&log, "stream ended"));
-    assert!(position(&log, "finished reader a") < position(&log, "started writer c"));
-    assert!(position(&log, "stream ended") < position(&log, "started writer c"));
+    assert!(log.first_starting_with("started reader a") < log.first_starting_with("stream ended"));
+    assert!(log.first_starting_with("started reader b") < log.first_starting_with("stream ended"));
+    assert!(
+        log.first_starting_with("finished reader a") < log.first_starting_with("started writer c")
+    );
+    assert!(log.first_starting_with("stream ended") < log.first_starting_with("started writer c"));
     assert_eq!(r.eager, [2]);
-    let ids: Vec<&str> = r.dispatches[0].iter().map(|r| &*r.tool_use_id).collect();
+    let ids = common::ids(&r.dispatches[0]);
     assert_eq!(ids, ["a", "b", "c"]);
     assert_eq!(
         provider.requests()[1].messages[2],
@@ -89,10 +76,10 @@ async fn a_duplicate_id_stops_eager_dispatch_and_refuses_the_calls_not_started()
             answer(blocks(), "tool_use"),
             answer(vec![text("done")], "end_turn"),
         ])
-        .with_log(log.clone())
+        .with_log(log.shared())
         .hold_after_block(0, "started reader x"),
     );
-    let mut agent = run_with(&engine, provider, true);
+    let mut agent = model::agent(&engine, provider, true, true);
     let r = agent.run("go").await.unwrap();
     // The first x had started and cannot be un-run: it keeps its real result.
     assert_eq!(r.eager, [1]);
@@ -102,8 +89,7 @@ async fn a_duplicate_id_stops_eager_dispatch_and_refuses_the_calls_not_started()
     );
     assert!(r.dispatches[0][1].content.contains("duplicate tool_use_id"));
     assert_eq!(
-        log.lock()
-            .unwrap()
+        log.events()
             .iter()
             .filter(|e| e.starts_with("started"))
             .count(),
@@ -117,7 +103,7 @@ async fn a_duplicate_id_stops_eager_dispatch_and_refuses_the_calls_not_started()
         answer(blocks(), "tool_use"),
         answer(vec![text("done")], "end_turn"),
     ]));
-    let mut agent = run_with(&engine, provider, false);
+    let mut agent = model::agent(&engine, provider, true, false);
     let r = agent.run("go").await.unwrap();
     assert_eq!(
         outcomes(&r.dispatches[0]),
@@ -127,7 +113,7 @@ async fn a_duplicate_id_stops_eager_dispatch_and_refuses_the_calls_not_started()
             "invalid_arguments"
         ]
     );
-    assert!(log.lock().unwrap().is_empty());
+    assert!(log.events().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +177,7 @@ async fn a_provider_without_streaming_still_works_with_streaming_on() {
         ),
         answer(vec![text("done")], "end_turn"),
     ])));
-    let mut agent = run_with(&engine, provider, true);
+    let mut agent = model::agent(&engine, provider, true, true);
     let r = agent.run("go").await.unwrap();
     assert_eq!(r.final_text, "done");
     assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok"]);
@@ -248,12 +234,12 @@ async fn eager_results_that_disagree_with_the_final_answer_never_answer_the_wron
     let provider = Arc::new(Disagreeing {
         turn: Default::default(),
     });
-    let mut agent = run_with(&engine, provider, true);
+    let mut agent = model::agent(&engine, provider, true, true);
     let r = tokio::time::timeout(BOUND, agent.run("go"))
         .await
         .expect("bounded")
         .unwrap();
-    let ids: Vec<&str> = r.dispatches[0].iter().map(|x| &*x.tool_use_id).collect();
+    let ids = common::ids(&r.dispatches[0]);
     assert_eq!(ids, ["a", "c", "d"]);
     assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok", "ok"]);
 }

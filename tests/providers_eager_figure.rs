@@ -8,18 +8,18 @@
 //! calls (async tools that sleep), with and without eager dispatch. The figure is the time from
 //! the first model request to the second (the answer's stream plus its tool calls), median of 5.
 
-mod common_mock;
+mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
+use switchboard::Engine;
 use switchboard::agent_loop::{AgentLoop, StreamOptions};
 use switchboard::provider::{
     EventSink, ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider,
 };
-use switchboard::{Engine, Handler, ToolSpec};
 
 /// Records when each model call starts.
 struct Timed(ScriptedProvider, Mutex<Vec<Instant>>);
@@ -45,20 +45,6 @@ impl Provider for Timed {
     }
 }
 
-fn sleeper(name: &str, safe: bool) -> ToolSpec {
-    ToolSpec::new(
-        name,
-        "Sleeps `ms` milliseconds.",
-        json!({"type":"object","properties":{"ms":{"type":"integer"}},"required":["ms"]}),
-        Handler::future(|args, _| async move {
-            let ms = args["ms"].as_u64().unwrap_or(0);
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            Ok(format!("slept {ms} ms"))
-        }),
-    )
-    .concurrency_safe(safe)
-}
-
 struct Scenario {
     name: &'static str,
     /// (tool, ms) per call.
@@ -72,21 +58,15 @@ async fn once(engine: &Engine, s: &Scenario, eager: bool) -> Duration {
         .calls
         .iter()
         .enumerate()
-        .map(|(i, (tool, ms))| json!({"type":"tool_use","id":format!("c{i}"),"name":tool,"input":{"ms":ms}}))
+        .map(|(i, (tool, ms))| common::model::tool_use(&format!("c{i}"), tool, json!({"ms": ms})))
         .collect();
     let scripted = ScriptedProvider::new([
-        ModelResponse {
-            content: blocks,
-            stop_reason: Some("tool_use".into()),
-        },
-        ModelResponse {
-            content: vec![json!({"type":"text","text":"done"})],
-            stop_reason: Some("end_turn".into()),
-        },
+        common::model::answer(blocks, "tool_use"),
+        common::model::answer(vec![common::model::text("done")], "end_turn"),
     ])
     .with_stream_delays(Duration::from_millis(s.gap), Duration::from_millis(s.tail));
     let provider = Arc::new(Timed(scripted, Mutex::default()));
-    let mut agent = AgentLoop::new(engine.session(), provider.clone(), common_mock::config(4))
+    let mut agent = AgentLoop::new(engine.session(), provider.clone(), common::model::config(4))
         .unwrap()
         .with_stream(StreamOptions {
             stream: true,
@@ -107,8 +87,8 @@ fn median(mut v: Vec<Duration>) -> f64 {
 #[ignore = "a measurement: run with --ignored --nocapture"]
 async fn eager_dispatch_savings() {
     let engine = Engine::builder()
-        .tool(sleeper("safe", true))
-        .tool(sleeper("serial", false))
+        .tool(common::sleeping_tool("safe", true))
+        .tool(common::sleeping_tool("serial", false))
         .build()
         .unwrap();
     let scenarios = [

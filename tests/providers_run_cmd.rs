@@ -1,16 +1,17 @@
 //! `run` and `chat` through the library entry points (`run_cmd::run_with`, `run_cmd::chat_with`)
 //! with their environment and output given: offline with a script, and against the mock server.
 
-mod common_mock;
+mod common;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
 
 use clap::Parser;
-use common_mock::*;
+use common::EventLog;
+use common::mock_server::{MockServer, MockTurn};
+use common::model::{completion, message, text, tool_use};
 use serde_json::{Value, json};
 use switchboard::command::TelemetryArgs;
-use switchboard::provider::EventLog;
 use switchboard::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
 
 fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + Send + Sync + use<> {

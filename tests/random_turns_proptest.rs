@@ -3,18 +3,20 @@
 //! one result, in call order, with a code from the stable set, and nothing outside the workspace
 //! changes. Runs the real file tools on a temp workspace beside an `outside` sentinel directory.
 
-use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+mod common;
+
+use common::TURN_BOUND;
+
+use common::workspace::Confined;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use switchboard::tools::{edit_file, glob, read_file, write_file};
-use switchboard::workspace::Workspace;
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolSpec};
-
-const BOUND: Duration = Duration::from_secs(10);
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -135,40 +137,35 @@ fn snapshot(dir: &Path) -> Vec<(String, String)> {
     out
 }
 
+/// The confinement layout with files on both sides and symlinks out of the workspace.
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    ws: Workspace,
+    dir: Confined,
 }
 
 impl Fixture {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(tmp.path()).unwrap();
-        for dir in ["ws", "ws/sub", "outside", "outside/nested", "ws-evil"] {
-            std::fs::create_dir(base.join(dir)).unwrap();
-        }
-        std::fs::write(base.join("outside/secret.txt"), "secret abc\n").unwrap();
-        std::fs::write(base.join("outside/nested/deep.txt"), "deep abc").unwrap();
-        std::fs::write(base.join("ws-evil/x"), "evil abc").unwrap();
-        std::fs::write(base.join("ws/a.txt"), "alpha abc\n").unwrap();
-        std::fs::write(base.join("ws/sub/b.txt"), "beta abc\r\n").unwrap();
-        symlink(base.join("outside"), base.join("ws/out")).unwrap();
-        symlink("../outside/secret.txt", base.join("ws/leak")).unwrap();
-        symlink(base.join("outside/missing.txt"), base.join("ws/dangling")).unwrap();
-        symlink("/proc/self/root", base.join("ws/proc")).unwrap();
-        let ws = Workspace::open(base.join("ws")).unwrap();
-        Fixture {
-            _tmp: tmp,
-            base,
-            ws,
-        }
+        let dir = Confined::new(
+            &["ws/sub", "outside/nested"],
+            &[
+                ("outside/secret.txt", "secret abc\n"),
+                ("outside/nested/deep.txt", "deep abc"),
+                ("ws-evil/x", "evil abc"),
+                ("ws/a.txt", "alpha abc\n"),
+                ("ws/sub/b.txt", "beta abc\r\n"),
+            ],
+        );
+        let base = &dir.base;
+        dir.link(base.join("outside"), "out");
+        dir.link("../outside/secret.txt", "leak");
+        dir.link(base.join("outside/missing.txt"), "dangling");
+        dir.link("/proc/self/root", "proc");
+        Fixture { dir }
     }
 
     /// Everything outside the workspace (the sentinel and the sibling-prefix directory).
     fn outside(&self) -> Vec<(String, String)> {
-        let mut all = snapshot(&self.base.join("outside"));
-        all.extend(snapshot(&self.base.join("ws-evil")));
+        let mut all = snapshot(&self.dir.base.join("outside"));
+        all.extend(snapshot(&self.dir.base.join("ws-evil")));
         all
     }
 
@@ -208,7 +205,7 @@ impl Fixture {
                 slow("slow", true),
                 slow("slow_serial", false),
             ])
-            .workspace(self.ws.clone())
+            .workspace(self.dir.ws.clone())
             .workers(2)
             .build()
             .unwrap()
@@ -217,7 +214,7 @@ impl Fixture {
     /// The call for `kind`, and whether it attacks the workspace.
     fn call(&self, i: usize, kind: &Kind) -> (ToolCall, bool) {
         let id = format!("call-{i}");
-        let attacks = attack_paths(&self.base);
+        let attacks = attack_paths(&self.dir.base);
         let (name, args, attack): (String, Value, bool) = match kind {
             Kind::Read(p) => ("read_file".into(), json!({"path": INSIDE_PATHS[*p]}), false),
             Kind::Write(p, c) => (
@@ -301,7 +298,7 @@ fn check_result(r: &ToolDispatchResult) -> Result<(), TestCaseError> {
 fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
     let f = Fixture::new();
     let before = f.outside();
-    let ws_before = snapshot(f.ws.root());
+    let ws_before = snapshot(f.dir.ws.root());
     let mut calls = Vec::new();
     let mut attacks = Vec::new();
     for (i, kind) in turn.kinds.iter().enumerate() {
@@ -352,14 +349,14 @@ fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
                     .expect("engine available")
             }
         };
-        let results = tokio::time::timeout(BOUND, dispatch).await;
+        let results = tokio::time::timeout(TURN_BOUND, dispatch).await;
         engine.shutdown(Duration::from_millis(100)).await;
         results
     });
     let results = results.map_err(|_| TestCaseError::fail("the turn was not answered in time"))?;
 
     prop_assert_eq!(results.len(), ids.len(), "one result per call");
-    let got: Vec<String> = results.iter().map(|r| r.tool_use_id.to_string()).collect();
+    let got = common::ids(&results);
     prop_assert_eq!(&got, &ids, "results in call order");
     for (r, attack) in results.iter().zip(&attacks) {
         check_result(r)?;
@@ -383,7 +380,7 @@ fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
                 .all(|r| r.error == Some(ErrorCode::InvalidArguments)),
             "a duplicate id refuses the whole turn"
         );
-        prop_assert_eq!(snapshot(f.ws.root()), ws_before, "nothing ran");
+        prop_assert_eq!(snapshot(f.dir.ws.root()), ws_before, "nothing ran");
     }
     prop_assert_eq!(
         f.outside(),

@@ -1,7 +1,8 @@
 //! `switchboard run` end to end through the built binary, offline (`--provider scripted`).
 
-use std::process::Command;
+mod common;
 
+use common::cli::switchboard;
 use serde_json::{Value, json};
 
 fn script(dir: &std::path::Path) -> std::path::PathBuf {
@@ -17,10 +18,6 @@ fn script(dir: &std::path::Path) -> std::path::PathBuf {
     ]);
     std::fs::write(&path, turns.to_string()).unwrap();
     path
-}
-
-fn switchboard() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_switchboard"))
 }
 
 /// `switchboard run --provider scripted` on a fresh workspace, plus `extra` flags; returns the

@@ -97,7 +97,8 @@ async fn a_blocking_handler_does_not_stall_the_runtime_its_async_neighbour_runs_
     assert_eq!(results[1].content, "sent");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused time: the handler is in-process, so its timeout elapses at once and exactly.
+#[tokio::test(start_paused = true)]
 async fn a_global_cap_of_one_keeps_two_safe_calls_from_meeting_at_a_barrier() {
     let barrier = Arc::new(Barrier::new(2));
     let engine = Engine::builder()

@@ -5,78 +5,55 @@
 
 mod common;
 
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
-
-use serde_json::{Value, json};
+use serde_json::json;
 use switchboard::protocol::ErrorCode;
-use switchboard::tool::{ToolOutcome, ToolSpec};
+use switchboard::tool::ToolOutcome;
 use switchboard::tools::{edit_file, glob, read_file, write_file};
-use switchboard::workspace::Workspace;
 
-use common::direct::call_sync;
-
-fn call(spec: &ToolSpec, args: Value) -> ToolOutcome {
-    call_sync(spec, "confinement", args)
-}
+use common::direct::{assert_code, assert_denied, call_tool as call};
+use common::workspace::Confined;
 
 const SECRET: &str = "outside secret\n";
 
+/// The confinement layout with a secret on the outside.
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    ws: Workspace,
+    dir: Confined,
 }
 
 impl Fixture {
     fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(tmp.path()).unwrap();
-        for dir in ["ws", "outside", "ws-evil"] {
-            std::fs::create_dir(base.join(dir)).unwrap();
-        }
-        std::fs::write(base.join("outside/secret.txt"), SECRET).unwrap();
-        std::fs::write(base.join("ws-evil/secret"), SECRET).unwrap();
-        let ws = Workspace::open(base.join("ws")).unwrap();
         Fixture {
-            _tmp: tmp,
-            base,
-            ws,
+            dir: Confined::new(
+                &[],
+                &[("outside/secret.txt", SECRET), ("ws-evil/secret", SECRET)],
+            ),
         }
-    }
-
-    fn ws_path(&self, rel: &str) -> PathBuf {
-        self.base.join("ws").join(rel)
-    }
-
-    fn link(&self, target: impl AsRef<Path>, name: &str) {
-        symlink(target, self.ws_path(name)).unwrap();
     }
 
     fn read(&self, path: &str) -> ToolOutcome {
         call(
-            &common::direct::in_workspace(read_file::spec(), &self.ws),
+            &common::direct::in_workspace(read_file::spec(), &self.dir.ws),
             json!({"path": path}),
         )
     }
 
     fn write(&self, path: &str) -> ToolOutcome {
         call(
-            &common::direct::in_workspace(write_file::spec(), &self.ws),
+            &common::direct::in_workspace(write_file::spec(), &self.dir.ws),
             json!({"path": path, "content": "pwned\n"}),
         )
     }
 
     fn edit(&self, path: &str) -> ToolOutcome {
         call(
-            &common::direct::in_workspace(edit_file::spec(), &self.ws),
+            &common::direct::in_workspace(edit_file::spec(), &self.dir.ws),
             json!({"path": path, "old_text": "secret", "new_text": "pwned"}),
         )
     }
 
     fn glob(&self, pattern: &str) -> ToolOutcome {
         call(
-            &common::direct::in_workspace(glob::spec(), &self.ws),
+            &common::direct::in_workspace(glob::spec(), &self.dir.ws),
             json!({"pattern": pattern}),
         )
     }
@@ -84,34 +61,23 @@ impl Fixture {
     fn assert_outside_untouched(&self) {
         for file in ["outside/secret.txt", "ws-evil/secret"] {
             assert_eq!(
-                std::fs::read_to_string(self.base.join(file)).unwrap(),
+                std::fs::read_to_string(self.dir.base.join(file)).unwrap(),
                 SECRET
             );
         }
-        let names: Vec<_> = std::fs::read_dir(self.base.join("outside"))
+        let names: Vec<_> = std::fs::read_dir(self.dir.base.join("outside"))
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["secret.txt"], "something was created outside");
-        assert!(!self.base.join("x").exists());
+        assert!(!self.dir.base.join("x").exists());
     }
-}
-
-fn assert_code(outcome: ToolOutcome, code: ErrorCode, what: &str) {
-    match outcome {
-        Err(e) => assert_eq!(e.code, code, "{what}: {e}"),
-        Ok(text) => panic!("{what}: expected {code}, got success: {text}"),
-    }
-}
-
-fn assert_denied(outcome: ToolOutcome, what: &str) {
-    assert_code(outcome, ErrorCode::PermissionDenied, what);
 }
 
 #[test]
 fn parent_and_foreign_absolute_paths_are_denied_for_every_file_tool() {
     let f = Fixture::new();
-    let sibling = f.base.join("ws-evil/secret");
+    let sibling = f.dir.base.join("ws-evil/secret");
     let sibling = sibling.to_str().unwrap();
     for path in [
         "../x",
@@ -124,7 +90,7 @@ fn parent_and_foreign_absolute_paths_are_denied_for_every_file_tool() {
         assert_denied(f.write(path), &format!("write {path}"));
         assert_denied(f.edit(path), &format!("edit {path}"));
     }
-    let sibling_dir = format!("{}/ws-evil/*", f.base.display());
+    let sibling_dir = format!("{}/ws-evil/*", f.dir.base.display());
     for pattern in ["../*", "a/../../*", "/etc/*", "../ws-evil/*", &sibling_dir] {
         assert_denied(f.glob(pattern), &format!("glob {pattern}"));
     }
@@ -141,13 +107,13 @@ fn the_denial_names_the_path_as_the_model_gave_it() {
 #[test]
 fn a_symlink_leaf_to_an_outside_file_is_denied_for_read_write_and_edit() {
     let f = Fixture::new();
-    f.link(f.base.join("outside/secret.txt"), "leaf");
+    f.dir.link(f.dir.base.join("outside/secret.txt"), "leaf");
     assert_denied(f.read("leaf"), "read");
     assert_denied(f.write("leaf"), "write");
     assert_denied(f.edit("leaf"), "edit");
     f.assert_outside_untouched();
     assert!(
-        std::fs::symlink_metadata(f.ws_path("leaf"))
+        std::fs::symlink_metadata(f.dir.ws_path("leaf"))
             .unwrap()
             .is_symlink()
     );
@@ -156,17 +122,17 @@ fn a_symlink_leaf_to_an_outside_file_is_denied_for_read_write_and_edit() {
 #[test]
 fn a_dangling_symlink_to_an_outside_path_cannot_be_written_and_nothing_appears_outside() {
     let f = Fixture::new();
-    f.link(f.base.join("outside/new.txt"), "dangling");
+    f.dir.link(f.dir.base.join("outside/new.txt"), "dangling");
     assert_denied(f.write("dangling"), "write");
     assert_denied(f.read("dangling"), "read");
-    assert!(!f.base.join("outside/new.txt").exists());
+    assert!(!f.dir.base.join("outside/new.txt").exists());
     f.assert_outside_untouched();
 }
 
 #[test]
 fn a_directory_symlink_component_pointing_outside_is_denied() {
     let f = Fixture::new();
-    f.link(f.base.join("outside"), "dirlink");
+    f.dir.link(f.dir.base.join("outside"), "dirlink");
     assert_denied(f.read("dirlink/secret.txt"), "read");
     assert_denied(f.write("dirlink/secret.txt"), "write over");
     assert_denied(f.write("dirlink/new.txt"), "write new");
@@ -178,8 +144,8 @@ fn a_directory_symlink_component_pointing_outside_is_denied() {
 #[test]
 fn a_symlink_chain_that_ends_outside_is_denied() {
     let f = Fixture::new();
-    f.link("b", "a");
-    f.link(f.base.join("outside/secret.txt"), "b");
+    f.dir.link("b", "a");
+    f.dir.link(f.dir.base.join("outside/secret.txt"), "b");
     assert_denied(f.read("a"), "read");
     assert_denied(f.write("a"), "write");
     assert_denied(f.edit("a"), "edit");
@@ -189,8 +155,8 @@ fn a_symlink_chain_that_ends_outside_is_denied() {
 #[test]
 fn proc_magic_links_are_refused() {
     let f = Fixture::new();
-    f.link("/proc/self/root/etc/passwd", "proc_leaf");
-    f.link("/proc/self/root", "proc_dir");
+    f.dir.link("/proc/self/root/etc/passwd", "proc_leaf");
+    f.dir.link("/proc/self/root", "proc_dir");
     assert_denied(f.read("proc_leaf"), "read proc leaf");
     assert_denied(f.read("proc_dir/etc/passwd"), "read via proc dir");
     assert_denied(f.write("proc_dir/tmp/x"), "write via proc dir");
@@ -200,19 +166,19 @@ fn proc_magic_links_are_refused() {
 #[test]
 fn a_symlink_inside_pointing_inside_reads_and_writes_its_target() {
     let f = Fixture::new();
-    std::fs::create_dir(f.ws_path("real")).unwrap();
-    std::fs::write(f.ws_path("real/file.txt"), "inside\n").unwrap();
-    f.link("real/file.txt", "alias");
-    f.link("real", "dir_alias");
+    std::fs::create_dir(f.dir.ws_path("real")).unwrap();
+    std::fs::write(f.dir.ws_path("real/file.txt"), "inside\n").unwrap();
+    f.dir.link("real/file.txt", "alias");
+    f.dir.link("real", "dir_alias");
     assert_eq!(f.read("alias").unwrap(), "inside");
     assert_eq!(f.read("dir_alias/file.txt").unwrap(), "inside");
     assert_eq!(f.write("alias").unwrap(), "Wrote 6 bytes to alias");
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("real/file.txt")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("real/file.txt")).unwrap(),
         "pwned\n"
     );
     assert!(
-        std::fs::symlink_metadata(f.ws_path("alias"))
+        std::fs::symlink_metadata(f.dir.ws_path("alias"))
             .unwrap()
             .is_symlink()
     );
@@ -223,7 +189,7 @@ fn tilde_is_a_literal_directory_inside_the_workspace() {
     let f = Fixture::new();
     assert_eq!(f.write("~/x").unwrap(), "Wrote 6 bytes to ~/x");
     assert_eq!(
-        std::fs::read_to_string(f.ws_path("~/x")).unwrap(),
+        std::fs::read_to_string(f.dir.ws_path("~/x")).unwrap(),
         "pwned\n"
     );
     assert_eq!(f.read("~/x").unwrap(), "pwned");
@@ -245,7 +211,7 @@ fn empty_nul_and_overlong_paths_are_invalid_arguments() {
 #[test]
 fn an_absolute_path_inside_the_workspace_works() {
     let f = Fixture::new();
-    let abs = f.ws_path("sub/abs.txt");
+    let abs = f.dir.ws_path("sub/abs.txt");
     let abs = abs.to_str().unwrap();
     assert_eq!(f.write(abs).unwrap(), format!("Wrote 6 bytes to {abs}"));
     assert_eq!(f.read(abs).unwrap(), "pwned");
@@ -259,7 +225,7 @@ fn the_root_itself_is_a_directory_not_a_file() {
     assert_eq!(err.code, ErrorCode::ExecutionError);
     assert_eq!(err.detail, "is a directory: .");
     assert_code(
-        f.read(f.ws.root().to_str().unwrap()),
+        f.read(f.dir.ws.root().to_str().unwrap()),
         ErrorCode::ExecutionError,
         "absolute root",
     );
@@ -268,12 +234,12 @@ fn the_root_itself_is_a_directory_not_a_file() {
 #[test]
 fn glob_never_lists_outside_files_and_terminates_on_symlink_loops() {
     let f = Fixture::new();
-    std::fs::create_dir(f.ws_path("src")).unwrap();
-    std::fs::write(f.ws_path("src/main.txt"), "m").unwrap();
-    f.link(f.base.join("outside"), "dirlink");
-    f.link(".", "self_loop");
-    f.link("loop_b", "loop_a");
-    f.link("loop_a", "loop_b");
+    std::fs::create_dir(f.dir.ws_path("src")).unwrap();
+    std::fs::write(f.dir.ws_path("src/main.txt"), "m").unwrap();
+    f.dir.link(f.dir.base.join("outside"), "dirlink");
+    f.dir.link(".", "self_loop");
+    f.dir.link("loop_b", "loop_a");
+    f.dir.link("loop_a", "loop_b");
     let listed = f.glob("**").unwrap();
     let lines: Vec<&str> = listed.lines().collect();
     assert_eq!(

@@ -1,10 +1,12 @@
-//! Calling a tool's handler directly, as the engine would, and tracing the processes a bash call
-//! leaves behind — shared by the tool-level tests (confinement, atomic writes, bash control).
+//! Calling a tool's handler directly, as the engine would, asserting its error code, and tracing
+//! the processes a bash call leaves behind — shared by the tool-level tests (confinement, atomic
+//! writes, bash control).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use switchboard::protocol::ErrorCode;
 use switchboard::tool::{Handler, SessionScope, ToolContext, ToolOutcome, ToolSpec};
 use switchboard::workspace::Workspace;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +57,38 @@ pub async fn call_with(spec: &ToolSpec, args: Value, ctx: ToolContext) -> ToolOu
 pub fn call_sync(spec: &ToolSpec, call_id: &str, args: Value) -> ToolOutcome {
     let ctx = ctx(call_id, Duration::from_secs(30), CancellationToken::new());
     futures::executor::block_on(call_with(spec, args, ctx))
+}
+
+/// [`call_sync`] under the call id `direct` (file tools do not look at it).
+pub fn call_tool(spec: &ToolSpec, args: Value) -> ToolOutcome {
+    call_sync(spec, "direct", args)
+}
+
+/// Runs a spec's handler as call `call_id` with a 60 s deadline and `cancel`, failing the test
+/// if it is not answered within 10 s.
+pub async fn call_bounded(
+    spec: &ToolSpec,
+    call_id: &str,
+    args: Value,
+    cancel: CancellationToken,
+) -> ToolOutcome {
+    let ctx = ctx(call_id, Duration::from_secs(60), cancel);
+    tokio::time::timeout(Duration::from_secs(10), call_with(spec, args, ctx))
+        .await
+        .expect("the call was answered within 10 s")
+}
+
+/// Asserts the outcome failed with `code` (`what` names the case in the message).
+pub fn assert_code(outcome: ToolOutcome, code: ErrorCode, what: &str) {
+    match outcome {
+        Err(e) => assert_eq!(e.code, code, "{what}: {e}"),
+        Ok(text) => panic!("{what}: expected {code}, got success: {text}"),
+    }
+}
+
+/// Asserts the outcome is `permission_denied`.
+pub fn assert_denied(outcome: ToolOutcome, what: &str) {
+    assert_code(outcome, ErrorCode::PermissionDenied, what);
 }
 
 /// A call id no other test uses, so its environment marker finds only this call's processes.

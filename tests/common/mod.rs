@@ -1,13 +1,26 @@
-//! Shared helpers for the black-box integration tests: test tools, call builders, engine runners.
+//! Shared helpers for the black-box integration tests, one concept a file: here the test tools,
+//! call builders, engine runners and the event log that proves an order; [`direct`] calls a
+//! tool's handler as the engine would; [`cli`] runs the built binary and reads its output;
+//! [`model`] and [`mock_server`] script a model (scripted answers, a local HTTP server speaking
+//! both wire formats) and [`wire`] describes each HTTP provider's shapes so one suite runs for
+//! both; [`workspace`] makes workspaces on disk. Every test file includes the whole tree
+//! (`mod common;`), so unused items are allowed.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod direct;
+pub mod mock_server;
+pub mod model;
+pub mod wire;
+pub mod workspace;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use switchboard::tools::builtin_tools;
+use switchboard::workspace::Workspace;
 use switchboard::{
     Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolError, ToolOutcome, ToolSpec,
 };
@@ -182,14 +195,21 @@ pub fn barrier_tool(name: &str, barrier: Arc<tokio::sync::Barrier>, wait: Durati
     .concurrency_safe(true)
 }
 
-/// A shared, ordered log of events pushed by handlers.
+/// A shared, ordered log of events pushed by handlers, the mock server and the scripted
+/// provider: the library's [`switchboard::provider::EventLog`] underneath, so the same log can be
+/// handed to `ScriptedProvider::with_log`. Proves an order ("handler started" before "stream
+/// ended") without a stopwatch.
 #[derive(Debug, Clone, Default)]
-pub struct EventLog(Arc<Mutex<Vec<String>>>);
+pub struct EventLog(switchboard::provider::EventLog);
 
 impl EventLog {
     /// Appends one event.
     pub fn push(&self, event: impl Into<String>) {
-        self.0.lock().unwrap().push(event.into());
+        switchboard::provider::log_event(&self.0, event);
+    }
+    /// The library's handle on the same log.
+    pub fn shared(&self) -> switchboard::provider::EventLog {
+        Arc::clone(&self.0)
     }
     /// Everything logged so far.
     pub fn events(&self) -> Vec<String> {
@@ -202,6 +222,18 @@ impl EventLog {
             .iter()
             .position(|e| e == event)
             .unwrap_or_else(|| panic!("event {event:?} not in log {events:?}"))
+    }
+    /// Position of the first event starting with `prefix` (panics if there is none).
+    pub fn first_starting_with(&self, prefix: &str) -> usize {
+        let events = self.events();
+        events
+            .iter()
+            .position(|e| e.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in {events:?}"))
+    }
+    /// Whether an event starting with `prefix` was logged.
+    pub fn has_entry_starting_with(&self, prefix: &str) -> bool {
+        self.events().iter().any(|e| e.starts_with(prefix))
     }
 }
 
@@ -234,6 +266,16 @@ pub fn logging_tool(name: &str, safe: bool, log: EventLog) -> ToolSpec {
 pub fn engine(tools: Vec<ToolSpec>) -> Engine {
     Engine::builder()
         .tools(tools)
+        .build()
+        .expect("engine builds")
+}
+
+/// An engine of the five built-in tools plus `extra`, serving `ws` (panics if it does not build).
+pub fn builtin_engine(ws: &Workspace, extra: Vec<ToolSpec>) -> Engine {
+    Engine::builder()
+        .tools(builtin_tools())
+        .tools(extra)
+        .workspace(ws.clone())
         .build()
         .expect("engine builds")
 }

@@ -6,7 +6,6 @@
 //! after a given tool call is complete until an event shows up in a shared log (to prove eager
 //! dispatch by the order of events). It logs `stream ended` just before it sends a stream's
 //! last event.
-#![allow(dead_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -14,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::EventLog;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -21,7 +21,6 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::post;
 use serde_json::{Value, json};
-use switchboard::provider::{EventLog, log_event};
 
 /// What one turn answers.
 #[derive(Debug, Clone)]
@@ -380,18 +379,13 @@ fn sse(pieces: Vec<Piece>, turn: &MockTurn, shared: Arc<Shared>) -> Response {
                     {
                         let deadline = Instant::now() + Duration::from_secs(5);
                         while Instant::now() < deadline
-                            && !shared
-                                .log
-                                .lock()
-                                .unwrap()
-                                .iter()
-                                .any(|e| e.starts_with(until.as_str()))
+                            && !shared.log.has_entry_starting_with(until)
                         {
                             tokio::time::sleep(Duration::from_millis(2)).await;
                         }
                     }
                 }
-                Piece::Ending => log_event(&shared.log, "stream ended"),
+                Piece::Ending => shared.log.push("stream ended"),
             }
         }
     });
@@ -404,151 +398,4 @@ fn sse(pieces: Vec<Piece>, turn: &MockTurn, shared: Arc<Shared>) -> Response {
         .header("cache-control", "no-cache")
         .body(Body::from_stream(stream))
         .unwrap()
-}
-
-// ---- fixtures shared by the provider tests ----
-
-use switchboard::agent_loop::{AgentLoop, LoopConfig, StreamOptions};
-use switchboard::provider::Provider;
-use switchboard::providers::{AnthropicProvider, HttpConfig, OpenAiProvider, RetryPolicy};
-use switchboard::{Engine, Handler, ToolSpec};
-
-/// Bound on any one test step: a hang fails instead of wedging the suite.
-pub const BOUND: Duration = Duration::from_secs(20);
-
-/// `{"text": string}` (required).
-pub fn text_schema() -> Value {
-    json!({"type":"object","properties":{"text":{"type":"string"}},"required":["text"]})
-}
-
-/// Inline, concurrency-safe: `echo:<text>`.
-pub fn echo_tool() -> ToolSpec {
-    ToolSpec::new(
-        "echo",
-        "Echoes its text.",
-        text_schema(),
-        Handler::inline(|args, _| {
-            Ok(format!(
-                "echo:{}",
-                args.get("text").and_then(Value::as_str).unwrap_or("")
-            ))
-        }),
-    )
-    .concurrency_safe(true)
-}
-
-/// An async tool that logs `started <name> <id>`, sleeps `ms` (default 0), logs
-/// `finished <name> <id>` and answers `done <name>`.
-pub fn logged_tool(name: &'static str, log: EventLog, safe: bool) -> ToolSpec {
-    ToolSpec::new(
-        name,
-        "Logs when it starts and ends.",
-        json!({"type":"object","properties":{"ms":{"type":"integer","minimum":0}}}),
-        Handler::future(move |args, ctx| {
-            let log = log.clone();
-            async move {
-                log_event(&log, format!("started {name} {}", ctx.call_id));
-                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
-                if ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
-                log_event(&log, format!("finished {name} {}", ctx.call_id));
-                Ok(format!("done {name}"))
-            }
-        }),
-    )
-    .concurrency_safe(safe)
-}
-
-/// `echo`, `reader` (safe, logged), `writer` (serial, logged).
-pub fn test_engine(log: &EventLog) -> Engine {
-    Engine::builder()
-        .tool(echo_tool())
-        .tool(logged_tool("reader", log.clone(), true))
-        .tool(logged_tool("writer", log.clone(), false))
-        .build()
-        .unwrap()
-}
-
-/// Fast retries: backoff 1 ms; one second of `retry-after` is 20 ms.
-pub fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 4,
-        base_delay: Duration::from_millis(1),
-        max_delay: Duration::from_millis(5),
-        max_retry_after: Duration::from_secs(1),
-        retry_after_unit: Duration::from_millis(20),
-    }
-}
-
-pub fn http_config(url: String, retry: RetryPolicy) -> HttpConfig {
-    HttpConfig {
-        base_url: url,
-        api_key: Some("test-key".into()),
-        timeout: Duration::from_secs(10),
-        retry,
-    }
-}
-
-pub fn anthropic(server: &MockServer) -> Arc<dyn Provider> {
-    Arc::new(AnthropicProvider::new(http_config(server.anthropic_url(), fast_retry())).unwrap())
-}
-
-pub fn openai(server: &MockServer) -> Arc<dyn Provider> {
-    Arc::new(OpenAiProvider::new(http_config(server.openai_url(), fast_retry())).unwrap())
-}
-
-pub fn config(max_turns: usize) -> LoopConfig {
-    LoopConfig {
-        model: "mock-model".into(),
-        system: "be brief".into(),
-        max_tokens: 1000,
-        max_turns,
-    }
-}
-
-pub fn agent(engine: &Engine, provider: Arc<dyn Provider>, stream: bool, eager: bool) -> AgentLoop {
-    AgentLoop::new(engine.session(), provider, config(8))
-        .unwrap()
-        .with_stream(StreamOptions { stream, eager })
-}
-
-pub fn text(t: &str) -> Value {
-    json!({"type":"text","text":t})
-}
-
-pub fn tool_use(id: &str, name: &str, input: Value) -> Value {
-    json!({"type":"tool_use","id":id,"name":name,"input":input})
-}
-
-/// A Messages API response.
-pub fn message(content: Vec<Value>, stop: &str) -> Value {
-    json!({"id":"msg_1","type":"message","role":"assistant","model":"mock","content":content,
-           "stop_reason":stop,"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}})
-}
-
-/// A chat completion: optional text and `(id, name, arguments text)` calls.
-pub fn completion(text: Option<&str>, calls: &[(&str, &str, &str)], finish: &str) -> Value {
-    let tool_calls: Vec<Value> = calls
-        .iter()
-        .map(|(id, name, args)| json!({"id":id,"type":"function","function":{"name":name,"arguments":args}}))
-        .collect();
-    let mut msg = json!({"role":"assistant","content":text});
-    if !tool_calls.is_empty() {
-        msg["tool_calls"] = Value::Array(tool_calls);
-    }
-    json!({"id":"chatcmpl-1","object":"chat.completion","model":"mock",
-           "choices":[{"index":0,"message":msg,"finish_reason":finish}]})
-}
-
-/// Position of the first log entry starting with `prefix`.
-pub fn position(log: &EventLog, prefix: &str) -> usize {
-    let log = log.lock().unwrap();
-    log.iter()
-        .position(|e| e.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} in {log:?}"))
-}
-
-pub fn outcomes(results: &[switchboard::ToolDispatchResult]) -> Vec<&'static str> {
-    results.iter().map(|r| r.outcome()).collect()
 }
