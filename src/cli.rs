@@ -341,10 +341,8 @@ pub async fn dispatch_document(
     text: &str,
     cancel: CancellationToken,
 ) -> Result<String, String> {
-    let doc: Value =
-        serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
-    let calls =
-        protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
+    // Decoded from the text, so that one call's undecodable arguments refuse only that call.
+    let calls = protocol::decode_json(format, text).map_err(|e| e.to_string())?;
     let results = engine.dispatch_with_cancel(calls, cancel).await;
     let mut out = Vec::with_capacity(256);
     protocol::write_json(format, &results, &mut out)
