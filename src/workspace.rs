@@ -91,6 +91,11 @@ impl Workspace {
                 "path is longer than {MAX_PATH_BYTES} bytes"
             )));
         }
+        if is_windows_form(path) {
+            return Err(ToolError::permission(format!(
+                "Windows path forms (a drive letter, a UNC share or a leading backslash) are not workspace paths: {path}"
+            )));
+        }
         let given = Path::new(path);
         if given.components().any(|c| c == Component::ParentDir) {
             return Err(escapes(path));
@@ -266,6 +271,15 @@ impl Workspace {
     }
 }
 
+/// True for the Windows path forms a POSIX path would otherwise take as literal names: a drive
+/// letter (`C:`, `C:\x`, `C:/x`, drive-relative `C:x`), a UNC or device path (`\\server\share`,
+/// `\\?\C:\`) and a path rooted at the current drive (`\x`).
+fn is_windows_form(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    let drive = bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':';
+    drive || bytes.first() == Some(&b'\\')
+}
+
 /// `permission_denied`: `path escapes workspace: P`.
 fn escapes(shown: &str) -> ToolError {
     ToolError::permission(format!("path escapes workspace: {shown}"))
@@ -331,6 +345,22 @@ mod tests {
                 "{bad}"
             );
         }
+        for windows in [
+            "C:\\Users\\x.txt",
+            "c:/Users/x.txt",
+            "D:x.txt",
+            "C:",
+            "\\\\server\\share\\x.txt",
+            "\\\\?\\C:\\x",
+            "\\x.txt",
+        ] {
+            let err = ws.relative(windows).unwrap_err();
+            assert_eq!(err.code, ErrorCode::PermissionDenied, "{windows}");
+            assert!(err.detail.contains("Windows path"), "{}", err.detail);
+        }
+        // Only the Windows forms: a colon or backslash later in a name stays an ordinary name.
+        assert_eq!(ws.relative("ab:c").unwrap(), PathBuf::from("ab:c"));
+        assert_eq!(ws.relative("a\\b").unwrap(), PathBuf::from("a\\b"));
         for bad in ["", "a\0b", &"x".repeat(MAX_PATH_BYTES + 1)] {
             assert_eq!(
                 ws.relative(bad).unwrap_err().code,
