@@ -189,11 +189,41 @@ pub fn spec_with(ws: &Workspace, isolation: Isolation) -> ToolSpec {
     .output_cap(OUTPUT_CAP)
 }
 
+/// Devices a command may redirect output to: they discard it or pass it on, and models write
+/// `> /dev/null` constantly.
+pub const HARMLESS_DEVICES: [&str; 3] = ["null", "stdout", "stderr"];
+
 /// The first of [`DANGEROUS_SUBSTRINGS`] found in `command`, if any.
+///
+/// The seed's `> /dev/` entry is read as "a redirection to a device node": any `>` (also `>>`,
+/// `2>`, `&>`, `>|`), optional blanks or a quote, then `/dev/NAME` — refused unless NAME is one
+/// of [`HARMLESS_DEVICES`] (`/dev/null`, `/dev/stdout`, `/dev/stderr`). So `ls > /dev/null` and
+/// `2>/dev/null` run, while `> /dev/sda` and `>/dev/sda` are refused. Like the rest of the list,
+/// this is a convenience for parity with the seed, not a security boundary (`tee /dev/sda`,
+/// `dd of=/dev/sda` are not caught).
 pub fn blocked_by(command: &str) -> Option<&'static str> {
+    const DEVICE: &str = "> /dev/";
     DANGEROUS_SUBSTRINGS
         .into_iter()
+        .filter(|bad| *bad != DEVICE)
         .find(|bad| command.contains(bad))
+        .or_else(|| redirects_to_device(command).then_some(DEVICE))
+}
+
+/// True when `command` redirects output to a device other than the [`HARMLESS_DEVICES`].
+fn redirects_to_device(command: &str) -> bool {
+    command.match_indices('>').any(|(at, _)| {
+        let target = command[at + 1..]
+            .trim_start_matches(|c: char| matches!(c, '>' | '|' | '&' | ' ' | '\t' | '"' | '\''));
+        let Some(device) = target.strip_prefix("/dev/") else {
+            return false;
+        };
+        let name = device
+            .split(|c: char| c.is_whitespace() || ";|&)<>'\"`".contains(c))
+            .next()
+            .unwrap_or_default();
+        !HARMLESS_DEVICES.contains(&name)
+    })
 }
 
 /// Finds out whether commands can run in fresh PID and mount namespaces, trying plain `unshare`
@@ -568,6 +598,28 @@ mod tests {
     fn dangerous_substrings_are_named_and_durations_read_naturally() {
         assert_eq!(blocked_by("echo hi && sudo ls"), Some("sudo"));
         assert_eq!(blocked_by("ls -la"), None);
+        for harmless in [
+            "ls > /dev/null",
+            "ls >/dev/null 2>&1",
+            "ls 2>/dev/null",
+            "ls &>/dev/null",
+            "ls >> /dev/null",
+            "echo hi > /dev/stderr; echo ok >/dev/stdout",
+            "cat x 2> \"/dev/null\"",
+            "ls >| /dev/null",
+        ] {
+            assert_eq!(blocked_by(harmless), None, "{harmless}");
+        }
+        for device in [
+            "echo x > /dev/sda",
+            "echo x >/dev/sda1",
+            "ls > /dev/null; echo x >> /dev/tty",
+            "echo x > /dev/null2",
+            "echo x 2>/dev/mem",
+            "echo x > /dev/",
+        ] {
+            assert_eq!(blocked_by(device), Some("> /dev/"), "{device}");
+        }
         assert_eq!(seconds(Duration::from_millis(119_996)), "120s");
         assert_eq!(seconds(Duration::from_millis(298)), "0.3s");
         assert_eq!(seconds(Duration::from_millis(1)), "1ms");
