@@ -40,8 +40,12 @@
 //!   holds them does not hold the result back — then the group is killed.
 //!
 //! Deliberate additions to the seed: a non-zero exit status is still a successful result, but a
-//! final line `[exit code: N]` (or `[killed by signal N]`) is appended so the model can see it; a
-//! blocked or timed-out command is a real error (`permission_denied`, `timeout`), not text.
+//! final line `[exit code: N]` is appended so the model can see it (a non-zero status is how
+//! `grep`, `diff` and `test` answer, and tests that fail are output the model needs to read, not
+//! a failure of the tool); a command whose shell died by a signal is an `execution_error` naming
+//! the signal (`killed by SIGKILL (possibly out of memory)`, see [`death_signal`] for how that is
+//! told apart from an exit status of 128 + N); a blocked or timed-out command is a real error
+//! (`permission_denied`, `timeout`), not text.
 //!
 //! **bash is not sandboxed by the workspace's path guard.** The namespaces isolate processes and
 //! `/proc`, not files or the network: a command can read and write anything the engine's user
@@ -102,9 +106,11 @@ pub const INHERITED_ENV: [&str; 17] = [
 pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
 /// Init of a call's PID namespace (pid 1): runs the command's shell as its child, so that shell
 /// is an ordinary process (pid 2; `kill $$` works), and exits with its status. The init's own
-/// stderr goes to `/dev/null` so its job notices ("Killed") do not mix into the output; the
-/// command's stderr is the real one.
-const NAMESPACE_INIT: &str = r#"exec 3>&2 2>/dev/null; "$@" 2>&3 3>&-; exit $?"#;
+/// stderr goes to the notice file named by its first argument, so its job notices ("Killed")
+/// do not mix into the output but tell that the command's shell died by a signal (see
+/// [`death_signal`]); the command's stderr is the real one.
+const NAMESPACE_INIT: &str =
+    r#"n=$1; shift; exec 3>&2 2>/dev/null; { "$@" 2>&3 3>&-; } 2>"$n"; exit $?"#;
 /// Direct mode only: a token unique to one call, used to find its escaped processes.
 const CALL_TOKEN_VAR: &str = "SWITCHBOARD_CALL_TOKEN";
 /// How long the pipes are still read after the shell itself has exited.
@@ -347,12 +353,18 @@ impl Bash {
             Launcher::Namespaces { .. } => None,
         };
 
+        // Namespace mode: where the init writes its job notices (see `death_signal`).
+        let notice = match launcher {
+            Launcher::Namespaces { .. } => tempfile::NamedTempFile::new().ok(),
+            Launcher::Direct => None,
+        };
         let mut child = shell(
             &self.root,
             command,
             &ctx.call_id,
             token.as_deref(),
             launcher,
+            notice.as_ref().map(|f| f.path()),
         )
         .spawn()
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
@@ -427,13 +439,19 @@ impl Bash {
             End::Exited(status) => {
                 let status =
                     status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
+                let notice = notice.and_then(|f| std::fs::read(f.path()).ok());
+                if let Some(signal) = death_signal(status, notice.as_deref()) {
+                    let text = combine(out, err, PARTIAL_CAP);
+                    let what = killed_by(signal);
+                    return Err(ToolError::execution(if text == NO_OUTPUT {
+                        what
+                    } else {
+                        format!("{what}; output:\n{text}")
+                    }));
+                }
                 let mut text = combine(out, err, OUTPUT_CAP - 40);
-                if let Some(code) = status.code() {
-                    if code != 0 {
-                        text.push_str(&format!("\n[exit code: {code}]"));
-                    }
-                } else if let Some(signal) = status.signal() {
-                    text.push_str(&format!("\n[killed by signal {signal}]"));
+                if let Some(code) = status.code().filter(|&code| code != 0) {
+                    text.push_str(&format!("\n[exit code: {code}]"));
                 }
                 Ok(text)
             }
@@ -462,17 +480,16 @@ fn shell(
     call_id: &str,
     token: Option<&str>,
     launcher: &Launcher,
+    notice: Option<&Path>,
 ) -> Command {
     let mut cmd = match launcher {
         Launcher::Namespaces { unshare, flags } => {
             let mut cmd = Command::new(unshare);
-            cmd.args(flags).arg("--").args([
-                "bash",
-                "-c",
-                NAMESPACE_INIT,
-                "switchboard-init",
-                "bash",
-            ]);
+            cmd.args(flags)
+                .arg("--")
+                .args(["bash", "-c", NAMESPACE_INIT, "switchboard-init"])
+                .arg(notice.unwrap_or(Path::new("/dev/null")))
+                .arg("bash");
             cmd
         }
         Launcher::Direct => Command::new("bash"),
@@ -496,6 +513,70 @@ fn shell(
         .process_group(0)
         .kill_on_drop(true);
     cmd
+}
+
+/// The signal that killed the command's shell, if one did.
+///
+/// The rule, chosen so that a plain exit status is never mistaken for a death: in direct mode
+/// the shell is our child and its wait status says whether a signal ended it. In namespace mode
+/// our child is `unshare`, whose child, the init shell, exits with `128 + N` when the command's
+/// shell died by signal N — a status any program can also exit with (`exit 137`). So there the
+/// status counts only together with the init's job notice (`Killed`, `Terminated`, …), which
+/// bash prints only for a child that really died by a signal (not for SIGINT or SIGPIPE, which
+/// stay plain exit codes). A shell that exits with `128 + N` because a command *it* ran was
+/// killed is a plain exit status too (`[exit code: 137]`): bash runs the last command of a
+/// command line in place of itself, so a program killed there (the OOM killer's usual victim)
+/// is the shell's own death.
+fn death_signal(status: std::process::ExitStatus, init_notice: Option<&[u8]>) -> Option<i32> {
+    if let Some(signal) = status.signal() {
+        return Some(signal);
+    }
+    let code = status.code()?;
+    let noticed = init_notice.is_some_and(|n| !n.trim_ascii().is_empty());
+    (code > 128 && noticed).then_some(code - 128)
+}
+
+/// `killed by SIGKILL (possibly out of memory)`, `killed by SIGSEGV`, `killed by signal 40`.
+fn killed_by(signal: i32) -> String {
+    const NAMES: [&str; 32] = [
+        "",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    match usize::try_from(signal).ok().and_then(|i| NAMES.get(i)) {
+        Some(&"SIGKILL") => "killed by SIGKILL (possibly out of memory)".to_string(),
+        Some(name) if !name.is_empty() => format!("killed by {name}"),
+        _ => format!("killed by signal {signal}"),
+    }
 }
 
 /// Direct mode: kills every process whose environment carries `token` (processes that left the
@@ -598,6 +679,9 @@ mod tests {
     fn dangerous_substrings_are_named_and_durations_read_naturally() {
         assert_eq!(blocked_by("echo hi && sudo ls"), Some("sudo"));
         assert_eq!(blocked_by("ls -la"), None);
+        assert_eq!(killed_by(9), "killed by SIGKILL (possibly out of memory)");
+        assert_eq!(killed_by(11), "killed by SIGSEGV");
+        assert_eq!(killed_by(40), "killed by signal 40");
         for harmless in [
             "ls > /dev/null",
             "ls >/dev/null 2>&1",
