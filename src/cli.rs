@@ -67,6 +67,10 @@ pub enum Command {
         /// One JSON document per line in, one per line out (for piping many turns).
         #[arg(long)]
         lines: bool,
+        /// Let read_file and edit_file open files with more than one hard link (refused by
+        /// default: another name of such a file may be outside the workspace).
+        #[arg(long)]
+        allow_hard_links: bool,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -165,13 +169,14 @@ async fn run(cli: Cli) -> ExitCode {
             workspace,
             format,
             lines,
+            allow_hard_links,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace) {
+            let engine = match engine_for(workspace, allow_hard_links) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -184,7 +189,7 @@ async fn run(cli: Cli) -> ExitCode {
             finish_telemetry(telemetry, code).await
         }
         Command::Tools { format } => {
-            let engine = match engine_for(None) {
+            let engine = match engine_for(None, false) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -235,10 +240,11 @@ async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
     }
 }
 
-fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
+fn engine_for(workspace: Option<PathBuf>, allow_hard_links: bool) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
-        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
+        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
+        .allow_hard_links(allow_hard_links);
     Engine::builder()
         .tools(builtin_tools(&ws))
         .build()

@@ -67,6 +67,10 @@ pub struct ModelArgs {
     /// Workspace the built-in tools are confined to (default: the current directory).
     #[arg(long)]
     pub workspace: Option<PathBuf>,
+    /// Let read_file and edit_file open files with more than one hard link (refused by
+    /// default: another name of such a file may be outside the workspace).
+    #[arg(long)]
+    pub allow_hard_links: bool,
     /// Model calls per prompt.
     #[arg(long, default_value_t = DEFAULT_MAX_TURNS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -105,6 +109,7 @@ impl Default for ModelArgs {
             provider: ProviderChoice::Anthropic,
             model: None,
             workspace: None,
+            allow_hard_links: false,
             max_turns: DEFAULT_MAX_TURNS as u32,
             max_tokens: DEFAULT_MAX_TOKENS,
             system: None,
@@ -260,7 +265,8 @@ async fn setup(
     let (provider, model) = build_provider(args, env).map_err(|e| fail(2, &e.to_string()))?;
     let root = args.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
-        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
+        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
+        .allow_hard_links(args.allow_hard_links);
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
         .await
         .map_err(|e| fail(2, &e))?;

@@ -45,6 +45,9 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 pub struct Workspace {
     root: PathBuf,
     dir: Arc<Dir>,
+    /// Whether `read_file`/`edit_file` may open files with more than one name (see
+    /// [`Workspace::allow_hard_links`]).
+    hard_links: bool,
 }
 
 impl Workspace {
@@ -62,7 +65,26 @@ impl Workspace {
         Ok(Workspace {
             root,
             dir: Arc::new(dir),
+            hard_links: false,
         })
+    }
+
+    /// Lets `read_file` and `edit_file` open regular files that have more than one hard link.
+    ///
+    /// By default they refuse them (`permission_denied`, `hard-linked file: P`): a hard link
+    /// inside the workspace may be another name of a file outside it (planted by a bash command,
+    /// or left by a tool), and no path check can tell — both names are the same file. Allow them
+    /// for workspaces that hard-link on purpose (pnpm's `node_modules`, `cp -al` snapshots).
+    /// `write_file` is unaffected either way: it replaces the name it is given and never writes
+    /// through a link, so the file's other names keep the old content.
+    pub fn allow_hard_links(mut self, allow: bool) -> Workspace {
+        self.hard_links = allow;
+        self
+    }
+
+    /// Whether files with more than one hard link may be read and edited.
+    pub fn hard_links_allowed(&self) -> bool {
+        self.hard_links
     }
 
     /// The canonical root path.
