@@ -176,7 +176,7 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace, allow_hard_links) {
+            let engine = match engine_for(workspace, allow_hard_links, true) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -189,7 +189,7 @@ async fn run(cli: Cli) -> ExitCode {
             finish_telemetry(telemetry, code).await
         }
         Command::Tools { format } => {
-            let engine = match engine_for(None, false) {
+            let engine = match engine_for(None, false, false) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -240,15 +240,33 @@ async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
     }
 }
 
-fn engine_for(workspace: Option<PathBuf>, allow_hard_links: bool) -> Result<Engine, ExitCode> {
+/// The engine over the built-in tools on `workspace` (default: the current directory); with
+/// `clean`, temp files that killed writers left there are removed first.
+fn engine_for(
+    workspace: Option<PathBuf>,
+    allow_hard_links: bool,
+    clean: bool,
+) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
         .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
         .allow_hard_links(allow_hard_links);
+    if clean {
+        remove_stale_temps(&ws);
+    }
     Engine::builder()
         .tools(builtin_tools(&ws))
         .build()
         .map_err(|e| fail(1, &e.to_string()))
+}
+
+/// Removes the temp files killed writers left in `ws` (see
+/// [`Workspace::remove_stale_temp_files`]), saying so in the log.
+pub(crate) fn remove_stale_temps(ws: &Workspace) {
+    let removed = ws.remove_stale_temp_files();
+    if removed > 0 {
+        tracing::info!(removed, "removed temp files left by writers that are gone");
+    }
 }
 
 /// Exit code after ctrl-c (128 + SIGINT), as shells report it.

@@ -122,6 +122,7 @@ pub async fn run(
     });
     let ws = Workspace::open(&root)
         .map_err(|e| format!("cannot open workspace {}: {e}", root.display()))?;
+    crate::cli::remove_stale_temps(&ws);
     let engine = Engine::builder()
         .tools(builtin_tools(&ws))
         .build()

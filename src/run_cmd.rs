@@ -267,6 +267,7 @@ async fn setup(
     let ws = Workspace::open(&root)
         .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
         .allow_hard_links(args.allow_hard_links);
+    crate::cli::remove_stale_temps(&ws);
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
         .await
         .map_err(|e| fail(2, &e))?;
