@@ -11,6 +11,8 @@ use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -142,12 +144,11 @@ impl From<CatalogShape> for CatalogFormat {
 }
 
 /// Entry point of the binary.
+///
+/// SIGINT and SIGTERM are taken over first, before the command line is even parsed and long
+/// before any input is read, so that from the first milliseconds on neither kills the process
+/// with calls unanswered: each long-running command watches the [`Interrupt`] instead.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    if let Err(e) = crate::process_guard::harden_current_process() {
-        tracing::warn!("cannot mark the process non-dumpable: {e}");
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -155,16 +156,28 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(1, &format!("cannot start the async runtime: {e}")),
     };
-    let code = runtime.block_on(run(cli));
+    let interrupt = {
+        let _context = runtime.enter();
+        match Interrupt::install() {
+            Ok(interrupt) => interrupt,
+            Err(e) => return fail(1, &format!("cannot install signal handlers: {e}")),
+        }
+    };
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    if let Err(e) = crate::process_guard::harden_current_process() {
+        tracing::warn!("cannot mark the process non-dumpable: {e}");
+    }
+    let code = runtime.block_on(run(cli, interrupt));
     // Don't wait for a blocking stdin read that an interrupt left behind.
     runtime.shutdown_timeout(Duration::from_millis(200));
     code
 }
 
-async fn run(cli: Cli) -> ExitCode {
+async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
     match cli.command {
-        Command::Run(args) => crate::run_cmd::run(args).await,
-        Command::Chat(args) => crate::run_cmd::chat(args).await,
+        Command::Run(args) => crate::run_cmd::run(args, &interrupt).await,
+        Command::Chat(args) => crate::run_cmd::chat(args, &interrupt).await,
         Command::Dispatch {
             workspace,
             format,
@@ -181,9 +194,9 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             let code = if lines {
-                dispatch_lines(&engine, format.into()).await
+                dispatch_lines(&engine, format.into(), &interrupt).await
             } else {
-                dispatch_one(&engine, format.into()).await
+                dispatch_one(&engine, format.into(), &interrupt).await
             };
             engine.shutdown(Duration::from_secs(1)).await;
             finish_telemetry(telemetry, code).await
@@ -214,16 +227,29 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let code = match demo::run(sessions as usize, workspace, duration).await {
+            let stop = interrupt.token().clone();
+            let code = match demo::run(sessions as usize, workspace, duration, stop).await {
                 Ok(report) => {
                     print!("{report}");
-                    ExitCode::SUCCESS
+                    match interrupt.exit_code() {
+                        Some(code) => fail(code, "interrupted; the calls in flight were cancelled"),
+                        None => ExitCode::SUCCESS,
+                    }
                 }
                 Err(e) => fail(1, &e),
             };
             finish_telemetry(telemetry, code).await
         }
-        Command::Load(args) => crate::load::run(args).await,
+        Command::Load(args) => {
+            // A signal stops the run at once: its sessions, tasks and the processes of its
+            // calls are dropped (and killed) with the runtime; no report is printed.
+            tokio::select! {
+                code = crate::load::run(args) => code,
+                () = interrupt.cancelled() => {
+                    fail(interrupt.exit_code().unwrap_or(INTERRUPTED), "interrupted; the load run was stopped")
+                }
+            }
+        }
     }
 }
 
@@ -269,52 +295,116 @@ pub(crate) fn remove_stale_temps(ws: &Workspace) {
     }
 }
 
-/// Exit code after ctrl-c (128 + SIGINT), as shells report it.
-const INTERRUPTED: u8 = 130;
+/// Exit code after SIGINT (128 + 2), as shells report it.
+pub(crate) const INTERRUPTED: u8 = 130;
+/// Exit code after SIGTERM (128 + 15).
+pub(crate) const TERMINATED: u8 = 143;
 
-/// Cancelled on ctrl-c. Installing it means ctrl-c no longer kills the process: the command
-/// answers every call of the turn in flight (`cancelled`, with partial output), prints the
-/// answer, and exits 130.
-fn interrupt_token() -> CancellationToken {
-    let token = CancellationToken::new();
-    let on_signal = token.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_signal.cancel();
-        }
-    });
-    token
+/// How long `dispatch` still waits for the rest of its input after a signal: a harness that
+/// wrote the turn and then signalled still gets every call of it answered.
+const INPUT_GRACE: Duration = Duration::from_secs(1);
+
+/// SIGINT (ctrl-c) and SIGTERM (`docker stop`, systemd, `timeout`, `kill`), taken over for the
+/// whole process. Once installed neither signal kills the process: the first one cancels
+/// [`Interrupt::token`], and each command answers every call in flight (`cancelled`, running
+/// processes killed, partial output kept), prints what it owes, and exits 130 (SIGINT) or 143
+/// (SIGTERM). Later signals change nothing; the command is already stopping.
+#[derive(Debug, Clone)]
+pub struct Interrupt {
+    token: CancellationToken,
+    code: Arc<AtomicU8>,
 }
 
-async fn dispatch_one(engine: &Engine, format: WireFormat) -> ExitCode {
-    let interrupt = interrupt_token();
-    let read = tokio::task::spawn_blocking(|| {
+impl Interrupt {
+    /// Installs the handlers; must run inside a tokio runtime (with signals enabled).
+    pub fn install() -> std::io::Result<Interrupt> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let interrupt = Interrupt::never();
+        let on_signal = interrupt.clone();
+        tokio::spawn(async move {
+            let code = tokio::select! {
+                Some(()) = int.recv() => INTERRUPTED,
+                Some(()) = term.recv() => TERMINATED,
+                else => return,
+            };
+            on_signal.code.store(code, Ordering::Release);
+            on_signal.token.cancel();
+        });
+        Ok(interrupt)
+    }
+
+    /// An interrupt that no signal triggers (for library callers and tests; cancel its token to
+    /// simulate one).
+    pub fn never() -> Interrupt {
+        Interrupt {
+            token: CancellationToken::new(),
+            code: Arc::new(AtomicU8::new(0)),
+        }
+    }
+
+    /// Cancelled by the first signal.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Waits for the first signal.
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await;
+    }
+
+    /// 130 after SIGINT, 143 after SIGTERM (130 if the token was cancelled by hand), `None`
+    /// while no signal came.
+    pub fn exit_code(&self) -> Option<u8> {
+        if !self.token.is_cancelled() {
+            return None;
+        }
+        match self.code.load(Ordering::Acquire) {
+            0 => Some(INTERRUPTED),
+            code => Some(code),
+        }
+    }
+}
+
+async fn dispatch_one(engine: &Engine, format: WireFormat, interrupt: &Interrupt) -> ExitCode {
+    let mut read = tokio::task::spawn_blocking(|| {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).map(|_| input)
     });
-    let input = tokio::select! {
-        read = read => match read {
-            Ok(Ok(input)) => input,
-            Ok(Err(e)) => return fail(2, &format!("cannot read stdin: {e}")),
-            Err(e) => return fail(1, &format!("cannot read stdin: {e}")),
-        },
-        _ = interrupt.cancelled() => return fail(INTERRUPTED, "interrupted before any input"),
+    let read_result = tokio::select! {
+        read = &mut read => read,
+        () = interrupt.cancelled() => {
+            // Signalled before the whole turn was read: if the rest arrives promptly, every
+            // call of it is still answered (`cancelled`, nothing runs).
+            match tokio::time::timeout(INPUT_GRACE, &mut read).await {
+                Ok(read) => read,
+                Err(_) => {
+                    let code = interrupt.exit_code().unwrap_or(INTERRUPTED);
+                    return fail(code, "interrupted before the whole input was read");
+                }
+            }
+        }
     };
-    match dispatch_document(engine, format, &input, interrupt.child_token()).await {
+    let input = match read_result {
+        Ok(Ok(input)) => input,
+        Ok(Err(e)) => return fail(2, &format!("cannot read stdin: {e}")),
+        Err(e) => return fail(1, &format!("cannot read stdin: {e}")),
+    };
+    match dispatch_document(engine, format, &input, interrupt.token().child_token()).await {
         Ok(out) => {
             print_line(&out);
-            if interrupt.is_cancelled() {
-                ExitCode::from(INTERRUPTED)
-            } else {
-                ExitCode::SUCCESS
+            match interrupt.exit_code() {
+                Some(code) => ExitCode::from(code),
+                None => ExitCode::SUCCESS,
             }
         }
         Err(e) => fail(2, &e),
     }
 }
 
-async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
-    let interrupt = interrupt_token();
+async fn dispatch_lines(engine: &Engine, format: WireFormat, interrupt: &Interrupt) -> ExitCode {
+    let stopped = || interrupt.exit_code().unwrap_or(INTERRUPTED);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
@@ -328,7 +418,7 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
     loop {
         let line = tokio::select! {
             line = rx.recv() => line,
-            _ = interrupt.cancelled() => return fail(INTERRUPTED, "interrupted"),
+            () = interrupt.cancelled() => return fail(stopped(), "interrupted"),
         };
         let Some(line) = line else { break };
         n += 1;
@@ -339,15 +429,15 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
         if line.trim().is_empty() {
             continue;
         }
-        match dispatch_document(engine, format, &line, interrupt.child_token()).await {
+        match dispatch_document(engine, format, &line, interrupt.token().child_token()).await {
             Ok(out) => print_line(&out),
             Err(e) => {
                 bad += 1;
                 say(&format!("line {n}: {e}"));
             }
         }
-        if interrupt.is_cancelled() {
-            return fail(INTERRUPTED, "interrupted; the turn in flight was answered");
+        if interrupt.token().is_cancelled() {
+            return fail(stopped(), "interrupted; the turn in flight was answered");
         }
     }
     if bad > 0 {

@@ -24,7 +24,7 @@ use crate::agent_loop::{
     StopReason, StreamOptions, default_system_prompt,
 };
 use crate::cli::TelemetryArgs;
-use crate::cli::fail;
+use crate::cli::{INTERRUPTED, Interrupt, fail};
 use crate::engine::{Engine, Session};
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};
@@ -238,23 +238,32 @@ struct Setup {
     telemetry: Telemetry,
 }
 
-/// Exit code after ctrl-c (128 + SIGINT).
-const INTERRUPTED: u8 = 130;
+/// How long a signalled `run`/`chat` lets the turn in flight come back (its calls answered
+/// `cancelled`, their processes killed) before it stops waiting.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
-/// Runs `work` until it ends or ctrl-c arrives. On ctrl-c the session is cancelled — its running
-/// calls are answered `cancelled` and the processes they started are killed — and `None` is
-/// returned. (Once this listens, ctrl-c no longer kills the process by itself.)
+/// Runs `work` until it ends or a signal arrives ([`Interrupt`]). On a signal the session is
+/// cancelled — its running calls are answered `cancelled` and the processes they started are
+/// killed — `work` gets [`CANCEL_GRACE`] to take those answers in, and `None` is returned.
 async fn unless_interrupted<T>(
     session: &Session,
+    interrupt: &Interrupt,
     work: impl std::future::Future<Output = T>,
 ) -> Option<T> {
+    tokio::pin!(work);
     tokio::select! {
-        out = work => Some(out),
-        _ = tokio::signal::ctrl_c() => {
+        out = &mut work => Some(out),
+        () = interrupt.cancelled() => {
             session.cancel();
+            let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
             None
         }
     }
+}
+
+/// The exit code and message of a signalled command.
+fn interrupted(interrupt: &Interrupt, message: &str) -> ExitCode {
+    fail(interrupt.exit_code().unwrap_or(INTERRUPTED), message)
 }
 
 async fn setup(
@@ -305,24 +314,33 @@ async fn teardown(setup: Setup, code: ExitCode) -> ExitCode {
     }
 }
 
-/// `switchboard run`, printing to stdout.
-pub async fn run(args: RunArgs) -> ExitCode {
+/// `switchboard run`, printing to stdout, stopped by `interrupt`.
+pub async fn run(args: RunArgs, interrupt: &Interrupt) -> ExitCode {
     let mut out = std::io::stdout();
-    run_with(args, &process_env, &mut out).await
+    run_interruptible(args, &process_env, &mut out, interrupt).await
 }
 
-/// `switchboard run` with its environment and output given.
+/// `switchboard run` with its environment and output given (no signal stops it).
 pub async fn run_with(args: RunArgs, env: EnvLookup<'_>, out: &mut (dyn Write + Send)) -> ExitCode {
+    run_interruptible(args, env, out, &Interrupt::never()).await
+}
+
+/// [`run_with`], stopped by `interrupt`.
+pub async fn run_interruptible(
+    args: RunArgs,
+    env: EnvLookup<'_>,
+    out: &mut (dyn Write + Send),
+    interrupt: &Interrupt,
+) -> ExitCode {
     let mut setup = match setup(&args.model, args.telemetry.clone(), env).await {
         Ok(setup) => setup,
         Err(code) => return code,
     };
     let session = setup.session.clone();
-    let Some(outcome) = unless_interrupted(&session, setup.agent.run(&args.prompt)).await else {
-        let code = fail(
-            INTERRUPTED,
-            "interrupted; running tool calls were cancelled",
-        );
+    let Some(outcome) =
+        unless_interrupted(&session, interrupt, setup.agent.run(&args.prompt)).await
+    else {
+        let code = interrupted(interrupt, "interrupted; running tool calls were cancelled");
         return teardown(setup, code).await;
     };
     let code = match outcome {
@@ -396,9 +414,9 @@ pub fn result_json(r: &LoopResult) -> Value {
 }
 
 /// `switchboard chat` on the terminal: prompts (`>> `) on stderr, answers on stdout.
-pub async fn chat(args: ChatArgs) -> ExitCode {
+pub async fn chat(args: ChatArgs, interrupt: &Interrupt) -> ExitCode {
     let mut out = std::io::stdout();
-    chat_with(args, &process_env, stdin_lines(), &mut out).await
+    chat_interruptible(args, &process_env, stdin_lines(), &mut out, interrupt).await
 }
 
 /// Lines of stdin, each read (on the blocking pool) only when asked for; `None` at the end.
@@ -424,8 +442,19 @@ pub fn stdin_lines() -> impl Stream<Item = std::io::Result<String>> + Unpin {
 pub async fn chat_with(
     args: ChatArgs,
     env: EnvLookup<'_>,
+    lines: impl Stream<Item = std::io::Result<String>> + Unpin,
+    out: &mut (dyn Write + Send),
+) -> ExitCode {
+    chat_interruptible(args, env, lines, out, &Interrupt::never()).await
+}
+
+/// [`chat_with`], stopped by `interrupt`.
+pub async fn chat_interruptible(
+    args: ChatArgs,
+    env: EnvLookup<'_>,
     mut lines: impl Stream<Item = std::io::Result<String>> + Unpin,
     out: &mut (dyn Write + Send),
+    interrupt: &Interrupt,
 ) -> ExitCode {
     let mut setup = match setup(&args.model, args.telemetry.clone(), env).await {
         Ok(setup) => setup,
@@ -436,8 +465,8 @@ pub async fn chat_with(
         let _ = write!(std::io::stderr(), ">> ");
         let _ = std::io::stderr().flush();
         let session = setup.session.clone();
-        let Some(next) = unless_interrupted(&session, lines.next()).await else {
-            code = fail(INTERRUPTED, "interrupted");
+        let Some(next) = unless_interrupted(&session, interrupt, lines.next()).await else {
+            code = interrupted(interrupt, "interrupted");
             break;
         };
         let line = match next {
@@ -452,11 +481,9 @@ pub async fn chat_with(
         if query.is_empty() || query == "q" || query == "exit" {
             break;
         }
-        let Some(outcome) = unless_interrupted(&session, setup.agent.run(query)).await else {
-            code = fail(
-                INTERRUPTED,
-                "interrupted; running tool calls were cancelled",
-            );
+        let Some(outcome) = unless_interrupted(&session, interrupt, setup.agent.run(query)).await
+        else {
+            code = interrupted(interrupt, "interrupted; running tool calls were cancelled");
             break;
         };
         match outcome {

@@ -110,7 +110,7 @@ fn the_next_write_into_a_directory_removes_temp_files_of_writers_that_are_gone()
     assert_eq!(temp_files(&sub).len(), 3);
     ws.write_atomic(Path::new("sub/new.txt"), b"new", "sub/new.txt")
         .unwrap();
-    assert_eq!(temp_files(&sub), [alive.clone()]);
+    assert_eq!(temp_files(&sub), std::slice::from_ref(&alive));
     assert_eq!(std::fs::read_to_string(sub.join("new.txt")).unwrap(), "new");
 
     // The start-of-engine sweep walks the whole tree with the same rule.

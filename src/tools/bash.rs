@@ -219,8 +219,7 @@ pub fn blocked_by(command: &str) -> Option<&'static str> {
 /// True when `command` redirects output to a device other than the [`HARMLESS_DEVICES`].
 fn redirects_to_device(command: &str) -> bool {
     command.match_indices('>').any(|(at, _)| {
-        let target = command[at + 1..]
-            .trim_start_matches(|c: char| matches!(c, '>' | '|' | '&' | ' ' | '\t' | '"' | '\''));
+        let target = command[at + 1..].trim_start_matches(['>', '|', '&', ' ', '\t', '"', '\'']);
         let Some(device) = target.strip_prefix("/dev/") else {
             return false;
         };
