@@ -14,8 +14,8 @@
 //!   unprivileged user namespaces), the command runs inside fresh PID and mount namespaces:
 //!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
 //!   when plain `unshare` is refused). A tiny init shell is pid 1 and runs the command's shell as
-//!   pid 2, so the command behaves as usual (a command killed by a signal reports exit code
-//!   128 + N there). Inside, `/proc` shows only the call's own processes, so
+//!   pid 2, so the command behaves as usual (`kill $$` works; the init's job notice tells us
+//!   when that shell died by a signal). Inside, `/proc` shows only the call's own processes, so
 //!   `/proc/$PPID/environ` (`$PPID` is that init, with the same allowlisted environment),
 //!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
@@ -43,7 +43,7 @@
 //! final line `[exit code: N]` is appended so the model can see it (a non-zero status is how
 //! `grep`, `diff` and `test` answer, and tests that fail are output the model needs to read, not
 //! a failure of the tool); a command whose shell died by a signal is an `execution_error` naming
-//! the signal (`killed by SIGKILL (possibly out of memory)`, see [`death_signal`] for how that is
+//! the signal (`killed by SIGKILL (possibly out of memory)`, see `death_signal` for how that is
 //! told apart from an exit status of 128 + N); a blocked or timed-out command is a real error
 //! (`permission_denied`, `timeout`), not text.
 //!
