@@ -169,9 +169,6 @@ fn a_signal_as_soon_as_the_handlers_exist_still_answers_the_turn_already_sent() 
                 "cancelled or done: {a:?}"
             );
         }
-        if answers[0].outcome() == "cancelled" {
-            assert!(!ws.path().join("ran").exists(), "cancelled means not run");
-        }
     }
 }
 
