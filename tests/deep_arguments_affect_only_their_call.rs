@@ -226,3 +226,79 @@ fn the_library_value_decoders_mark_arguments_deeper_than_the_limit() {
         assert_eq!(calls[0].malformed.is_some(), malformed, "depth {depth}");
     }
 }
+
+mod agreement {
+    //! Wherever a document parses as a whole, reading it shallowly gives the same calls.
+
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    use switchboard::protocol::{self, WireFormat};
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            "[a-z_ ]{0,6}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z]{1,3}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn block() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            (json_value(), "[a-z0-9]{0,3}", "glob|read_file|nope")
+                .prop_map(|(input, id, name)| json!({"type": "tool_use", "id": id, "name": name, "input": input})),
+            json_value(),
+            Just(json!({"type": "tool_use", "id": "x", "name": "glob"})),
+            Just(json!({"type": "text", "text": "hi"})),
+        ]
+    }
+
+    fn openai_call() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            (json_value(), "[a-z0-9]{0,3}")
+                .prop_map(|(args, id)| json!({"id": id, "type": "function",
+                "function": {"name": "glob", "arguments": args.to_string()}})),
+            (json_value(), "[a-z0-9]{0,3}")
+                .prop_map(|(args, id)| json!({"id": id, "type": "function",
+                "function": {"name": "glob", "arguments": args}})),
+            json_value(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn shallow_and_whole_decoding_agree(
+            blocks in prop::collection::vec(block(), 0..5),
+            calls in prop::collection::vec(openai_call(), 0..5),
+            wrap in 0..3u8,
+            other in json_value(),
+        ) {
+            let anthropic = match wrap {
+                0 => Value::Array(blocks),
+                1 => json!({"role": "assistant", "content": blocks}),
+                _ => other.clone(),
+            };
+            let openai = match wrap {
+                0 => Value::Array(calls),
+                1 => json!({"choices": [{"message": {"role": "assistant", "tool_calls": calls}}]}),
+                _ => other,
+            };
+            for (format, doc) in [(WireFormat::Anthropic, anthropic), (WireFormat::OpenAi, openai)] {
+                let whole = protocol::decode(format, &doc);
+                let shallow = protocol::decode_json(format, &doc.to_string());
+                match (whole, shallow) {
+                    (Ok(whole), Ok(shallow)) => prop_assert_eq!(whole, shallow),
+                    (Err(_), Err(e)) => prop_assert!(e.0.starts_with("unexpected input shape: "), "{}", e.0),
+                    (whole, shallow) => prop_assert!(false, "{:?} versus {:?}", whole, shallow),
+                }
+            }
+        }
+    }
+}
