@@ -334,3 +334,46 @@ fn sigint_and_sigterm_stop_load() {
         );
     }
 }
+
+#[test]
+fn sigterm_in_lines_mode_answers_the_turn_in_flight_and_exits_143() {
+    let ws = tempfile::tempdir().unwrap();
+    let first = turn(&[("bash", json!({"command": "echo one"}))]);
+    let slow = turn(&[
+        ("bash", json!({"command": SLOW})),
+        ("glob", json!({"pattern": "*"})),
+    ]);
+    let mut child = spawn(
+        &[
+            "dispatch",
+            "--lines",
+            "--workspace",
+            ws.path().to_str().unwrap(),
+        ],
+        ws.path(),
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{first}\n{slow}").unwrap();
+    wait_until("the command started", || ws.path().join("started").exists());
+    signal(&child, Signal::TERM);
+    let out = finish(child);
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(143));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "both turns answered: {text}");
+    let second: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    let outcomes: Vec<bool> = second["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            b["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("Error [cancelled]")
+        })
+        .collect();
+    assert_eq!(outcomes, [true, true], "{second}");
+    assert_never_late(ws.path());
+}
