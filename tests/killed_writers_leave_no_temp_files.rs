@@ -73,7 +73,7 @@ fn kill_a_big_write(ws: &Path, size: usize) -> bool {
 #[test]
 fn a_temp_file_left_by_a_killed_writer_is_removed_when_the_next_engine_starts() {
     let ws = tempfile::tempdir().unwrap();
-    let left = (0..5).any(|_| kill_a_big_write(ws.path(), 64 * 1024 * 1024));
+    let left = (0..5).any(|_| kill_a_big_write(ws.path(), 32 * 1024 * 1024));
     assert!(
         left,
         "a SIGKILL mid-write leaves the temp file (the defect's premise)"
