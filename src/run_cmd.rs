@@ -239,15 +239,17 @@ struct Setup {
 }
 
 /// How long a signalled `run`/`chat` lets the turn in flight come back (its calls answered
-/// `cancelled`, their processes killed) before it stops waiting.
-const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// `cancelled`, their processes killed) before it stops waiting. The engine's shutdown after it
+/// waits for those calls too; this only lets the agent loop take the answers in.
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs `work` until it ends or a signal arrives ([`Interrupt`]). On a signal the session is
 /// cancelled — its running calls are answered `cancelled` and the processes they started are
-/// killed — `work` gets [`CANCEL_GRACE`] to take those answers in, and `None` is returned.
+/// killed — `work` gets `grace` to take those answers in, and `None` is returned.
 async fn unless_interrupted<T>(
     session: &Session,
     interrupt: &Interrupt,
+    grace: Duration,
     work: impl std::future::Future<Output = T>,
 ) -> Option<T> {
     tokio::pin!(work);
@@ -255,7 +257,7 @@ async fn unless_interrupted<T>(
         out = &mut work => Some(out),
         () = interrupt.cancelled() => {
             session.cancel();
-            let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
+            let _ = tokio::time::timeout(grace, &mut work).await;
             None
         }
     }
@@ -337,8 +339,13 @@ pub async fn run_interruptible(
         Err(code) => return code,
     };
     let session = setup.session.clone();
-    let Some(outcome) =
-        unless_interrupted(&session, interrupt, setup.agent.run(&args.prompt)).await
+    let Some(outcome) = unless_interrupted(
+        &session,
+        interrupt,
+        CANCEL_GRACE,
+        setup.agent.run(&args.prompt),
+    )
+    .await
     else {
         let code = interrupted(interrupt, "interrupted; running tool calls were cancelled");
         return teardown(setup, code).await;
@@ -465,7 +472,9 @@ pub async fn chat_interruptible(
         let _ = write!(std::io::stderr(), ">> ");
         let _ = std::io::stderr().flush();
         let session = setup.session.clone();
-        let Some(next) = unless_interrupted(&session, interrupt, lines.next()).await else {
+        let Some(next) =
+            unless_interrupted(&session, interrupt, Duration::ZERO, lines.next()).await
+        else {
             code = interrupted(interrupt, "interrupted");
             break;
         };
@@ -481,7 +490,8 @@ pub async fn chat_interruptible(
         if query.is_empty() || query == "q" || query == "exit" {
             break;
         }
-        let Some(outcome) = unless_interrupted(&session, interrupt, setup.agent.run(query)).await
+        let Some(outcome) =
+            unless_interrupted(&session, interrupt, CANCEL_GRACE, setup.agent.run(query)).await
         else {
             code = interrupted(interrupt, "interrupted; running tool calls were cancelled");
             break;

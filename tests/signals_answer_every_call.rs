@@ -377,3 +377,32 @@ fn sigterm_in_lines_mode_answers_the_turn_in_flight_and_exits_143() {
     assert_eq!(outcomes, [true, true], "{second}");
     assert_never_late(ws.path());
 }
+
+#[test]
+fn sigint_at_the_chat_prompt_exits_130() {
+    let ws = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let script = slow_script(scripts.path());
+    let mut child = spawn(
+        &[
+            "chat",
+            "--provider",
+            "scripted",
+            "--script",
+            script.to_str().unwrap(),
+            "--workspace",
+            ws.path().to_str().unwrap(),
+        ],
+        ws.path(),
+    );
+    // Nothing typed: the chat waits at its prompt, stdin open.
+    let stdin = child.stdin.take().unwrap();
+    wait_until("SIGINT and SIGTERM are caught", || {
+        catches_int_and_term(&child)
+    });
+    signal(&child, Signal::INT);
+    let out = finish(child);
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(130));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+}
