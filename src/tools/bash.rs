@@ -54,7 +54,6 @@
 //! dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a substring match
 //! that any rephrasing defeats, no security boundary.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -67,10 +66,16 @@ use tokio::process::Command;
 use tokio::sync::OnceCell;
 
 use super::bash_capture::{Capture, NO_OUTPUT, combine};
+
+mod exit;
+mod redirect;
 use crate::protocol::ErrorCode;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
+use exit::{death_signal, killed_by};
+pub use redirect::HARMLESS_DEVICES;
+use redirect::redirects_to_device;
 
 /// Timeout of one call when it gives no `timeout_ms`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -195,10 +200,6 @@ pub fn spec_with(ws: &Workspace, isolation: Isolation) -> ToolSpec {
     .output_cap(OUTPUT_CAP)
 }
 
-/// Devices a command may redirect output to: they discard it or pass it on, and models write
-/// `> /dev/null` constantly.
-pub const HARMLESS_DEVICES: [&str; 3] = ["null", "stdout", "stderr"];
-
 /// The first of [`DANGEROUS_SUBSTRINGS`] found in `command`, if any.
 ///
 /// The seed's `> /dev/` entry is read as "a redirection to a device node": any `>` (also `>>`,
@@ -214,21 +215,6 @@ pub fn blocked_by(command: &str) -> Option<&'static str> {
         .filter(|bad| *bad != DEVICE)
         .find(|bad| command.contains(bad))
         .or_else(|| redirects_to_device(command).then_some(DEVICE))
-}
-
-/// True when `command` redirects output to a device other than the [`HARMLESS_DEVICES`].
-fn redirects_to_device(command: &str) -> bool {
-    command.match_indices('>').any(|(at, _)| {
-        let target = command[at + 1..].trim_start_matches(['>', '|', '&', ' ', '\t', '"', '\'']);
-        let Some(device) = target.strip_prefix("/dev/") else {
-            return false;
-        };
-        let name = device
-            .split(|c: char| c.is_whitespace() || ";|&)<>'\"`".contains(c))
-            .next()
-            .unwrap_or_default();
-        !HARMLESS_DEVICES.contains(&name)
-    })
 }
 
 /// Finds out whether commands can run in fresh PID and mount namespaces, trying plain `unshare`
@@ -514,70 +500,6 @@ fn shell(
     cmd
 }
 
-/// The signal that killed the command's shell, if one did.
-///
-/// The rule, chosen so that a plain exit status is never mistaken for a death: in direct mode
-/// the shell is our child and its wait status says whether a signal ended it. In namespace mode
-/// our child is `unshare`, whose child, the init shell, exits with `128 + N` when the command's
-/// shell died by signal N — a status any program can also exit with (`exit 137`). So there the
-/// status counts only together with the init's job notice (`Killed`, `Terminated`, …), which
-/// bash prints only for a child that really died by a signal (not for SIGINT or SIGPIPE, which
-/// stay plain exit codes). A shell that exits with `128 + N` because a command *it* ran was
-/// killed is a plain exit status too (`[exit code: 137]`): bash runs the last command of a
-/// command line in place of itself, so a program killed there (the OOM killer's usual victim)
-/// is the shell's own death.
-fn death_signal(status: std::process::ExitStatus, init_notice: Option<&[u8]>) -> Option<i32> {
-    if let Some(signal) = status.signal() {
-        return Some(signal);
-    }
-    let code = status.code()?;
-    let noticed = init_notice.is_some_and(|n| !n.trim_ascii().is_empty());
-    (code > 128 && noticed).then_some(code - 128)
-}
-
-/// `killed by SIGKILL (possibly out of memory)`, `killed by SIGSEGV`, `killed by signal 40`.
-fn killed_by(signal: i32) -> String {
-    const NAMES: [&str; 32] = [
-        "",
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGABRT",
-        "SIGBUS",
-        "SIGFPE",
-        "SIGKILL",
-        "SIGUSR1",
-        "SIGSEGV",
-        "SIGUSR2",
-        "SIGPIPE",
-        "SIGALRM",
-        "SIGTERM",
-        "SIGSTKFLT",
-        "SIGCHLD",
-        "SIGCONT",
-        "SIGSTOP",
-        "SIGTSTP",
-        "SIGTTIN",
-        "SIGTTOU",
-        "SIGURG",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGVTALRM",
-        "SIGPROF",
-        "SIGWINCH",
-        "SIGIO",
-        "SIGPWR",
-        "SIGSYS",
-    ];
-    match usize::try_from(signal).ok().and_then(|i| NAMES.get(i)) {
-        Some(&"SIGKILL") => "killed by SIGKILL (possibly out of memory)".to_string(),
-        Some(name) if !name.is_empty() => format!("killed by {name}"),
-        _ => format!("killed by signal {signal}"),
-    }
-}
-
 /// Direct mode: kills every process whose environment carries `token` (processes that left the
 /// call's process group). Stops them first, scanning until no new one appears (a few passes at
 /// most), so a forking process cannot outrun the sweep, then kills them all.
@@ -678,31 +600,8 @@ mod tests {
     fn dangerous_substrings_are_named_and_durations_read_naturally() {
         assert_eq!(blocked_by("echo hi && sudo ls"), Some("sudo"));
         assert_eq!(blocked_by("ls -la"), None);
-        assert_eq!(killed_by(9), "killed by SIGKILL (possibly out of memory)");
-        assert_eq!(killed_by(11), "killed by SIGSEGV");
-        assert_eq!(killed_by(40), "killed by signal 40");
-        for harmless in [
-            "ls > /dev/null",
-            "ls >/dev/null 2>&1",
-            "ls 2>/dev/null",
-            "ls &>/dev/null",
-            "ls >> /dev/null",
-            "echo hi > /dev/stderr; echo ok >/dev/stdout",
-            "cat x 2> \"/dev/null\"",
-            "ls >| /dev/null",
-        ] {
-            assert_eq!(blocked_by(harmless), None, "{harmless}");
-        }
-        for device in [
-            "echo x > /dev/sda",
-            "echo x >/dev/sda1",
-            "ls > /dev/null; echo x >> /dev/tty",
-            "echo x > /dev/null2",
-            "echo x 2>/dev/mem",
-            "echo x > /dev/",
-        ] {
-            assert_eq!(blocked_by(device), Some("> /dev/"), "{device}");
-        }
+        assert_eq!(blocked_by("ls > /dev/null"), None);
+        assert_eq!(blocked_by("echo x >/dev/sda"), Some("> /dev/"));
         assert_eq!(seconds(Duration::from_millis(119_996)), "120s");
         assert_eq!(seconds(Duration::from_millis(298)), "0.3s");
         assert_eq!(seconds(Duration::from_millis(1)), "1ms");
