@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
-use crate::command::{TelemetryArgs, fail, say};
+use crate::command::{INTERRUPTED, Interrupt, TelemetryArgs, fail, remove_stale_temps, say};
 use crate::demo;
 use crate::document::dispatch_document;
 use crate::engine::Engine;
@@ -57,6 +56,10 @@ pub enum Command {
         /// One JSON document per line in, one per line out (for piping many turns).
         #[arg(long)]
         lines: bool,
+        /// Let read_file and edit_file open files with more than one hard link (refused by
+        /// default: another name of such a file may be outside the workspace).
+        #[arg(long)]
+        allow_hard_links: bool,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -128,12 +131,11 @@ impl From<CatalogShape> for CatalogFormat {
 }
 
 /// Entry point of the binary.
+///
+/// SIGINT and SIGTERM are taken over first, before the command line is even parsed and long
+/// before any input is read, so that from the first milliseconds on neither kills the process
+/// with calls unanswered: each long-running command watches the [`Interrupt`] instead.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    if let Err(e) = crate::process_guard::harden_current_process() {
-        tracing::warn!("cannot mark the process non-dumpable: {e}");
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -141,40 +143,53 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(1, &format!("cannot start the async runtime: {e}")),
     };
-    let code = runtime.block_on(run(cli));
+    let interrupt = {
+        let _context = runtime.enter();
+        match Interrupt::install() {
+            Ok(interrupt) => interrupt,
+            Err(e) => return fail(1, &format!("cannot install signal handlers: {e}")),
+        }
+    };
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    if let Err(e) = crate::process_guard::harden_current_process() {
+        tracing::warn!("cannot mark the process non-dumpable: {e}");
+    }
+    let code = runtime.block_on(run(cli, interrupt));
     // Don't wait for a blocking stdin read that an interrupt left behind.
     runtime.shutdown_timeout(Duration::from_millis(200));
     code
 }
 
-async fn run(cli: Cli) -> ExitCode {
+async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
     match cli.command {
-        Command::Run(args) => crate::run_cmd::run(args).await,
-        Command::Chat(args) => crate::run_cmd::chat(args).await,
+        Command::Run(args) => crate::run_cmd::run(args, &interrupt).await,
+        Command::Chat(args) => crate::run_cmd::chat(args, &interrupt).await,
         Command::Dispatch {
             workspace,
             format,
             lines,
+            allow_hard_links,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace) {
+            let engine = match engine_for(workspace, allow_hard_links, true) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
             let code = if lines {
-                dispatch_lines(&engine, format.into()).await
+                dispatch_lines(&engine, format.into(), &interrupt).await
             } else {
-                dispatch_one(&engine, format.into()).await
+                dispatch_one(&engine, format.into(), &interrupt).await
             };
             engine.shutdown(Duration::from_secs(1)).await;
             finish_telemetry(telemetry, code).await
         }
         Command::Tools { format } => {
-            let engine = match engine_for(None) {
+            let engine = match engine_for(None, false, false) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -199,16 +214,29 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let code = match demo::run(sessions as usize, workspace, duration).await {
+            let stop = interrupt.token().clone();
+            let code = match demo::run(sessions as usize, workspace, duration, stop).await {
                 Ok(report) => {
                     print!("{report}");
-                    ExitCode::SUCCESS
+                    match interrupt.exit_code() {
+                        Some(code) => fail(code, "interrupted; the calls in flight were cancelled"),
+                        None => ExitCode::SUCCESS,
+                    }
                 }
                 Err(e) => fail(1, &e),
             };
             finish_telemetry(telemetry, code).await
         }
-        Command::Load(args) => crate::load::run(args).await,
+        Command::Load(args) => {
+            // A signal stops the run at once: its sessions, tasks and the processes of its
+            // calls are dropped (and killed) with the runtime; no report is printed.
+            tokio::select! {
+                code = crate::load::run(args) => code,
+                () = interrupt.cancelled() => {
+                    fail(interrupt.exit_code().unwrap_or(INTERRUPTED), "interrupted; the load run was stopped")
+                }
+            }
+        }
     }
 }
 
@@ -225,10 +253,20 @@ async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
     }
 }
 
-fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
+/// The engine over the built-in tools on `workspace` (default: the current directory); with
+/// `clean`, temp files that killed writers left there are removed first.
+fn engine_for(
+    workspace: Option<PathBuf>,
+    allow_hard_links: bool,
+    clean: bool,
+) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
-        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
+        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
+        .allow_hard_links(allow_hard_links);
+    if clean {
+        remove_stale_temps(&ws);
+    }
     Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
@@ -236,52 +274,48 @@ fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
         .map_err(|e| fail(1, &e.to_string()))
 }
 
-/// Exit code after ctrl-c (128 + SIGINT), as shells report it.
-const INTERRUPTED: u8 = 130;
+/// How long `dispatch` still waits for the rest of its input after a signal: a harness that
+/// wrote the turn and then signalled still gets every call of it answered.
+const INPUT_GRACE: Duration = Duration::from_secs(1);
 
-/// Cancelled on ctrl-c. Installing it means ctrl-c no longer kills the process: the command
-/// answers every call of the turn in flight (`cancelled`, with partial output), prints the
-/// answer, and exits 130.
-fn interrupt_token() -> CancellationToken {
-    let token = CancellationToken::new();
-    let on_signal = token.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_signal.cancel();
-        }
-    });
-    token
-}
-
-async fn dispatch_one(engine: &Engine, format: WireFormat) -> ExitCode {
-    let interrupt = interrupt_token();
-    let read = tokio::task::spawn_blocking(|| {
+async fn dispatch_one(engine: &Engine, format: WireFormat, interrupt: &Interrupt) -> ExitCode {
+    let mut read = tokio::task::spawn_blocking(|| {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).map(|_| input)
     });
-    let input = tokio::select! {
-        read = read => match read {
-            Ok(Ok(input)) => input,
-            Ok(Err(e)) => return fail(2, &format!("cannot read stdin: {e}")),
-            Err(e) => return fail(1, &format!("cannot read stdin: {e}")),
-        },
-        _ = interrupt.cancelled() => return fail(INTERRUPTED, "interrupted before any input"),
+    let read_result = tokio::select! {
+        read = &mut read => read,
+        () = interrupt.cancelled() => {
+            // Signalled before the whole turn was read: if the rest arrives promptly, every
+            // call of it is still answered (`cancelled`, nothing runs).
+            match tokio::time::timeout(INPUT_GRACE, &mut read).await {
+                Ok(read) => read,
+                Err(_) => {
+                    let code = interrupt.exit_code().unwrap_or(INTERRUPTED);
+                    return fail(code, "interrupted before the whole input was read");
+                }
+            }
+        }
     };
-    match dispatch_document(engine, format, &input, interrupt.child_token()).await {
+    let input = match read_result {
+        Ok(Ok(input)) => input,
+        Ok(Err(e)) => return fail(2, &format!("cannot read stdin: {e}")),
+        Err(e) => return fail(1, &format!("cannot read stdin: {e}")),
+    };
+    match dispatch_document(engine, format, &input, interrupt.token().child_token()).await {
         Ok(out) => {
             print_line(&out);
-            if interrupt.is_cancelled() {
-                ExitCode::from(INTERRUPTED)
-            } else {
-                ExitCode::SUCCESS
+            match interrupt.exit_code() {
+                Some(code) => ExitCode::from(code),
+                None => ExitCode::SUCCESS,
             }
         }
         Err(e) => fail(2, &e.to_string()),
     }
 }
 
-async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
-    let interrupt = interrupt_token();
+async fn dispatch_lines(engine: &Engine, format: WireFormat, interrupt: &Interrupt) -> ExitCode {
+    let stopped = || interrupt.exit_code().unwrap_or(INTERRUPTED);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
@@ -295,7 +329,7 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
     loop {
         let line = tokio::select! {
             line = rx.recv() => line,
-            _ = interrupt.cancelled() => return fail(INTERRUPTED, "interrupted"),
+            () = interrupt.cancelled() => return fail(stopped(), "interrupted"),
         };
         let Some(line) = line else { break };
         n += 1;
@@ -306,15 +340,15 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat) -> ExitCode {
         if line.trim().is_empty() {
             continue;
         }
-        match dispatch_document(engine, format, &line, interrupt.child_token()).await {
+        match dispatch_document(engine, format, &line, interrupt.token().child_token()).await {
             Ok(out) => print_line(&out),
             Err(e) => {
                 bad += 1;
                 say(&format!("line {n}: {e}"));
             }
         }
-        if interrupt.is_cancelled() {
-            return fail(INTERRUPTED, "interrupted; the turn in flight was answered");
+        if interrupt.token().is_cancelled() {
+            return fail(stopped(), "interrupted; the turn in flight was answered");
         }
     }
     if bad > 0 {

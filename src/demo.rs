@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use crate::agent_loop::{AgentLoop, LoopConfig, LoopResult, default_system_prompt};
 use crate::engine::Engine;
@@ -106,10 +107,13 @@ struct SessionRun {
 
 /// Runs the demo and returns the report. `workspace` overrides the temporary directory;
 /// `duration` keeps running rounds of `sessions` sessions until that much time has passed.
+/// Cancelling `stop` (a signal) shuts the engine down at once: every call in flight is answered
+/// `cancelled` and its processes are killed, no new round starts, and the report covers what ran.
 pub async fn run(
     sessions: usize,
     workspace: Option<PathBuf>,
     duration: Option<Duration>,
+    stop: CancellationToken,
 ) -> Result<String, String> {
     let temp = match &workspace {
         Some(_) => None,
@@ -122,19 +126,28 @@ pub async fn run(
     });
     let ws = Workspace::open(&root)
         .map_err(|e| format!("cannot open workspace {}: {e}", root.display()))?;
+    crate::command::remove_stale_temps(&ws);
     let engine = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
         .build()
         .map_err(|e| e.to_string())?;
+    let on_stop = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            engine.shutdown(Duration::ZERO).await;
+        })
+    };
     let started = Instant::now();
     let first = run_round(&engine, &ws, sessions).await?;
     let mut totals = Totals::default();
     totals.add(&first);
-    while duration.is_some_and(|d| started.elapsed() < d) {
+    while duration.is_some_and(|d| started.elapsed() < d) && !stop.is_cancelled() {
         totals.add(&run_round(&engine, &ws, sessions).await?);
     }
     let total = started.elapsed();
+    on_stop.abort();
     engine.shutdown(Duration::from_secs(1)).await;
     Ok(report(&first, &totals, total, ws.root()))
 }

@@ -10,7 +10,6 @@
 
 use std::future::Future;
 
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Engine, EngineError};
@@ -20,12 +19,9 @@ use crate::session::Session;
 /// Why a document got no answer. Nothing of it ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DocumentError {
-    /// The text is not JSON.
-    #[error("input is not valid JSON: {0}")]
-    NotJson(String),
-    /// JSON, but not one of the accepted shapes.
-    #[error("unexpected input shape: {0}")]
-    Shape(String),
+    /// The text is not JSON, or not one of the accepted shapes.
+    #[error("{0}")]
+    Refused(String),
     /// The engine failed (shut down, an actor gone).
     #[error("the engine failed: {0}")]
     Engine(#[from] EngineError),
@@ -64,11 +60,11 @@ impl Dispatcher for Session {
     }
 }
 
-/// Parses and decodes one document's tool calls.
+/// Parses and decodes one document's tool calls, from the text, so that one call's arguments
+/// that cannot be decoded (nested too deep, a number out of range) refuse only that call
+/// ([`protocol::decode_json`]).
 pub fn decode_document(format: WireFormat, text: &str) -> Result<Vec<ToolCall>, DocumentError> {
-    let doc: Value =
-        serde_json::from_str(text).map_err(|e| DocumentError::NotJson(e.to_string()))?;
-    protocol::decode(format, &doc).map_err(|e| DocumentError::Shape(e.to_string()))
+    protocol::decode_json(format, text).map_err(|e| DocumentError::Refused(e.to_string()))
 }
 
 /// Encodes a turn's results as the text to append to the conversation.

@@ -12,6 +12,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+mod raw;
+
+/// Deepest nesting of a call's arguments that is decoded (serde_json's recursion limit: a
+/// document nesting deeper cannot be parsed). Deeper arguments make their call malformed.
+pub const MAX_ARGUMENT_DEPTH: usize = 127;
+
 /// Stable error codes. They are an API: never rename one. `#[non_exhaustive]`: a new code may be
 /// added (a `match` needs a wildcard arm), an existing one is never renamed or removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -269,6 +275,9 @@ fn anthropic_block_to_call(block: &Value) -> Option<ToolCall> {
     let id = str_field(obj, "id");
     let name = str_field(obj, "name");
     Some(match obj.get("input") {
+        Some(input) if too_deep(input) => {
+            ToolCall::with_malformed_arguments(id, name, deep_detail("tool_use input"))
+        }
         Some(input) => ToolCall::new(id, name, input.clone()),
         None => ToolCall::with_malformed_arguments(id, name, "tool_use block has no `input`"),
     })
@@ -335,6 +344,9 @@ fn openai_call_to_call(call: &Value) -> Option<ToolCall> {
             ),
         },
         // Some servers send an already-decoded object; accept it as is.
+        Some(args @ Value::Object(_)) if too_deep(args) => {
+            ToolCall::with_malformed_arguments(id, name, deep_detail("function.arguments"))
+        }
         Some(Value::Object(args)) => ToolCall::new(id, name, Value::Object(args.clone())),
         Some(_) => {
             ToolCall::with_malformed_arguments(id, name, "function.arguments must be a JSON string")
@@ -343,11 +355,45 @@ fn openai_call_to_call(call: &Value) -> Option<ToolCall> {
     })
 }
 
+/// True when `value` nests deeper than [`MAX_ARGUMENT_DEPTH`] (measured without recursion, so
+/// any depth is safe to ask about).
+fn too_deep(value: &Value) -> bool {
+    let mut pending: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, depth)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(members) => Box::new(members.values()),
+            _ => continue,
+        };
+        if depth + 1 > MAX_ARGUMENT_DEPTH {
+            return true;
+        }
+        pending.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
+}
+
+fn deep_detail(what: &str) -> String {
+    format!("{what} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
+}
+
 fn str_field(obj: &Map<String, Value>, key: &str) -> Arc<str> {
     match obj.get(key) {
         Some(Value::String(s)) => Arc::from(s.as_str()),
         _ => Arc::from(""),
     }
+}
+
+/// Decodes the tool calls of a document given as JSON text, in either format: what `dispatch`
+/// uses, and what a caller holding the raw bytes of a turn should use. Unlike parsing the text
+/// into a `Value` first, a call whose arguments cannot be decoded (nesting deeper than
+/// [`MAX_ARGUMENT_DEPTH`], a number beyond `f64` such as `1e309`) becomes a malformed call for
+/// that call alone, answered `invalid_arguments`; the rest of the turn runs. Parts of the
+/// document the decoder does not read (text blocks, unknown fields) may nest to any depth without
+/// using stack. Errors name the whole document: `input is not valid JSON: …` or
+/// `unexpected input shape: …`.
+pub fn decode_json(format: WireFormat, text: &str) -> Result<Vec<ToolCall>, DecodeError> {
+    raw::decode(format, text)
 }
 
 /// Decodes with the given format.

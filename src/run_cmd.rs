@@ -23,7 +23,7 @@ use crate::agent_loop::{
     AgentError, AgentLoop, DEFAULT_MAX_TOKENS, DEFAULT_MAX_TURNS, LoopConfig, LoopResult,
     StopReason, StreamOptions, default_system_prompt,
 };
-use crate::command::{TelemetryArgs, fail};
+use crate::command::{INTERRUPTED, Interrupt, TelemetryArgs, fail};
 use crate::engine::Engine;
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};
@@ -67,6 +67,10 @@ pub struct ModelArgs {
     /// Workspace the built-in tools are confined to (default: the current directory).
     #[arg(long)]
     pub workspace: Option<PathBuf>,
+    /// Let read_file and edit_file open files with more than one hard link (refused by
+    /// default: another name of such a file may be outside the workspace).
+    #[arg(long)]
+    pub allow_hard_links: bool,
     /// Model calls per prompt.
     #[arg(long, default_value_t = DEFAULT_MAX_TURNS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -105,6 +109,7 @@ impl Default for ModelArgs {
             provider: ProviderChoice::Anthropic,
             model: None,
             workspace: None,
+            allow_hard_links: false,
             max_turns: DEFAULT_MAX_TURNS as u32,
             max_tokens: DEFAULT_MAX_TOKENS,
             system: None,
@@ -233,23 +238,34 @@ struct Setup {
     telemetry: Telemetry,
 }
 
-/// Exit code after ctrl-c (128 + SIGINT).
-const INTERRUPTED: u8 = 130;
+/// How long a signalled `run`/`chat` lets the turn in flight come back (its calls answered
+/// `cancelled`, their processes killed) before it stops waiting. The engine's shutdown after it
+/// waits for those calls too; this only lets the agent loop take the answers in.
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
-/// Runs `work` until it ends or ctrl-c arrives. On ctrl-c the session is cancelled — its running
-/// calls are answered `cancelled` and the processes they started are killed — and `None` is
-/// returned. (Once this listens, ctrl-c no longer kills the process by itself.)
+/// Runs `work` until it ends or a signal arrives ([`Interrupt`]). On a signal the session is
+/// cancelled — its running calls are answered `cancelled` and the processes they started are
+/// killed — `work` gets `grace` to take those answers in, and `None` is returned.
 async fn unless_interrupted<T>(
     session: &Session,
+    interrupt: &Interrupt,
+    grace: Duration,
     work: impl std::future::Future<Output = T>,
 ) -> Option<T> {
+    tokio::pin!(work);
     tokio::select! {
-        out = work => Some(out),
-        _ = tokio::signal::ctrl_c() => {
+        out = &mut work => Some(out),
+        () = interrupt.cancelled() => {
             session.cancel();
+            let _ = tokio::time::timeout(grace, &mut work).await;
             None
         }
     }
+}
+
+/// The exit code and message of a signalled command.
+fn interrupted(interrupt: &Interrupt, message: &str) -> ExitCode {
+    fail(interrupt.exit_code().unwrap_or(INTERRUPTED), message)
 }
 
 async fn setup(
@@ -260,7 +276,9 @@ async fn setup(
     let (provider, model) = build_provider(args, env).map_err(|e| fail(2, &e.to_string()))?;
     let root = args.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
-        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
+        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
+        .allow_hard_links(args.allow_hard_links);
+    crate::command::remove_stale_temps(&ws);
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
         .await
         .map_err(|e| fail(2, &e))?;
@@ -299,24 +317,38 @@ async fn teardown(setup: Setup, code: ExitCode) -> ExitCode {
     }
 }
 
-/// `switchboard run`, printing to stdout.
-pub async fn run(args: RunArgs) -> ExitCode {
+/// `switchboard run`, printing to stdout, stopped by `interrupt`.
+pub async fn run(args: RunArgs, interrupt: &Interrupt) -> ExitCode {
     let mut out = std::io::stdout();
-    run_with(args, &process_env, &mut out).await
+    run_interruptible(args, &process_env, &mut out, interrupt).await
 }
 
-/// `switchboard run` with its environment and output given.
+/// `switchboard run` with its environment and output given (no signal stops it).
 pub async fn run_with(args: RunArgs, env: EnvLookup<'_>, out: &mut (dyn Write + Send)) -> ExitCode {
+    run_interruptible(args, env, out, &Interrupt::never()).await
+}
+
+/// [`run_with`], stopped by `interrupt`.
+pub async fn run_interruptible(
+    args: RunArgs,
+    env: EnvLookup<'_>,
+    out: &mut (dyn Write + Send),
+    interrupt: &Interrupt,
+) -> ExitCode {
     let mut setup = match setup(&args.model, args.telemetry.clone(), env).await {
         Ok(setup) => setup,
         Err(code) => return code,
     };
     let session = setup.session.clone();
-    let Some(outcome) = unless_interrupted(&session, setup.agent.run(&args.prompt)).await else {
-        let code = fail(
-            INTERRUPTED,
-            "interrupted; running tool calls were cancelled",
-        );
+    let Some(outcome) = unless_interrupted(
+        &session,
+        interrupt,
+        CANCEL_GRACE,
+        setup.agent.run(&args.prompt),
+    )
+    .await
+    else {
+        let code = interrupted(interrupt, "interrupted; running tool calls were cancelled");
         return teardown(setup, code).await;
     };
     let code = match outcome {
@@ -390,9 +422,9 @@ pub fn result_json(r: &LoopResult) -> Value {
 }
 
 /// `switchboard chat` on the terminal: prompts (`>> `) on stderr, answers on stdout.
-pub async fn chat(args: ChatArgs) -> ExitCode {
+pub async fn chat(args: ChatArgs, interrupt: &Interrupt) -> ExitCode {
     let mut out = std::io::stdout();
-    chat_with(args, &process_env, stdin_lines(), &mut out).await
+    chat_interruptible(args, &process_env, stdin_lines(), &mut out, interrupt).await
 }
 
 /// Lines of stdin, each read (on the blocking pool) only when asked for; `None` at the end.
@@ -418,8 +450,19 @@ pub fn stdin_lines() -> impl Stream<Item = std::io::Result<String>> + Unpin {
 pub async fn chat_with(
     args: ChatArgs,
     env: EnvLookup<'_>,
+    lines: impl Stream<Item = std::io::Result<String>> + Unpin,
+    out: &mut (dyn Write + Send),
+) -> ExitCode {
+    chat_interruptible(args, env, lines, out, &Interrupt::never()).await
+}
+
+/// [`chat_with`], stopped by `interrupt`.
+pub async fn chat_interruptible(
+    args: ChatArgs,
+    env: EnvLookup<'_>,
     mut lines: impl Stream<Item = std::io::Result<String>> + Unpin,
     out: &mut (dyn Write + Send),
+    interrupt: &Interrupt,
 ) -> ExitCode {
     let mut setup = match setup(&args.model, args.telemetry.clone(), env).await {
         Ok(setup) => setup,
@@ -430,8 +473,10 @@ pub async fn chat_with(
         let _ = write!(std::io::stderr(), ">> ");
         let _ = std::io::stderr().flush();
         let session = setup.session.clone();
-        let Some(next) = unless_interrupted(&session, lines.next()).await else {
-            code = fail(INTERRUPTED, "interrupted");
+        let Some(next) =
+            unless_interrupted(&session, interrupt, Duration::ZERO, lines.next()).await
+        else {
+            code = interrupted(interrupt, "interrupted");
             break;
         };
         let line = match next {
@@ -446,11 +491,10 @@ pub async fn chat_with(
         if query.is_empty() || query == "q" || query == "exit" {
             break;
         }
-        let Some(outcome) = unless_interrupted(&session, setup.agent.run(query)).await else {
-            code = fail(
-                INTERRUPTED,
-                "interrupted; running tool calls were cancelled",
-            );
+        let Some(outcome) =
+            unless_interrupted(&session, interrupt, CANCEL_GRACE, setup.agent.run(query)).await
+        else {
+            code = interrupted(interrupt, "interrupted; running tool calls were cancelled");
             break;
         };
         match outcome {

@@ -18,7 +18,8 @@
 //!    even if it comes back down (`../ws/x`).
 //!
 //! It also owns [`Workspace::write_atomic`], the single write path shared by `write_file` and
-//! `edit_file`: temp file beside the target, `sync_all`, rename over it.
+//! `edit_file`: temp file beside the target, `sync_all`, rename over it; temp files that killed
+//! writers left behind are removed by [`Workspace::remove_stale_temp_files`] and before each write.
 
 use std::io::{self, Write};
 use std::path::{Component, Path, PathBuf};
@@ -39,11 +40,18 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// Distinguishes temp files made by concurrent writes in this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+mod temp_files;
+use temp_files::{LiveTemp, TEMP_MARK, remove_stale_temps};
+pub use temp_files::{MAX_TEMP_SCAN, MAX_TEMP_WALK};
+
 /// The directory the file tools are confined to: its canonical path and a capability handle on it.
 #[derive(Clone, Debug)]
 pub struct Workspace {
     root: PathBuf,
     dir: Arc<Dir>,
+    /// Whether `read_file`/`edit_file` may open files with more than one name (see
+    /// [`Workspace::allow_hard_links`]).
+    hard_links: bool,
 }
 
 impl Workspace {
@@ -61,7 +69,26 @@ impl Workspace {
         Ok(Workspace {
             root,
             dir: Arc::new(dir),
+            hard_links: false,
         })
+    }
+
+    /// Lets `read_file` and `edit_file` open regular files that have more than one hard link.
+    ///
+    /// By default they refuse them (`permission_denied`, `hard-linked file: P`): a hard link
+    /// inside the workspace may be another name of a file outside it (planted by a bash command,
+    /// or left by a tool), and no path check can tell — both names are the same file. Allow them
+    /// for workspaces that hard-link on purpose (pnpm's `node_modules`, `cp -al` snapshots).
+    /// `write_file` is unaffected either way: it replaces the name it is given and never writes
+    /// through a link, so the file's other names keep the old content.
+    pub fn allow_hard_links(mut self, allow: bool) -> Workspace {
+        self.hard_links = allow;
+        self
+    }
+
+    /// Whether files with more than one hard link may be read and edited.
+    pub fn hard_links_allowed(&self) -> bool {
+        self.hard_links
     }
 
     /// The canonical root path.
@@ -88,6 +115,11 @@ impl Workspace {
         if path.len() > MAX_PATH_BYTES {
             return Err(ToolError::invalid(format!(
                 "path is longer than {MAX_PATH_BYTES} bytes"
+            )));
+        }
+        if is_windows_form(path) {
+            return Err(ToolError::permission(format!(
+                "Windows path forms (a drive letter, a UNC share or a leading backslash) are not workspace paths: {path}"
             )));
         }
         let given = Path::new(path);
@@ -204,7 +236,9 @@ impl Workspace {
             Err(e) => return Err(Self::io_error(shown, &e)),
         };
 
-        let (temp_name, mut file) = create_temp(&parent_dir, name, shown)?;
+        // Temp files left by writers that are gone (a SIGKILL mid-write) go first.
+        remove_stale_temps(&parent_dir, MAX_TEMP_SCAN);
+        let (temp_name, mut file, _live) = create_temp(&parent_dir, name, shown)?;
         let written = (|| {
             fill(&mut file)?;
             if let Some(meta) = &old {
@@ -267,18 +301,28 @@ impl Workspace {
     }
 }
 
+/// True for the Windows path forms a POSIX path would otherwise take as literal names: a drive
+/// letter (`C:`, `C:\x`, `C:/x`, drive-relative `C:x`), a UNC or device path (`\\server\share`,
+/// `\\?\C:\`) and a path rooted at the current drive (`\x`).
+fn is_windows_form(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    let drive = bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':';
+    drive || bytes.first() == Some(&b'\\')
+}
+
 /// `permission_denied`: `path escapes workspace: P`.
 fn escapes(shown: &str) -> ToolError {
     ToolError::permission(format!("path escapes workspace: {shown}"))
 }
 
 /// Creates a fresh temp file `.{name}.switchboard-tmp-{pid}-{n}` in `dir` (never reusing one;
-/// `name` cut to its first 64 bytes).
+/// `name` cut to its first 64 bytes). It counts as live (never stale) while the returned guard
+/// is held.
 fn create_temp(
     dir: &Dir,
     name: &std::ffi::OsStr,
     shown: &str,
-) -> Result<(PathBuf, cap_std::fs::File), ToolError> {
+) -> Result<(PathBuf, cap_std::fs::File, LiveTemp), ToolError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
     // A prefix of the name, so that the temp name stays within the limit for a long name.
@@ -291,12 +335,11 @@ fn create_temp(
     let mut last_err = None;
     for _ in 0..16 {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = PathBuf::from(format!(
-            ".{stem}.switchboard-tmp-{}-{n}",
-            std::process::id()
-        ));
+        // Live before it exists, so a cleaner never sees it unclaimed.
+        let live = LiveTemp::claim(n);
+        let temp = PathBuf::from(format!(".{stem}{TEMP_MARK}{}-{n}", std::process::id()));
         match dir.open_with(&temp, &options) {
-            Ok(file) => return Ok((temp, file)),
+            Ok(file) => return Ok((temp, file, live)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
             Err(e) => return Err(Workspace::io_error(shown, &e)),
         }
@@ -332,6 +375,22 @@ mod tests {
                 "{bad}"
             );
         }
+        for windows in [
+            "C:\\Users\\x.txt",
+            "c:/Users/x.txt",
+            "D:x.txt",
+            "C:",
+            "\\\\server\\share\\x.txt",
+            "\\\\?\\C:\\x",
+            "\\x.txt",
+        ] {
+            let err = ws.relative(windows).unwrap_err();
+            assert_eq!(err.code, ErrorCode::PermissionDenied, "{windows}");
+            assert!(err.detail.contains("Windows path"), "{}", err.detail);
+        }
+        // Only the Windows forms: a colon or backslash later in a name stays an ordinary name.
+        assert_eq!(ws.relative("ab:c").unwrap(), PathBuf::from("ab:c"));
+        assert_eq!(ws.relative("a\\b").unwrap(), PathBuf::from("a\\b"));
         for bad in ["", "a\0b", &"x".repeat(MAX_PATH_BYTES + 1)] {
             assert_eq!(
                 ws.relative(bad).unwrap_err().code,

@@ -472,7 +472,19 @@ fn a_hard_link_to_an_outside_file_is_never_written_through() {
         f.dir.ws_path("hard2"),
     )
     .unwrap();
-    assert_eq!(f.edit("hard2").unwrap(), "Edited hard2");
+    // Reading (and so editing) a file with a second name is refused by default…
+    assert_eq!(
+        f.edit("hard2").unwrap_err().code,
+        ErrorCode::PermissionDenied
+    );
+    // …and where hard links are allowed, the edit replaces the entry, never writes through.
+    let allowed =
+        common::direct::in_workspace(edit_file::spec(), &f.dir.ws.clone().allow_hard_links(true));
+    let edited = call(
+        &allowed,
+        json!({"path": "hard2", "old_text": "secret", "new_text": "pwned"}),
+    );
+    assert_eq!(edited.unwrap(), "Edited hard2");
     // The workspace entries were replaced; the shared inodes outside kept their content.
     assert_eq!(
         std::fs::read_to_string(f.dir.ws_path("hard")).unwrap(),

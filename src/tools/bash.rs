@@ -14,8 +14,8 @@
 //!   unprivileged user namespaces), the command runs inside fresh PID and mount namespaces:
 //!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
 //!   when plain `unshare` is refused). A tiny init shell is pid 1 and runs the command's shell as
-//!   pid 2, so the command behaves as usual (a command killed by a signal reports exit code
-//!   128 + N there). Inside, `/proc` shows only the call's own processes, so
+//!   pid 2, so the command behaves as usual (`kill $$` works; the init's job notice tells us
+//!   when that shell died by a signal). Inside, `/proc` shows only the call's own processes, so
 //!   `/proc/$PPID/environ` (`$PPID` is that init, with the same allowlisted environment),
 //!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
@@ -40,8 +40,12 @@
 //!   holds them does not hold the result back — then the group is killed.
 //!
 //! Deliberate additions to the seed: a non-zero exit status is still a successful result, but a
-//! final line `[exit code: N]` (or `[killed by signal N]`) is appended so the model can see it; a
-//! blocked or timed-out command is a real error (`permission_denied`, `timeout`), not text.
+//! final line `[exit code: N]` is appended so the model can see it (a non-zero status is how
+//! `grep`, `diff` and `test` answer, and tests that fail are output the model needs to read, not
+//! a failure of the tool); a command whose shell died by a signal is an `execution_error` naming
+//! the signal (`killed by SIGKILL (possibly out of memory)`, see `death_signal` for how that is
+//! told apart from an exit status of 128 + N); a blocked or timed-out command is a real error
+//! (`permission_denied`, `timeout`), not text.
 //!
 //! **bash is not sandboxed by the workspace's path guard.** The namespaces isolate processes and
 //! `/proc`, not files or the network: a command can read and write anything the engine's user
@@ -50,7 +54,6 @@
 //! dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a substring match
 //! that any rephrasing defeats, no security boundary.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -63,9 +66,15 @@ use tokio::process::Command;
 use tokio::sync::OnceCell;
 
 use super::bash_capture::{Capture, NO_OUTPUT, combine};
+
+mod exit;
+mod redirect;
 use crate::protocol::ErrorCode;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
+use exit::{death_signal, killed_by};
+pub use redirect::HARMLESS_DEVICES;
+use redirect::redirects_to_device;
 
 /// Timeout of one call when it gives no `timeout_ms`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -101,9 +110,11 @@ pub const INHERITED_ENV: [&str; 17] = [
 pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
 /// Init of a call's PID namespace (pid 1): runs the command's shell as its child, so that shell
 /// is an ordinary process (pid 2; `kill $$` works), and exits with its status. The init's own
-/// stderr goes to `/dev/null` so its job notices ("Killed") do not mix into the output; the
-/// command's stderr is the real one.
-const NAMESPACE_INIT: &str = r#"exec 3>&2 2>/dev/null; "$@" 2>&3 3>&-; exit $?"#;
+/// stderr goes to the notice file named by its first argument, so its job notices ("Killed")
+/// do not mix into the output but tell that the command's shell died by a signal (see
+/// [`death_signal`]); the command's stderr is the real one.
+const NAMESPACE_INIT: &str =
+    r#"n=$1; shift; exec 3>&2 2>/dev/null; { "$@" 2>&3 3>&-; } 2>"$n"; exit $?"#;
 /// Direct mode only: a token unique to one call, used to find its escaped processes.
 const CALL_TOKEN_VAR: &str = "SWITCHBOARD_CALL_TOKEN";
 /// How long the pipes are still read after the shell itself has exited.
@@ -188,10 +199,20 @@ pub fn spec_with(isolation: Isolation) -> ToolSpec {
 }
 
 /// The first of [`DANGEROUS_SUBSTRINGS`] found in `command`, if any.
+///
+/// The seed's `> /dev/` entry is read as "a redirection to a device node": any `>` (also `>>`,
+/// `2>`, `&>`, `>|`), optional blanks or a quote, then `/dev/NAME` — refused unless NAME is one
+/// of [`HARMLESS_DEVICES`] (`/dev/null`, `/dev/stdout`, `/dev/stderr`). So `ls > /dev/null` and
+/// `2>/dev/null` run, while `> /dev/sda` and `>/dev/sda` are refused. Like the rest of the list,
+/// this is a convenience for parity with the seed, not a security boundary (`tee /dev/sda`,
+/// `dd of=/dev/sda` are not caught).
 pub fn blocked_by(command: &str) -> Option<&'static str> {
+    const DEVICE: &str = "> /dev/";
     DANGEROUS_SUBSTRINGS
         .into_iter()
+        .filter(|bad| *bad != DEVICE)
         .find(|bad| command.contains(bad))
+        .or_else(|| redirects_to_device(command).then_some(DEVICE))
 }
 
 /// Finds out whether commands can run in fresh PID and mount namespaces, trying plain `unshare`
@@ -315,12 +336,18 @@ impl Bash {
             Launcher::Namespaces { .. } => None,
         };
 
+        // Namespace mode: where the init writes its job notices (see `death_signal`).
+        let notice = match launcher {
+            Launcher::Namespaces { .. } => tempfile::NamedTempFile::new().ok(),
+            Launcher::Direct => None,
+        };
         let mut child = shell(
             ctx.workspace()?.root(),
             command,
             &ctx.call_id,
             token.as_deref(),
             launcher,
+            notice.as_ref().map(|f| f.path()),
         )
         .spawn()
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
@@ -395,13 +422,19 @@ impl Bash {
             End::Exited(status) => {
                 let status =
                     status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
+                let notice = notice.and_then(|f| std::fs::read(f.path()).ok());
+                if let Some(signal) = death_signal(status, notice.as_deref()) {
+                    let text = combine(out, err, PARTIAL_CAP);
+                    let what = killed_by(signal);
+                    return Err(ToolError::execution(if text == NO_OUTPUT {
+                        what
+                    } else {
+                        format!("{what}; output:\n{text}")
+                    }));
+                }
                 let mut text = combine(out, err, OUTPUT_CAP - 40);
-                if let Some(code) = status.code() {
-                    if code != 0 {
-                        text.push_str(&format!("\n[exit code: {code}]"));
-                    }
-                } else if let Some(signal) = status.signal() {
-                    text.push_str(&format!("\n[killed by signal {signal}]"));
+                if let Some(code) = status.code().filter(|&code| code != 0) {
+                    text.push_str(&format!("\n[exit code: {code}]"));
                 }
                 Ok(text)
             }
@@ -430,17 +463,16 @@ fn shell(
     call_id: &str,
     token: Option<&str>,
     launcher: &Launcher,
+    notice: Option<&Path>,
 ) -> Command {
     let mut cmd = match launcher {
         Launcher::Namespaces { unshare, flags } => {
             let mut cmd = Command::new(unshare);
-            cmd.args(flags).arg("--").args([
-                "bash",
-                "-c",
-                NAMESPACE_INIT,
-                "switchboard-init",
-                "bash",
-            ]);
+            cmd.args(flags)
+                .arg("--")
+                .args(["bash", "-c", NAMESPACE_INIT, "switchboard-init"])
+                .arg(notice.unwrap_or(Path::new("/dev/null")))
+                .arg("bash");
             cmd
         }
         Launcher::Direct => Command::new("bash"),
@@ -566,6 +598,8 @@ mod tests {
     fn dangerous_substrings_are_named_and_durations_read_naturally() {
         assert_eq!(blocked_by("echo hi && sudo ls"), Some("sudo"));
         assert_eq!(blocked_by("ls -la"), None);
+        assert_eq!(blocked_by("ls > /dev/null"), None);
+        assert_eq!(blocked_by("echo x >/dev/sda"), Some("> /dev/"));
         assert_eq!(seconds(Duration::from_millis(119_996)), "120s");
         assert_eq!(seconds(Duration::from_millis(298)), "0.3s");
         assert_eq!(seconds(Duration::from_millis(1)), "1ms");

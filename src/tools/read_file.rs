@@ -5,7 +5,9 @@
 //! open uses `O_NONBLOCK | O_NOCTTY`: a FIFO, socket or device is refused at once
 //! (`not a regular file: P`), never blocking a thread; a directory is `is a directory: P`.
 //! Files larger than [`MAX_TEXT_BYTES`] are refused rather than loaded; a NUL byte anywhere means
-//! `binary file: P`; invalid UTF-8 is reported with its byte offset, never replaced.
+//! `binary file: P`; invalid UTF-8 is reported with its byte offset, never replaced. A file with
+//! more than one hard link is refused (`permission_denied`) unless the workspace allows them
+//! ([`Workspace::allow_hard_links`]).
 //!
 //! As in the seed, the text is split into lines and joined with `\n` (so `\r\n` is shown as `\n`
 //! and a final newline is dropped); `limit` keeps the first N lines and adds `... (K more lines)`.
@@ -99,6 +101,7 @@ pub fn read_text_stamped(
         .metadata()
         .map_err(|e| Workspace::io_error(shown, &e))?;
     check_regular(&meta, shown)?;
+    check_single_link(ws, &meta, shown)?;
     if meta.len() > MAX_TEXT_BYTES {
         return Err(ToolError::execution(format!(
             "file too large ({} bytes, limit {MAX_TEXT_BYTES}): {shown}",
@@ -126,6 +129,24 @@ fn check_regular(meta: &cap_std::fs::Metadata, shown: &str) -> Result<(), ToolEr
     }
     if !meta.is_file() {
         return Err(ToolError::execution(format!("not a regular file: {shown}")));
+    }
+    Ok(())
+}
+
+/// Refuses a file with more than one hard link unless the workspace allows them: its other name
+/// may be outside the workspace (see [`Workspace::allow_hard_links`]). Checked on the opened
+/// handle, so the file read is the file checked.
+fn check_single_link(
+    ws: &Workspace,
+    meta: &cap_std::fs::Metadata,
+    shown: &str,
+) -> Result<(), ToolError> {
+    use cap_std::fs::MetadataExt;
+    if meta.nlink() > 1 && !ws.hard_links_allowed() {
+        return Err(ToolError::permission(format!(
+            "hard-linked file: {shown} (it has {} names and another may be outside the workspace)",
+            meta.nlink()
+        )));
     }
     Ok(())
 }

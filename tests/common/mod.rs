@@ -7,6 +7,7 @@
 //! (`mod common;`), so unused items are allowed.
 #![allow(dead_code)]
 
+pub mod answers;
 pub mod cli;
 pub mod direct;
 pub mod mock_server;
