@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::demo;
 use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
-use crate::protocol::{self, WireFormat};
+use crate::protocol::{self, ToolCall, ToolDispatchResult, WireFormat};
 use crate::registry::CatalogFormat;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
@@ -96,6 +96,8 @@ pub enum Command {
     /// Drive the engine with many concurrent sessions and report throughput, latency and memory,
     /// optionally beside the direct in-process baseline (`--baseline direct`).
     Load(crate::load::LoadArgs),
+    /// Serve the engine over HTTP to harnesses in any language (sessions, streaming, auth).
+    Serve(crate::serve::ServeArgs),
 }
 
 /// `--format` of `dispatch`.
@@ -219,6 +221,7 @@ async fn run(cli: Cli) -> ExitCode {
             finish_telemetry(telemetry, code).await
         }
         Command::Load(args) => crate::load::run(args).await,
+        Command::Serve(args) => crate::serve::run(args).await,
     }
 }
 
@@ -342,11 +345,29 @@ pub async fn dispatch_document(
     text: &str,
     cancel: CancellationToken,
 ) -> Result<String, String> {
+    dispatch_document_with(format, text, |calls| {
+        engine.dispatch_with_cancel(calls, cancel)
+    })
+    .await
+}
+
+/// [`dispatch_document`] with any way of dispatching the decoded calls (a session's, a
+/// streaming one: `serve` uses it). `dispatch` is called only when the document decoded; `Err`
+/// is a one-line reason (not JSON, not an accepted shape).
+pub async fn dispatch_document_with<F, Fut>(
+    format: WireFormat,
+    text: &str,
+    dispatch: F,
+) -> Result<String, String>
+where
+    F: FnOnce(Vec<ToolCall>) -> Fut,
+    Fut: Future<Output = Vec<ToolDispatchResult>>,
+{
     let doc: Value =
         serde_json::from_str(text).map_err(|e| format!("input is not valid JSON: {e}"))?;
     let calls =
         protocol::decode(format, &doc).map_err(|e| format!("unexpected input shape: {e}"))?;
-    let results = engine.dispatch_with_cancel(calls, cancel).await;
+    let results = dispatch(calls).await;
     let mut out = Vec::with_capacity(256);
     protocol::write_json(format, &results, &mut out)
         .map_err(|e| format!("cannot encode the results: {e}"))?;

@@ -5,6 +5,9 @@
 //! outcome are recorded ([`crate::observe`]). A second answer for a slot (a late reply) is dropped.
 //! [`Collector::finish`] answers any slot still empty, so a turn always yields exactly one result
 //! per call, in the order the model asked.
+//!
+//! A turn may carry a [`ResultSink`]: each result is also sent to it the moment its slot is
+//! filled (the seam `serve` streams results through); the ordered answer is unchanged.
 
 use std::sync::Arc;
 
@@ -13,6 +16,9 @@ use crate::observe;
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
 use crate::registry::Snapshot;
 
+/// Receives `(index in the turn, result)` for each call of a turn as its slot is filled.
+pub type ResultSink = tokio::sync::mpsc::UnboundedSender<(usize, ToolDispatchResult)>;
+
 /// The slots of one turn.
 #[derive(Debug)]
 pub struct Collector {
@@ -20,6 +26,7 @@ pub struct Collector {
     slots: Vec<Option<ToolDispatchResult>>,
     open: usize,
     snapshot: Arc<Snapshot>,
+    sink: Option<ResultSink>,
 }
 
 impl Collector {
@@ -32,7 +39,19 @@ impl Collector {
             slots: (0..n).map(|_| None).collect(),
             open: n,
             snapshot,
+            sink: None,
         }
+    }
+
+    /// From now on, sends every result to `sink` as its slot is filled; the slots filled
+    /// already are sent at once, in call order. A closed sink is ignored.
+    pub fn attach_sink(&mut self, sink: ResultSink) {
+        for (index, slot) in self.slots.iter().enumerate() {
+            if let Some(result) = slot {
+                let _ = sink.send((index, result.clone()));
+            }
+        }
+        self.sink = Some(sink);
     }
 
     /// The registry view of this turn.
@@ -77,6 +96,9 @@ impl Collector {
         match self.slots.get_mut(index) {
             Some(slot @ None) => {
                 observe::call_answered(&result, metrics);
+                if let Some(sink) = &self.sink {
+                    let _ = sink.send((index, result.clone()));
+                }
                 *slot = Some(result);
                 self.open -= 1;
                 true
@@ -164,6 +186,29 @@ mod tests {
         let out = c.finish();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].error, Some(ErrorCode::Timeout));
+    }
+
+    #[test]
+    fn a_sink_sees_each_result_once_as_its_slot_fills() {
+        let mut c = Collector::new(ids(3), Arc::default());
+        c.fill(2, ok(2));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        c.attach_sink(tx);
+        c.fill(0, ok(0));
+        c.fill(0, ok(0));
+        let out = c.finish();
+        let mut seen = Vec::new();
+        while let Ok((i, r)) = rx.try_recv() {
+            seen.push((i, r.content));
+        }
+        assert_eq!(
+            seen,
+            [
+                (2, "r2".to_string()),
+                (0, "r0".into()),
+                (1, out[1].content.clone())
+            ]
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::collector::ResultSink;
 use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
@@ -27,8 +28,8 @@ use crate::registry::{
 use crate::scheduler::{DispatchTurn, Scheduler};
 use crate::session::Session;
 use crate::tool::{SessionScope, ToolSpec};
-use crate::workspace::Workspace;
 use crate::worker::WorkerPool;
+use crate::workspace::Workspace;
 
 /// Default global cap on calls running at once (async and blocking handlers).
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
@@ -258,7 +259,7 @@ impl Engine {
     ) -> Vec<ToolDispatchResult> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
         let scheduler = &self.inner.schedulers[i];
-        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel)
+        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None)
             .await
     }
 
@@ -314,6 +315,7 @@ impl Engine {
         scope: &Arc<SessionScope>,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
+        sink: Option<ResultSink>,
     ) -> Vec<ToolDispatchResult> {
         if calls.is_empty() {
             return Vec::new();
@@ -331,6 +333,7 @@ impl Engine {
             calls,
             cancel,
             scope: Arc::clone(scope),
+            sink,
         };
         match scheduler.ask(turn).await {
             Ok(results) => results,

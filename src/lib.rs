@@ -23,6 +23,7 @@ pub mod providers;
 pub mod registry;
 pub mod run_cmd;
 pub mod scheduler;
+pub mod serve;
 pub mod session;
 pub mod tool;
 pub mod tools;
@@ -31,8 +32,8 @@ pub mod worker;
 pub mod workspace;
 
 pub use engine::{Engine, EngineBuilder};
-pub use session::Session;
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
+pub use session::Session;
 pub use tool::{
     CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
 };

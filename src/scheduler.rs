@@ -22,7 +22,7 @@ use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
-use crate::collector::Collector;
+use crate::collector::{Collector, ResultSink};
 use crate::execute::{self, CallEnv};
 use crate::observe;
 use crate::plan::{self, Planned, Stage};
@@ -128,7 +128,10 @@ impl TurnPlan {
                 continue;
             }
             observe::stage_started(stage.mode, calls.len(), &self.collector.snapshot().metrics);
-            if calls.iter().all(|p| execute::runs_in_place(&p.tool.handler)) {
+            if calls
+                .iter()
+                .all(|p| execute::runs_in_place(&p.tool.handler))
+            {
                 let metrics = Arc::clone(&self.collector.snapshot().metrics);
                 for p in calls {
                     let env = CallEnv {
@@ -229,6 +232,8 @@ pub struct DispatchTurn {
     pub cancel: CancellationToken,
     /// The session the turn belongs to.
     pub scope: Arc<SessionScope>,
+    /// Where each result also goes as soon as it is answered (streaming), if anywhere.
+    pub sink: Option<ResultSink>,
 }
 
 impl Message<DispatchTurn> for Scheduler {
@@ -241,7 +246,10 @@ impl Message<DispatchTurn> for Scheduler {
     ) -> Self::Reply {
         let arrived = Instant::now();
         self.refresh().await;
-        let plan = prepare(&self.snapshot, msg.calls, arrived, msg.scope);
+        let mut plan = prepare(&self.snapshot, msg.calls, arrived, msg.scope);
+        if let Some(sink) = msg.sink {
+            plan.collector.attach_sink(sink);
+        }
         if plan.all_inline() {
             return ctx.reply(plan.run_inline(&self.workers, &msg.cancel));
         }

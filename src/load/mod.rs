@@ -34,7 +34,8 @@ use crate::exporter::Telemetry;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
 use driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
-use workload::{Workload, load_tools, session_dir};
+pub use workload::load_tools;
+use workload::{Workload, session_dir};
 
 /// Turns per session at most in a timed run (the other bound is the deadline).
 const TIMED_TURN_CAP: u64 = 1_000_000_000;
