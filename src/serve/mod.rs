@@ -15,9 +15,10 @@
 //! | `openapi.json` | the OpenAPI 3.1 description, served as is |
 //!
 //! Lifecycle ([`Server::run`]): it serves until its shutdown future resolves (SIGTERM or SIGINT
-//! for the CLI), then stops accepting, refuses new work (`shutting_down`), lets turns in flight
-//! finish for the grace period, cancels what still runs (answered `cancelled`), lets every
-//! request in flight write its complete answer, and returns.
+//! for the CLI), then stops taking work (new sessions and turns are answered `shutting_down`),
+//! lets turns in flight finish for the grace period, cancels what still runs (answered
+//! `cancelled`), closes the listener, lets every request in flight write its complete answer,
+//! and returns.
 
 pub mod auth;
 pub mod dispatch;
@@ -249,9 +250,13 @@ impl Server {
                 };
             }
         }
+        // New sessions and turns are refused `shutting_down` from now on (connections are
+        // still accepted, so a client gets that answer rather than a reset); turns in flight
+        // get the grace period, then are cancelled and answered; then the listener closes and
+        // the connections write their last answers.
         app.stopping.cancel();
-        stop_accepting.cancel();
         app.engine.shutdown(grace).await;
+        stop_accepting.cancel();
         reaper.abort();
         match tokio::time::timeout(DRAIN_LIMIT, &mut serving).await {
             Ok(_) => Ok(()),
