@@ -392,6 +392,14 @@ impl HttpMetrics {
         }
     }
 
+    /// The label value of a matched route template: the template itself if it was given to
+    /// [`HttpMetrics::new`], else [`UNMATCHED_ROUTE`] (no allocation either way).
+    pub fn route(&self, template: Option<&str>) -> &'static str {
+        template
+            .and_then(|t| self.seconds.get_key_value(t))
+            .map_or(UNMATCHED_ROUTE, |(r, _)| *r)
+    }
+
     /// One request answered. `route` is a template given to [`HttpMetrics::new`]; any other
     /// value is recorded as [`UNMATCHED_ROUTE`].
     pub fn request(&self, route: &str, status: u16, elapsed: Duration) {

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -205,15 +205,20 @@ impl HttpSession {
     /// answer's order (an HTTP failure answers every call with an error).
     pub async fn dispatch(&mut self, calls: Vec<ToolCall>) -> Vec<ToolDispatchResult> {
         self.body.clear();
-        let content: Vec<Value> = calls
-            .iter()
-            .map(|c| json!({"type": "tool_use", "id": &*c.id, "name": &*c.name, "input": c.arguments}))
-            .collect();
+        let message = AssistantMessage {
+            role: "assistant",
+            content: calls
+                .iter()
+                .map(|c| ToolUse {
+                    kind: "tool_use",
+                    id: &c.id,
+                    name: &c.name,
+                    input: &c.arguments,
+                })
+                .collect(),
+        };
         // Writing to a Vec cannot fail.
-        let _ = serde_json::to_writer(
-            &mut self.body,
-            &json!({"role": "assistant", "content": content}),
-        );
+        let _ = serde_json::to_writer(&mut self.body, &message);
         let body = std::mem::take(&mut self.body);
         let answer = self.conn.request("POST", &self.dispatch_path, &body).await;
         self.body = body;
@@ -234,42 +239,70 @@ impl HttpSession {
     }
 }
 
+#[derive(serde::Serialize)]
+struct AssistantMessage<'a> {
+    role: &'static str,
+    content: Vec<ToolUse<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ToolUse<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    id: &'a str,
+    name: &'a str,
+    input: &'a Value,
+}
+
+#[derive(serde::Deserialize)]
+struct UserMessage<'a> {
+    #[serde(borrow)]
+    content: Vec<ToolResultBlock<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ToolResultBlock<'a> {
+    #[serde(borrow)]
+    tool_use_id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    content: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    is_error: bool,
+}
+
 /// The results of a 200 answer.
 fn decode(calls: &[ToolCall], bytes: &[u8]) -> Vec<ToolDispatchResult> {
-    let Ok(doc) = serde_json::from_slice::<Value>(bytes) else {
-        return answer_all(calls, ErrorCode::ExecutionError, "the answer is not JSON");
-    };
-    let Some(blocks) = doc.get("content").and_then(Value::as_array) else {
+    let Ok(answer) = serde_json::from_slice::<UserMessage<'_>>(bytes) else {
         return answer_all(
             calls,
             ErrorCode::ExecutionError,
-            "the answer has no content",
+            "the answer is not a tool_result message",
         );
     };
-    blocks
-        .iter()
+    answer
+        .content
+        .into_iter()
         .enumerate()
         .map(|(i, b)| {
-            let id: Arc<str> = Arc::from(b["tool_use_id"].as_str().unwrap_or_default());
+            // The call's own id when the answer names it (the common case): no new string.
+            let id = match calls.get(i) {
+                Some(c) if *c.id == *b.tool_use_id => Arc::clone(&c.id),
+                _ => Arc::from(&*b.tool_use_id),
+            };
             let name = calls
                 .get(i)
                 .map_or_else(|| Arc::from(""), |c| Arc::clone(&c.name));
-            let content = b["content"].as_str().unwrap_or_default().to_string();
-            let error = if b["is_error"] == Value::Bool(true) {
-                Some(
-                    content
-                        .strip_prefix("Error [")
-                        .and_then(|rest| rest.split_once(']'))
-                        .and_then(|(code, _)| ErrorCode::parse(code))
-                        .unwrap_or(ErrorCode::ExecutionError),
-                )
-            } else {
-                None
-            };
+            let error = b.is_error.then(|| {
+                b.content
+                    .strip_prefix("Error [")
+                    .and_then(|rest| rest.split_once(']'))
+                    .and_then(|(code, _)| ErrorCode::parse(code))
+                    .unwrap_or(ErrorCode::ExecutionError)
+            });
             ToolDispatchResult {
                 tool_use_id: id,
                 tool_name: name,
-                content,
+                content: b.content.into_owned(),
                 error,
                 timing: Timing::default(),
             }
@@ -325,8 +358,8 @@ mod tests {
     #[test]
     fn answers_decode_with_their_error_codes() {
         let calls = vec![
-            ToolCall::new("a", "noop", json!({})),
-            ToolCall::new("b", "nope", json!({})),
+            ToolCall::new("a", "noop", serde_json::json!({})),
+            ToolCall::new("b", "nope", serde_json::json!({})),
         ];
         let body = br#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"},{"type":"tool_result","tool_use_id":"b","content":"Error [unknown_tool]: tool is not registered: nope","is_error":true}]}"#;
         let r = decode(&calls, body);

@@ -146,16 +146,15 @@ pub fn router(app: Arc<App>) -> Router {
 
 async fn record_request(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| Arc::<str>::from(m.as_str()));
-    let response = next.run(request).await;
-    app.http_metrics.request(
-        route.as_deref().unwrap_or(""),
-        response.status().as_u16(),
-        started.elapsed(),
+    let route = app.http_metrics.route(
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
     );
+    let response = next.run(request).await;
+    app.http_metrics
+        .request(route, response.status().as_u16(), started.elapsed());
     response
 }
 
