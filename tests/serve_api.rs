@@ -304,6 +304,24 @@ async fn bad_workspace_names_are_refused_and_create_nothing() {
         0
     );
     assert!(!s.root.path().join("escape").exists());
+    // A name that exists as a symlink (planted to lead out of the root) or a file is refused.
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), s.root.path().join("ws/linked")).unwrap();
+    std::fs::write(s.root.path().join("ws/plain"), "x").unwrap();
+    for name in ["linked", "plain"] {
+        let a = post(
+            &c,
+            &s.url("/v1/sessions"),
+            &json!({"workspace": name}).to_string(),
+        )
+        .await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (400, "bad_request"),
+            "{name}: {}",
+            a.text
+        );
+    }
     let ok = "n".repeat(128);
     session(&c, &s, Some(&ok)).await;
     s.shutdown().await.unwrap();

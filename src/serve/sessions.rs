@@ -178,7 +178,15 @@ impl SessionTable {
                 let dir = self.root.join(name);
                 match std::fs::create_dir(&dir) {
                     Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        // Only a real directory: never a symlink planted to lead elsewhere.
+                        let real_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+                        if !real_dir {
+                            return Err(ApiError::BadRequest(format!(
+                                "workspace {name:?} exists and is not a directory (a symlink or a file)"
+                            )));
+                        }
+                    }
                     Err(e) => return Err(cannot_create(&dir, &e)),
                 }
                 (self.new_id(), dir, false)
