@@ -181,6 +181,16 @@ async fn every_error_code_has_its_status_and_shape() {
             "unknown_session",
         ),
         (
+            get(&c, &s.url("/v1/sessions/%FF")).await,
+            400,
+            "bad_request",
+        ),
+        (
+            post(&c, &s.url("/v1/sessions/%FF/dispatch"), "{}").await,
+            400,
+            "bad_request",
+        ),
+        (
             send(c.delete(s.url("/v1/sessions/nope")).bearer_auth(TOKEN)).await,
             404,
             "unknown_session",

@@ -15,13 +15,14 @@
 use std::sync::Arc;
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use tokio::sync::{mpsc, oneshot};
 
 use super::errors::ApiError;
-use super::routes::{App, json_response, query_param, read_body};
+use super::routes::{App, json_response, query_param, read_body, session_id};
 use super::sse;
 use crate::cli::dispatch_document_with;
 use crate::protocol::WireFormat;
@@ -66,12 +67,13 @@ fn ask(query: Option<&str>, headers: &HeaderMap) -> Result<Ask, ApiError> {
 /// The handler.
 pub async fn dispatch(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     app.refuse_if_stopping()?;
+    let id = session_id(id)?;
     let ask = ask(query.as_deref(), &headers)?;
     let session = app.sessions.enter(&id)?;
     let permit = Arc::clone(&app.requests)

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{MatchedPath, Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -167,6 +168,12 @@ pub fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// The `{id}` of a session route; an id that does not decode (not UTF-8) is `bad_request`.
+pub fn session_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(id)| id)
+        .map_err(|e| ApiError::BadRequest(format!("bad session id in the path: {e}")))
+}
+
 /// Reads a body of at most `limit` bytes as UTF-8 text (`payload_too_large` beyond).
 pub async fn read_body(
     headers: &axum::http::HeaderMap,
@@ -252,16 +259,18 @@ fn workspace_name(text: &str) -> Result<Option<String>, ApiError> {
 
 async fn session_info(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let id = session_id(id)?;
     let session = app.sessions.get(&id)?;
     Ok(json_response(StatusCode::OK, session.info().to_string()))
 }
 
 async fn cancel_session(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let id = session_id(id)?;
     let session = app.sessions.get(&id)?;
     session.cancel_turns();
     Ok(json_response(StatusCode::OK, session.info().to_string()))
@@ -269,8 +278,9 @@ async fn cancel_session(
 
 async fn delete_session(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let id = session_id(id)?;
     let session = app.sessions.remove(&id)?;
     Ok(json_response(StatusCode::OK, session.info().to_string()))
 }
