@@ -316,8 +316,17 @@ async fn on_shutdown_new_work_is_refused_and_the_running_turn_gets_its_full_answ
         .await
     );
     s.begin_shutdown();
+    // The signal reaches the server a moment later; from then on new work is refused.
     let fresh = client();
-    let refused = post(&fresh, &s.url("/v1/sessions"), "{}").await;
+    let url = s.url("/v1/sessions");
+    let mut refused = post(&fresh, &url, "{}").await;
+    for _ in 0..500 {
+        if refused.status != 201 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        refused = post(&fresh, &url, "{}").await;
+    }
     assert_eq!(
         (refused.status, refused.code().as_str()),
         (503, "shutting_down")
