@@ -89,6 +89,8 @@ pub enum Command {
     /// Drive the engine with many concurrent sessions and report throughput, latency and memory,
     /// optionally beside the direct in-process baseline (`--baseline direct`).
     Load(crate::load::LoadArgs),
+    /// Serve the engine over HTTP to harnesses in any language (sessions, streaming, auth).
+    Serve(crate::serve::ServeArgs),
 }
 
 /// `--format` of `dispatch`.
@@ -237,6 +239,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 }
             }
         }
+        Command::Serve(args) => crate::serve::run(args).await,
     }
 }
 

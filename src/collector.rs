@@ -9,6 +9,9 @@
 //! Import note: the collector knows metric handles, not the registry. Whoever fills a slot hands
 //! it the handles of the call's tool (the scheduler holds the turn's registry snapshot), so the
 //! collector never looks a tool up.
+//!
+//! A turn may carry a [`ResultSink`]: each result is also sent to it the moment its slot is
+//! filled (the seam `serve` streams results through); the ordered answer is unchanged.
 
 use std::sync::Arc;
 
@@ -16,12 +19,16 @@ use crate::metrics::ToolMetrics;
 use crate::observe;
 use crate::protocol::{ErrorCode, Timing, ToolDispatchResult};
 
+/// Receives `(index in the turn, result)` for each call of a turn as its slot is filled.
+pub type ResultSink = tokio::sync::mpsc::UnboundedSender<(usize, ToolDispatchResult)>;
+
 /// The slots of one turn.
 #[derive(Debug)]
 pub struct Collector {
     identities: Vec<(Arc<str>, Arc<str>)>,
     slots: Vec<Option<ToolDispatchResult>>,
     open: usize,
+    sink: Option<ResultSink>,
 }
 
 impl Collector {
@@ -32,7 +39,19 @@ impl Collector {
             identities,
             slots: (0..n).map(|_| None).collect(),
             open: n,
+            sink: None,
         }
+    }
+
+    /// From now on, sends every result to `sink` as its slot is filled; the slots filled
+    /// already are sent at once, in call order. A closed sink is ignored.
+    pub fn attach_sink(&mut self, sink: ResultSink) {
+        for (index, slot) in self.slots.iter().enumerate() {
+            if let Some(result) = slot {
+                let _ = sink.send((index, result.clone()));
+            }
+        }
+        self.sink = Some(sink);
     }
 
     /// How many calls the turn has.
@@ -57,6 +76,9 @@ impl Collector {
         match self.slots.get_mut(index) {
             Some(slot @ None) => {
                 observe::call_answered(&result, metrics);
+                if let Some(sink) = &self.sink {
+                    let _ = sink.send((index, result.clone()));
+                }
                 *slot = Some(result);
                 self.open -= 1;
                 true
@@ -166,6 +188,29 @@ mod tests {
         let out = c.finish(|_| handles());
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].error, Some(ErrorCode::Timeout));
+    }
+
+    #[test]
+    fn a_sink_sees_each_result_once_as_its_slot_fills() {
+        let mut c = Collector::new(ids(3));
+        c.fill_with(2, ok(2), handles());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        c.attach_sink(tx);
+        c.fill_with(0, ok(0), handles());
+        c.fill_with(0, ok(0), handles());
+        let out = c.finish(|_| handles());
+        let mut seen = Vec::new();
+        while let Ok((i, r)) = rx.try_recv() {
+            seen.push((i, r.content));
+        }
+        assert_eq!(
+            seen,
+            [
+                (2, "r2".to_string()),
+                (0, "r0".into()),
+                (1, out[1].content.clone())
+            ]
+        );
     }
 
     #[test]

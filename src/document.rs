@@ -86,7 +86,21 @@ pub async fn dispatch_document(
     text: &str,
     cancel: CancellationToken,
 ) -> Result<String, DocumentError> {
+    dispatch_document_with(format, text, |calls| target.dispatch_turn(calls, cancel)).await
+}
+
+/// [`dispatch_document`] with any way of dispatching the decoded calls (a streaming one: the
+/// sidecar uses it). `dispatch` is called only when the document decoded.
+pub async fn dispatch_document_with<F, Fut>(
+    format: WireFormat,
+    text: &str,
+    dispatch: F,
+) -> Result<String, DocumentError>
+where
+    F: FnOnce(Vec<ToolCall>) -> Fut,
+    Fut: Future<Output = Result<Vec<ToolDispatchResult>, EngineError>>,
+{
     let calls = decode_document(format, text)?;
-    let results = target.dispatch_turn(calls, cancel).await?;
+    let results = dispatch(calls).await?;
     encode_document(format, &results)
 }

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::collector::ResultSink;
 use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
 use crate::protocol::{ToolCall, ToolDispatchResult};
@@ -274,7 +275,7 @@ impl Engine {
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
         let scheduler = &self.inner.schedulers[i];
-        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel)
+        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None)
             .await
     }
 
@@ -330,6 +331,7 @@ impl Engine {
         scope: &Arc<SessionScope>,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
+        sink: Option<ResultSink>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         if calls.is_empty() {
             return Ok(Vec::new());
@@ -343,6 +345,7 @@ impl Engine {
             calls,
             cancel,
             scope: Arc::clone(scope),
+            sink,
         };
         scheduler
             .ask(turn)

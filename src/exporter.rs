@@ -53,20 +53,8 @@ impl Telemetry {
         if metrics_addr.is_none() && metrics_file.is_none() {
             return Ok(Telemetry::default());
         }
-        let handle = prometheus_builder()?
-            .install_recorder()
-            .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-        describe_all();
-        let mut tasks = Vec::new();
-        let upkeep = handle.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(UPKEEP_PERIOD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                upkeep.run_upkeep();
-            }
-        }));
+        let (handle, upkeep) = install_recorder()?;
+        let mut tasks = vec![upkeep];
         let mut local_addr = None;
         if let Some(addr) = metrics_addr {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -126,6 +114,26 @@ impl Telemetry {
         }
         result
     }
+}
+
+/// Installs the Prometheus recorder process-wide, with its upkeep task, and describes every
+/// metric; for commands that serve `/metrics` themselves (`serve`). Must run inside a tokio
+/// runtime, before the engine is built.
+pub fn install_recorder() -> Result<(PrometheusHandle, JoinHandle<()>), String> {
+    let handle = prometheus_builder()?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    describe_all();
+    let upkeep = handle.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok((handle, task))
 }
 
 /// Log output format.

@@ -31,6 +31,8 @@ pub mod registry;
 #[cfg(feature = "cli")]
 pub mod run_cmd;
 pub(crate) mod scheduler;
+#[cfg(feature = "cli")]
+pub mod serve;
 pub mod session;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -47,6 +47,10 @@ pub const MODEL_REQUESTS_TOTAL: &str = "switchboard_model_requests_total";
 pub const MODEL_REQUEST_SECONDS: &str = "switchboard_model_request_seconds";
 /// Always 1; the `version` label carries the crate version.
 pub const BUILD_INFO: &str = "switchboard_build_info";
+/// HTTP requests answered by `serve`, by route template and status.
+pub const HTTP_REQUESTS_TOTAL: &str = "switchboard_http_requests_total";
+/// HTTP request latency of `serve` (to the response head), by route template.
+pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +177,20 @@ pub const METRICS: &[MetricDef] = &[
         unit: Unit::Count,
         labels: &["version"],
         help: "Always 1; the version label carries the Switchboard version.",
+    },
+    MetricDef {
+        name: HTTP_REQUESTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["route", "status"],
+        help: "HTTP requests answered by serve, by route template (never a session id; unmatched paths are _unmatched) and status code.",
+    },
+    MetricDef {
+        name: HTTP_REQUEST_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["route"],
+        help: "Time from an HTTP request arriving at serve to its response head (a stream's events come later), by route template.",
     },
 ];
 
@@ -345,6 +363,67 @@ pub fn detached<T>(f: impl FnOnce() -> T) -> T {
 impl Default for EngineMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The `route` label of requests that matched no route.
+pub const UNMATCHED_ROUTE: &str = "_unmatched";
+
+/// Cached handles of `serve`'s HTTP metrics: one histogram per route template, one counter
+/// per route and status (made on first use; statuses are few).
+#[derive(Debug)]
+pub struct HttpMetrics {
+    seconds: std::collections::HashMap<&'static str, Histogram>,
+    requests: std::sync::RwLock<std::collections::HashMap<(&'static str, u16), Counter>>,
+}
+
+impl HttpMetrics {
+    /// Handles for these route templates (and [`UNMATCHED_ROUTE`]).
+    pub fn new(routes: &[&'static str]) -> Self {
+        let seconds = routes
+            .iter()
+            .copied()
+            .chain([UNMATCHED_ROUTE])
+            .map(|r| (r, histogram!(HTTP_REQUEST_SECONDS, "route" => r)))
+            .collect();
+        HttpMetrics {
+            seconds,
+            requests: Default::default(),
+        }
+    }
+
+    /// The label value of a matched route template: the template itself if it was given to
+    /// [`HttpMetrics::new`], else [`UNMATCHED_ROUTE`] (no allocation either way).
+    pub fn route(&self, template: Option<&str>) -> &'static str {
+        template
+            .and_then(|t| self.seconds.get_key_value(t))
+            .map_or(UNMATCHED_ROUTE, |(r, _)| *r)
+    }
+
+    /// One request answered. `route` is a template given to [`HttpMetrics::new`]; any other
+    /// value is recorded as [`UNMATCHED_ROUTE`].
+    pub fn request(&self, route: &str, status: u16, elapsed: Duration) {
+        let (route, hist) = match self.seconds.get_key_value(route) {
+            Some((r, h)) => (*r, h),
+            None => (UNMATCHED_ROUTE, &self.seconds[UNMATCHED_ROUTE]),
+        };
+        hist.record(elapsed);
+        let key = (route, status);
+        if let Some(c) = self
+            .requests
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            c.increment(1);
+            return;
+        }
+        let mut map = self.requests.write().unwrap_or_else(|p| p.into_inner());
+        map.entry(key)
+            .or_insert_with(
+                || counter!(HTTP_REQUESTS_TOTAL, "route" => route, "status" => status.to_string()),
+            )
+            .increment(1);
     }
 }
 

@@ -22,7 +22,7 @@ use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
-use crate::collector::Collector;
+use crate::collector::{Collector, ResultSink};
 use crate::execute::{self, CallEnv};
 use crate::observe;
 use crate::plan::{self, Planned, Stage};
@@ -251,6 +251,8 @@ pub struct DispatchTurn {
     pub cancel: CancellationToken,
     /// The session the turn belongs to.
     pub scope: Arc<SessionScope>,
+    /// Where each result also goes as soon as it is answered (streaming), if anywhere.
+    pub sink: Option<ResultSink>,
 }
 
 impl Message<DispatchTurn> for Scheduler {
@@ -263,7 +265,10 @@ impl Message<DispatchTurn> for Scheduler {
     ) -> Self::Reply {
         let arrived = Instant::now();
         self.refresh().await;
-        let plan = prepare(&self.snapshot, msg.calls, arrived, msg.scope);
+        let mut plan = prepare(&self.snapshot, msg.calls, arrived, msg.scope);
+        if let Some(sink) = msg.sink {
+            plan.collector.attach_sink(sink);
+        }
         if plan.all_inline() {
             return ctx.reply(plan.run_inline(&self.workers, &msg.cancel));
         }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 
+use crate::collector::ResultSink;
 use crate::engine::{Engine, EngineError};
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::scheduler::Scheduler;
@@ -73,7 +74,34 @@ impl Session {
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         self.inner
             .engine
-            .dispatch_on(&self.inner.scheduler, &self.inner.scope, calls, cancel)
+            .dispatch_on(
+                &self.inner.scheduler,
+                &self.inner.scope,
+                calls,
+                cancel,
+                None,
+            )
+            .await
+    }
+
+    /// Like [`Session::dispatch_with_cancel`], also sending each result to `sink` with its index
+    /// in the turn as soon as it is answered (results of a concurrent stage run on a worker
+    /// arrive together, when the stage ends). The returned answer is the same ordered one.
+    pub async fn dispatch_streaming(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+        sink: ResultSink,
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
+        self.inner
+            .engine
+            .dispatch_on(
+                &self.inner.scheduler,
+                &self.inner.scope,
+                calls,
+                cancel,
+                Some(sink),
+            )
             .await
     }
 

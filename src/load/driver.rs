@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::http::{Endpoint, HttpSession};
 use super::monitor::{Monitor, MonitorConfig, Shared};
 use super::rss;
 use super::stats::Recorder;
@@ -36,6 +37,8 @@ pub enum Target {
     Engine(Session),
     /// The direct in-process baseline (shared by all sessions).
     Direct(Arc<DirectDispatcher>),
+    /// A session of a `switchboard serve` server, over its own keep-alive connection.
+    Http(Arc<tokio::sync::Mutex<HttpSession>>),
 }
 
 impl Target {
@@ -62,6 +65,7 @@ impl Target {
                     .unwrap_or_default()
             }
             (Target::Direct(direct), _) => direct.dispatch(calls).await,
+            (Target::Http(session), _) => session.lock().await.dispatch(calls).await,
         }
     }
 }
@@ -311,4 +315,35 @@ pub async fn direct_phase(
         .collect();
     warm_up(&targets, workload, warmup).await;
     Ok(run_phase(&targets, workload, bounds, display).await)
+}
+
+/// The HTTP phase: one server session per simulated session, each over its own keep-alive
+/// connection to `endpoint`, a warm-up, then the measured loops; the sessions are deleted
+/// afterwards.
+pub async fn http_phase(
+    endpoint: Arc<Endpoint>,
+    sessions: usize,
+    workload: &Arc<Workload>,
+    bounds: &Bounds,
+    display: &Display,
+    warmup: Duration,
+) -> Result<Phase, String> {
+    let mut targets = Vec::with_capacity(sessions);
+    let mut held = Vec::with_capacity(sessions);
+    for _ in 0..sessions {
+        let session = Arc::new(tokio::sync::Mutex::new(
+            HttpSession::open(Arc::clone(&endpoint)).await?,
+        ));
+        held.push(Arc::clone(&session));
+        targets.push(Target::Http(session));
+    }
+    warm_up(&targets, workload, warmup).await;
+    let phase = run_phase(&targets, workload, bounds, display).await;
+    drop(targets);
+    for session in held {
+        if let Ok(session) = Arc::try_unwrap(session) {
+            session.into_inner().close().await;
+        }
+    }
+    Ok(phase)
 }

@@ -9,16 +9,21 @@
 //! engine ÷ direct. It prints a table (or one JSON document with `--json`; `--report DIR` also
 //! writes it with a latency SVG), and exits 1 if any turn was not answered exactly once, in
 //! order. `--workload-set peers` runs the six workloads of `../shared/bench/peers.md` (see
-//! `peers.rs`); `--idle` measures memory per idle session (see `idle.rs`). Bad flags exit 2.
+//! `peers.rs`); `--idle` measures memory per idle session (see `idle.rs`). `--target
+//! http://HOST:PORT` sends the same turns to a running `switchboard serve` instead, one
+//! keep-alive connection per session (see `http.rs`), and `--workload-set serve` measures the
+//! HTTP hop against the in-process engine in one run (see `serve_set.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
 mod driver;
+mod http;
 mod idle;
 mod monitor;
 mod numbers;
 mod peers;
 mod report;
 mod rss;
+mod serve_set;
 mod stats;
 mod svg;
 mod workload;
@@ -34,8 +39,9 @@ use crate::command::TelemetryArgs;
 use crate::exporter::Telemetry;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
-use driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
-use workload::{Workload, load_tools, session_dir};
+use driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase, http_phase};
+pub use workload::load_tools;
+use workload::{Workload, session_dir};
 
 /// Turns per session at most in a timed run (the other bound is the deadline).
 const TIMED_TURN_CAP: u64 = 1_000_000_000;
@@ -88,6 +94,9 @@ pub enum Baseline {
 pub enum WorkloadSet {
     /// The six workloads of `peers.md`, one JSON line each.
     Peers,
+    /// The sidecar's cost: the in-process engine versus the same turns over HTTP to a server
+    /// started in this process, for one-call turns and 64 sessions × 8 no-op calls.
+    Serve,
 }
 
 /// Flags of `switchboard load`.
@@ -162,6 +171,13 @@ pub struct LoadArgs {
     /// exactly once, in order (and, with --duration, that RSS stayed flat). Engine only.
     #[arg(long, value_parser = workload::parse_faults, conflicts_with_all = ["baseline", "workload_set", "idle"])]
     pub faults: Option<workload::Faults>,
+    /// Drive a running `switchboard serve` at http://HOST:PORT instead of an in-process engine
+    /// (started with --with-load-tools for the noop, sleep and cpu tools; its sleep is 10 ms).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["baseline", "workload_set", "idle", "faults"])]
+    pub target: Option<String>,
+    /// File whose first line is the server's bearer token (otherwise SWITCHBOARD_TOKEN, or none).
+    #[arg(long, value_name = "FILE", requires = "target")]
+    pub token_file: Option<PathBuf>,
     /// Metrics.
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
@@ -210,7 +226,9 @@ pub async fn run(args: LoadArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(2, &e),
     };
-    let code = if args.workload_set.is_some() {
+    let code = if args.workload_set == Some(WorkloadSet::Serve) {
+        run_serve_set(&args).await
+    } else if args.workload_set.is_some() {
         run_peers(&args).await
     } else if args.idle {
         run_idle(&args).await
@@ -303,6 +321,61 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+async fn run_serve_set(args: &LoadArgs) -> ExitCode {
+    let duration = args.duration.unwrap_or(peers::DEFAULT_DURATION);
+    let config = serve_set::ServeSetConfig {
+        duration,
+        turns: args.turns,
+        max_time: args.max_time,
+        warmup: args
+            .warmup
+            .unwrap_or_else(|| (duration / 10).min(Duration::from_millis(200))),
+        workers: workers(args),
+        progress: !args.quiet,
+        seed: args.seed,
+        rounds: args.rounds,
+    };
+    let (lines, violations) = match serve_set::run(&config).await {
+        Ok(r) => r,
+        Err(e) => return fail(1, &e),
+    };
+    if let Some(dir) = &args.report {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        if let Err(e) = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join("serve.jsonl"), text))
+        {
+            return fail(
+                1,
+                &format!("cannot write {}/serve.jsonl: {e}", dir.display()),
+            );
+        }
+    }
+    if violations > 0 {
+        return fail(
+            1,
+            &format!("{violations} turns were not answered exactly once, in order"),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// The server of `--target`, with its token (`--token-file`, else `SWITCHBOARD_TOKEN`).
+fn endpoint(args: &LoadArgs) -> Result<Option<Arc<http::Endpoint>>, String> {
+    let Some(url) = &args.target else {
+        return Ok(None);
+    };
+    let token = match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_string())
+        }
+        None => std::env::var(crate::serve::auth::TOKEN_ENV).ok(),
+    }
+    .filter(|t| !t.is_empty());
+    Ok(Some(Arc::new(http::Endpoint::parse(url, token)?)))
+}
+
 /// Keeps the injected panics of `--faults` off stderr (every other panic still prints).
 fn quiet_injected_panics() {
     let previous = std::panic::take_hook();
@@ -318,6 +391,16 @@ fn quiet_injected_panics() {
 }
 
 async fn run_load(args: &LoadArgs) -> ExitCode {
+    let endpoint = match endpoint(args) {
+        Ok(e) => e,
+        Err(e) => return fail(2, &e),
+    };
+    if endpoint.is_some() && args.tool == ToolKind::Builtin {
+        return fail(
+            2,
+            "--tool builtin is not available with --target (its files assume one shared workspace); use noop, sleep, cpu or mixed",
+        );
+    }
     let sessions = args.sessions as usize;
     let slots = sessions.saturating_mul(args.calls_per_turn as usize);
     let most = if args.tool == ToolKind::Builtin {
@@ -391,17 +474,33 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
         progress: !args.quiet,
         sample_rss: duration.is_some(),
     };
-    let engine = match engine_phase(
-        tools.clone(),
-        workers(args),
-        sessions,
-        &workload,
-        &bounds,
-        &display("engine"),
-        warmup,
-    )
-    .await
-    {
+    let label = if endpoint.is_some() { "http" } else { "engine" };
+    let measured = match &endpoint {
+        Some(endpoint) => {
+            http_phase(
+                Arc::clone(endpoint),
+                sessions,
+                &workload,
+                &bounds,
+                &display(label),
+                warmup,
+            )
+            .await
+        }
+        None => {
+            engine_phase(
+                tools.clone(),
+                workers(args),
+                sessions,
+                &workload,
+                &bounds,
+                &display(label),
+                warmup,
+            )
+            .await
+        }
+    };
+    let engine = match measured {
         Ok(p) => p,
         Err(e) => return fail(1, &e),
     };
@@ -429,7 +528,10 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     let soak = rss::SoakVerdict::of(&engine.rss_samples);
     let doc = load_json(args, &engine, direct.as_ref(), ratio, soak.as_ref());
     let title = format!(
-        "switchboard load: {} sessions × {} calls/turn, tool {}{}{}, {}",
+        "switchboard load{}: {} sessions × {} calls/turn, tool {}{}{}, {}",
+        args.target
+            .as_deref()
+            .map_or_else(String::new, |t| format!(" over HTTP to {t}")),
         sessions,
         args.calls_per_turn,
         args.tool.name(),
@@ -451,7 +553,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     if args.json {
         println!("{doc}");
     } else {
-        let mut phases: Vec<(&str, &Phase)> = vec![("engine", &engine)];
+        let mut phases: Vec<(&str, &Phase)> = vec![(label, &engine)];
         if let Some(d) = &direct {
             phases.push(("direct", d));
         }
@@ -462,7 +564,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     }
     if let Some(dir) = &args.report {
         let mut series = vec![svg::Series {
-            name: "engine",
+            name: label,
             color: "#1f77b4",
             hist: &engine.stats.turn_latency,
         }];
@@ -527,6 +629,7 @@ fn load_json(
             "workers": args.workers,
             "baseline": direct.map(|_| "direct"),
             "seed": args.seed,
+            "target": args.target,
             "faults": args.faults.map(|f| json!({"panic": f.panic, "hang": f.hang, "cancel": f.cancel})),
         },
         "calls": engine.stats.calls,

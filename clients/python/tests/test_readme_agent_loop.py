@@ -1,0 +1,80 @@
+"""The README's agent loop, run as written against the real server and the real ``anthropic``
+SDK, with a scripted Messages API on loopback standing in for the model: it asks for two tool
+calls, then checks it got one tool_result per call, in order, and answers with text."""
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+
+
+def readme_snippet() -> str:
+    text = README.read_text()
+    section = text[text.index("### Python client"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+class ScriptedModel(BaseHTTPRequestHandler):
+    requests = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        ScriptedModel.requests.append(body)
+        if len(ScriptedModel.requests) == 1:
+            content = [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "toolu_w", "name": "write_file",
+                 "input": {"path": "src/a.rs", "content": "fn main() {}\n"}},
+                {"type": "tool_use", "id": "toolu_g", "name": "glob", "input": {"pattern": "**/*.rs"}},
+            ]
+            stop = "tool_use"
+        else:
+            content = [{"type": "text", "text": "There is one Rust file: src/a.rs."}]
+            stop = "end_turn"
+        answer = {"id": f"msg_{len(ScriptedModel.requests)}", "type": "message", "role": "assistant",
+                  "model": body["model"], "content": content, "stop_reason": stop,
+                  "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_the_readme_agent_loop_runs_as_written(server, token, monkeypatch):
+    pytest.importorskip("anthropic")
+    model = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedModel)
+    threading.Thread(target=model.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{model.server_port}")
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("MODEL_ID", "scripted-model")
+        monkeypatch.setenv("SWITCHBOARD_TOKEN", token)
+        for proxy in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(proxy, raising=False)
+        code = readme_snippet().replace("http://127.0.0.1:7420", server.base_url)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README.md", "exec"), {})
+        assert out.getvalue().strip() == "There is one Rust file: src/a.rs."
+        second = ScriptedModel.requests[1]
+        assert second["tools"] and {t["name"] for t in second["tools"]} >= {"bash", "glob"}
+        results = second["messages"][-1]
+        assert results["role"] == "user"
+        assert [b["tool_use_id"] for b in results["content"]] == ["toolu_w", "toolu_g"]
+        assert results["content"][1]["content"] == "src/a.rs"
+        assert "my-repo" in second["system"]
+    finally:
+        model.shutdown()

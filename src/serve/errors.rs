@@ -1,0 +1,166 @@
+//! The error answers of the HTTP API: one JSON shape, `{"error": {"code", "message"}}`, with a
+//! stable snake_case code and a fitting status.
+//!
+//! Every failure a client or a model can cause is one of these with a 4xx status (or 503 when
+//! the server refuses work it could do later); a tool failure is never an HTTP error, it stays
+//! a result inside a 200. Only a fault of the server itself (a workspace directory it cannot
+//! create, an engine gone) is `internal` 500.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Seconds a client is told to wait (`Retry-After`) after `overloaded`.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// No bearer token, or the wrong one (401).
+    Unauthorized,
+    /// No session of this id: never created, deleted, or closed after being idle (404).
+    UnknownSession(String),
+    /// Not JSON, not an accepted shape, a bad workspace name or query parameter (400).
+    BadRequest(String),
+    /// The body is bigger than `--max-body` (413).
+    PayloadTooLarge(usize),
+    /// `--max-sessions` sessions are open already (429).
+    TooManySessions(usize),
+    /// Too many requests in flight; nothing ran (503 with `Retry-After`).
+    Overloaded,
+    /// The server is stopping (503).
+    ShuttingDown,
+    /// No such route (404).
+    NotFound,
+    /// The route exists, not with this method (405).
+    MethodNotAllowed,
+    /// A fault of the server itself, never of the request (500).
+    Internal(String),
+}
+
+impl From<crate::engine::EngineError> for ApiError {
+    /// An engine fault: `shutting_down` when the engine is shut down, else a fault of the server.
+    fn from(e: crate::engine::EngineError) -> Self {
+        match e {
+            crate::engine::EngineError::ShutDown => ApiError::ShuttingDown,
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl ApiError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::UnknownSession(_) => "unknown_session",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::TooManySessions(_) => "too_many_sessions",
+            ApiError::Overloaded => "overloaded",
+            ApiError::ShuttingDown => "shutting_down",
+            ApiError::NotFound => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::UnknownSession(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooManySessions(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> String {
+        match self {
+            ApiError::Unauthorized => {
+                "missing or wrong bearer token (send `Authorization: Bearer <token>`)".into()
+            }
+            ApiError::UnknownSession(id) => {
+                format!("no session `{id}` (never created, deleted, or closed after being idle)")
+            }
+            ApiError::BadRequest(m) | ApiError::Internal(m) => m.clone(),
+            ApiError::PayloadTooLarge(limit) => {
+                format!("the request body is larger than {limit} bytes (--max-body)")
+            }
+            ApiError::TooManySessions(max) => {
+                format!("{max} sessions are open already (--max-sessions); delete one first")
+            }
+            ApiError::Overloaded => format!(
+                "too many requests in flight; nothing ran, retry in {RETRY_AFTER_SECONDS} s"
+            ),
+            ApiError::ShuttingDown => "the server is shutting down".into(),
+            ApiError::NotFound => "no such route (see GET /v1/openapi.json)".into(),
+            ApiError::MethodNotAllowed => "this route does not take that method".into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code(), "message": self.message()}}).to_string();
+        let mut response = (
+            self.status(),
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response();
+        let headers = response.headers_mut();
+        match self {
+            ApiError::Overloaded => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_server_faults_are_500() {
+        let client_caused = [
+            ApiError::Unauthorized,
+            ApiError::UnknownSession("x".into()),
+            ApiError::BadRequest("x".into()),
+            ApiError::PayloadTooLarge(1),
+            ApiError::TooManySessions(1),
+            ApiError::Overloaded,
+            ApiError::ShuttingDown,
+            ApiError::NotFound,
+            ApiError::MethodNotAllowed,
+        ];
+        for e in client_caused {
+            assert!(
+                !e.status().is_server_error() || e.status() == StatusCode::SERVICE_UNAVAILABLE,
+                "{e:?}"
+            );
+        }
+        assert_eq!(ApiError::Internal("x".into()).status(), 500);
+    }
+
+    #[test]
+    fn overloaded_says_when_to_retry() {
+        let r = ApiError::Overloaded.into_response();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,350 @@
+//! `switchboard serve`: the engine as a long-running HTTP sidecar, for harnesses in any language.
+//!
+//! A front end like the CLI: it owns sessions and HTTP and dispatches through the same
+//! `Session` API and the same document handling as `switchboard dispatch`
+//! ([`crate::document::dispatch_document_with`]), adding no second path through the engine.
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | `routes.rs` | the route table, the shared [`routes::App`] state, the small handlers, request metrics |
+//! | `dispatch.rs` | one turn over HTTP: ordering, cancellation, bounded requests in flight |
+//! | `sse.rs` | the streamed answer (`event: result` per call, then `event: done`) |
+//! | `sessions.rs` | the sessions table, workspaces, idle expiry |
+//! | `auth.rs` | the bearer token |
+//! | `errors.rs` | the JSON error answers and their codes |
+//! | `openapi.json` | the OpenAPI 3.1 description, served as is |
+//!
+//! Lifecycle ([`Server::run`]): it serves until its shutdown future resolves (SIGTERM or SIGINT
+//! for the CLI), then stops taking work (new sessions and turns are answered `shutting_down`),
+//! lets turns in flight finish for the grace period, cancels what still runs (answered
+//! `cancelled`), closes the listener, lets every request in flight write its complete answer,
+//! and returns.
+
+pub mod auth;
+pub mod dispatch;
+pub mod errors;
+pub mod routes;
+pub mod sessions;
+pub mod sse;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use clap::builder::TypedValueParser;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Engine;
+use crate::metrics::HttpMetrics;
+use crate::tools::builtin_tools;
+pub use auth::Auth;
+use routes::App;
+use sessions::SessionTable;
+
+/// Default `--listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+/// Default `--max-sessions`.
+pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
+/// Default `--session-idle-timeout`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Default `--max-body` (8 MiB).
+pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
+/// Default `--grace`.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// Default `--max-requests`: dispatch requests in flight at once.
+pub const DEFAULT_MAX_REQUESTS: usize = 1_024;
+/// How long connections may take to write their last answers after the engine has stopped.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// How long each load tool `sleep` call sleeps with `--with-load-tools`.
+const LOAD_SLEEP: Duration = Duration::from_millis(10);
+
+/// Flags of `switchboard serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Directory under which every session's workspace lives (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub workspace_root: PathBuf,
+    /// File whose first line is the bearer token (otherwise the SWITCHBOARD_TOKEN variable).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve without a token (only on a loopback address).
+    #[arg(long)]
+    pub no_auth: bool,
+    /// Most sessions open at once (beyond: too_many_sessions, 429).
+    #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS, value_parser = clap::value_parser!(u64).range(1..=10_000_000).map(|n| n as usize))]
+    pub max_sessions: usize,
+    /// Close a session after this long without a request (its workspace stays).
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub session_idle_timeout: Duration,
+    /// Largest request body in bytes (beyond: payload_too_large, 413).
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY, value_parser = clap::value_parser!(u64).range(1..=1 << 32).map(|n| n as usize))]
+    pub max_body: usize,
+    /// On SIGTERM/SIGINT, how long turns in flight may finish before they are cancelled.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// Most dispatch requests in flight at once (beyond: overloaded, 503, nothing runs).
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUESTS, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|n| n as usize))]
+    pub max_requests: usize,
+    /// Also register the load generator's workload tools (noop, sleep, cpu and their serial
+    /// variants), for benchmarks.
+    #[arg(long)]
+    pub with_load_tools: bool,
+}
+
+/// How a [`Server`] is set up (the library side of [`ServeArgs`]).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on (port 0: any free port; see [`Server::local_addr`]).
+    pub listen: SocketAddr,
+    /// Directory under which workspaces live (created if missing).
+    pub workspace_root: PathBuf,
+    /// Authentication of `/v1`.
+    pub auth: Auth,
+    /// Most sessions open at once.
+    pub max_sessions: usize,
+    /// Idle time after which a session is closed.
+    pub idle_timeout: Duration,
+    /// Largest request body in bytes.
+    pub max_body: usize,
+    /// Grace period of shutdown.
+    pub grace: Duration,
+    /// Most dispatch requests in flight at once.
+    pub max_requests: usize,
+    /// Register the load workload tools too.
+    pub load_tools: bool,
+    /// Engine workers (default: the engine's own).
+    pub workers: Option<usize>,
+    /// The installed Prometheus recorder, rendered at `/metrics` (empty without one).
+    pub prometheus: Option<PrometheusHandle>,
+}
+
+impl ServeConfig {
+    /// The defaults of the CLI, on `listen` with workspaces under `workspace_root`.
+    pub fn new(listen: SocketAddr, workspace_root: impl Into<PathBuf>, auth: Auth) -> Self {
+        ServeConfig {
+            listen,
+            workspace_root: workspace_root.into(),
+            auth,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_body: DEFAULT_MAX_BODY,
+            grace: DEFAULT_GRACE,
+            max_requests: DEFAULT_MAX_REQUESTS,
+            load_tools: false,
+            workers: None,
+            prometheus: None,
+        }
+    }
+}
+
+/// A bound server, not serving yet.
+#[derive(Debug)]
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    grace: Duration,
+    local_addr: SocketAddr,
+}
+
+impl Server {
+    /// Creates the workspace root, builds the engine with the built-in tools (and the load
+    /// tools if asked) and binds the address. Must run inside a tokio runtime.
+    pub async fn bind(config: ServeConfig) -> Result<Server, String> {
+        std::fs::create_dir_all(&config.workspace_root).map_err(|e| {
+            format!(
+                "cannot create --workspace-root {}: {e}",
+                config.workspace_root.display()
+            )
+        })?;
+        let root = std::fs::canonicalize(&config.workspace_root).map_err(|e| {
+            format!(
+                "cannot resolve --workspace-root {}: {e}",
+                config.workspace_root.display()
+            )
+        })?;
+        let mut tools = builtin_tools();
+        if config.load_tools {
+            tools.extend(crate::load::load_tools(LOAD_SLEEP));
+        }
+        let mut builder = Engine::builder().tools(tools);
+        if let Some(w) = config.workers {
+            builder = builder.workers(w);
+        }
+        let engine = builder.build().map_err(|e| e.to_string())?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the listening address: {e}"))?;
+        let sessions = Arc::new(SessionTable::new(
+            engine.clone(),
+            root,
+            config.max_sessions.max(1),
+            config.idle_timeout,
+        ));
+        let app = Arc::new(App {
+            engine,
+            sessions,
+            auth: config.auth,
+            max_body: config.max_body,
+            requests: Arc::new(Semaphore::new(config.max_requests.max(1))),
+            stopping: CancellationToken::new(),
+            prometheus: config.prometheus,
+            http_metrics: HttpMetrics::new(&routes::route_templates()),
+        });
+        Ok(Server {
+            listener,
+            app,
+            grace: config.grace,
+            local_addr,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The engine the sessions dispatch through.
+    pub fn engine(&self) -> &Engine {
+        &self.app.engine
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down cleanly (see the module docs) and
+    /// returns once every connection has had its answers written (or after a 5 s drain limit).
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), String> {
+        let Server {
+            listener,
+            app,
+            grace,
+            ..
+        } = self;
+        let stop_accepting = CancellationToken::new();
+        let reaper = tokio::spawn(reap_idle(Arc::clone(&app.sessions), stop_accepting.clone()));
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let serve = axum::serve(listener, routes::router(Arc::clone(&app)))
+            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
+        let mut serving = tokio::spawn(serve.into_future());
+        tokio::select! {
+            () = shutdown => {}
+            ended = &mut serving => {
+                reaper.abort();
+                return match ended {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(format!("the server stopped: {e}")),
+                    Err(e) => Err(format!("the server stopped: {e}")),
+                };
+            }
+        }
+        // New sessions and turns are refused `shutting_down` from now on (connections are
+        // still accepted, so a client gets that answer rather than a reset); turns in flight
+        // get the grace period, then are cancelled and answered; then the listener closes and
+        // the connections write their last answers.
+        app.stopping.cancel();
+        app.engine.shutdown(grace).await;
+        stop_accepting.cancel();
+        reaper.abort();
+        match tokio::time::timeout(DRAIN_LIMIT, &mut serving).await {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                serving.abort();
+                tracing::warn!("connections still open {DRAIN_LIMIT:?} after shutdown; closed");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Closes idle sessions every quarter of the idle timeout (between 10 ms and 30 s).
+async fn reap_idle(sessions: Arc<SessionTable>, stop: CancellationToken) {
+    let period =
+        (sessions.idle_timeout() / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let closed = sessions.expire_idle();
+        if closed > 0 {
+            tracing::info!(closed, "idle sessions closed");
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (installed at once, so a signal right after is not lost).
+fn termination() -> Result<impl Future<Output = ()> + Send + 'static, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Runs `switchboard serve`: 0 after a clean shutdown, 2 for bad flags or an address that
+/// cannot be bound, 1 if the server fails.
+pub async fn run(args: ServeArgs) -> ExitCode {
+    let fail = |code, message: &str| crate::command::fail(code, &format!("serve: {message}"));
+    let auth = match Auth::resolve(
+        args.listen,
+        args.token_file.as_deref(),
+        std::env::var(auth::TOKEN_ENV).ok(),
+        args.no_auth,
+    ) {
+        Ok(auth) => auth,
+        Err(e) => return fail(2, &e),
+    };
+    let (prometheus, upkeep) = match crate::exporter::install_recorder() {
+        Ok(installed) => installed,
+        Err(e) => return fail(1, &e),
+    };
+    let config = ServeConfig {
+        max_sessions: args.max_sessions,
+        idle_timeout: args.session_idle_timeout,
+        max_body: args.max_body,
+        grace: args.grace,
+        max_requests: args.max_requests,
+        load_tools: args.with_load_tools,
+        prometheus: Some(prometheus),
+        ..ServeConfig::new(args.listen, args.workspace_root, auth)
+    };
+    let server = match Server::bind(config).await {
+        Ok(server) => server,
+        Err(e) => return fail(2, &e),
+    };
+    let shutdown = match termination() {
+        Ok(s) => s,
+        Err(e) => return fail(1, &e),
+    };
+    crate::command::say(&format!(
+        "serve: listening on http://{}",
+        server.local_addr()
+    ));
+    let result = server.run(shutdown).await;
+    upkeep.abort();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(1, &e),
+    }
+}

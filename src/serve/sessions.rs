@@ -1,0 +1,355 @@
+//! The sessions table: every open HTTP session, its engine [`Session`], its workspace and its
+//! counters. The table owns the sessions; a request holds one only while it runs.
+//!
+//! A session is created with a workspace under `--workspace-root` (a named one, shared by every
+//! session that names it, or a fresh directory named after the session), confined exactly as
+//! `dispatch --workspace` is. Turns of one session run one after another, in the order they
+//! arrive (a fair lock taken before the turn is dispatched); turns of different sessions run
+//! concurrently. `cancel` answers the running and pending turns `cancelled` and leaves the
+//! session usable; `DELETE` cancels and frees it. A session with no request in flight for
+//! longer than the idle timeout is closed by the reaper (its workspace stays on disk).
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::errors::ApiError;
+use crate::engine::Engine;
+use crate::session::Session;
+use crate::workspace::Workspace;
+
+/// Longest workspace name.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// One HTTP session.
+#[derive(Debug)]
+pub struct HttpSession {
+    id: Arc<str>,
+    workspace: PathBuf,
+    session: Session,
+    /// The token of turns arriving now; `cancel` cancels it and puts a fresh one in its place.
+    epoch: Mutex<CancellationToken>,
+    /// Held by the turn running; waiting turns queue on it in arrival order.
+    turn_lock: Arc<tokio::sync::Mutex<()>>,
+    turns: AtomicU64,
+    calls: AtomicU64,
+    in_flight: AtomicUsize,
+    /// Milliseconds since the table's start when the last request left.
+    last_used_ms: AtomicU64,
+}
+
+impl HttpSession {
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The absolute path of the workspace.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// The engine session.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The cancellation token of a turn arriving now: cancelled by `cancel`, `DELETE`, and
+    /// engine shutdown.
+    pub fn turn_token(&self) -> CancellationToken {
+        lock(&self.epoch).child_token()
+    }
+
+    /// Cancels every turn running or waiting now; later turns run normally.
+    pub fn cancel_turns(&self) {
+        let fresh = self.session.turn_token();
+        let old = std::mem::replace(&mut *lock(&self.epoch), fresh);
+        old.cancel();
+    }
+
+    /// The lock a turn holds while it runs (fair: turns get it in arrival order).
+    pub fn turn_lock(&self) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(&self.turn_lock)
+    }
+
+    /// Counts a dispatched turn of `calls` calls.
+    pub fn count_turn(&self, calls: usize) {
+        self.turns.fetch_add(1, Ordering::Relaxed);
+        self.calls.fetch_add(calls as u64, Ordering::Relaxed);
+    }
+
+    /// `{"session_id", "workspace", "turns", "calls", "in_flight"}`.
+    pub fn info(&self) -> Value {
+        json!({
+            "session_id": &*self.id,
+            "workspace": self.workspace.to_string_lossy(),
+            "turns": self.turns.load(Ordering::Relaxed),
+            "calls": self.calls.load(Ordering::Relaxed),
+            "in_flight": self.in_flight.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// Every open session.
+#[derive(Debug)]
+pub struct SessionTable {
+    sessions: Mutex<HashMap<Arc<str>, Arc<HttpSession>>>,
+    engine: Engine,
+    root: PathBuf,
+    max: usize,
+    idle_timeout: Duration,
+    start: Instant,
+    ids: RandomState,
+    next: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Checks a workspace name: one path component of `[A-Za-z0-9._-]`, 1 to 128 characters, not
+/// `.` or `..`.
+pub fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !ok_chars || name == "." || name == ".." {
+        return Err(ApiError::BadRequest(format!(
+            "bad workspace name {name:?}: one path component of letters, digits, `.`, `_` and `-`, 1 to {MAX_NAME_LEN} characters, not `.` or `..`"
+        )));
+    }
+    Ok(())
+}
+
+impl SessionTable {
+    /// A table of at most `max` sessions whose workspaces live under `root` (an existing,
+    /// absolute directory).
+    pub fn new(engine: Engine, root: PathBuf, max: usize, idle_timeout: Duration) -> Self {
+        SessionTable {
+            sessions: Mutex::new(HashMap::new()),
+            engine,
+            root,
+            max,
+            idle_timeout,
+            start: Instant::now(),
+            ids: RandomState::new(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn new_id(&self) -> String {
+        let mut h = self.ids.build_hasher();
+        h.write_u64(self.next.fetch_add(1, Ordering::Relaxed));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        format!("s{:016x}", h.finish())
+    }
+
+    fn full(&self) -> Result<(), ApiError> {
+        if lock(&self.sessions).len() >= self.max {
+            return Err(ApiError::TooManySessions(self.max));
+        }
+        Ok(())
+    }
+
+    /// Opens a session in `<root>/<name>` (created if missing), or in a fresh directory named
+    /// after the session.
+    pub fn create(&self, name: Option<&str>) -> Result<Arc<HttpSession>, ApiError> {
+        if let Some(name) = name {
+            check_name(name)?;
+        }
+        self.full()?;
+        let (id, dir, fresh) = match name {
+            Some(name) => {
+                let dir = self.root.join(name);
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        // Only a real directory: never a symlink planted to lead elsewhere.
+                        let real_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+                        if !real_dir {
+                            return Err(ApiError::BadRequest(format!(
+                                "workspace {name:?} exists and is not a directory (a symlink or a file)"
+                            )));
+                        }
+                    }
+                    Err(e) => return Err(cannot_create(&dir, &e)),
+                }
+                (self.new_id(), dir, false)
+            }
+            None => loop {
+                let id = self.new_id();
+                let dir = self.root.join(&id);
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => break (id, dir, true),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(cannot_create(&dir, &e)),
+                }
+            },
+        };
+        let cleanup = |dir: &Path| {
+            if fresh {
+                let _ = std::fs::remove_dir(dir);
+            }
+        };
+        let workspace = match Workspace::open(&dir) {
+            Ok(ws) => ws,
+            Err(e) => {
+                cleanup(&dir);
+                return Err(ApiError::BadRequest(format!(
+                    "cannot open workspace {}: {e}",
+                    dir.display()
+                )));
+            }
+        };
+        let session = self.engine.session_in(workspace);
+        let http = Arc::new(HttpSession {
+            id: Arc::from(id.as_str()),
+            workspace: dir.clone(),
+            epoch: Mutex::new(session.turn_token()),
+            session,
+            turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+            turns: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            last_used_ms: AtomicU64::new(self.now_ms()),
+        });
+        let mut sessions = lock(&self.sessions);
+        if sessions.len() >= self.max {
+            drop(sessions);
+            cleanup(&dir);
+            return Err(ApiError::TooManySessions(self.max));
+        }
+        sessions.insert(Arc::clone(&http.id), Arc::clone(&http));
+        Ok(http)
+    }
+
+    /// The session `id`, if open (a request naming it counts as use: its idle time restarts).
+    pub fn get(&self, id: &str) -> Result<Arc<HttpSession>, ApiError> {
+        let session = lock(&self.sessions)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
+        session.last_used_ms.store(self.now_ms(), Ordering::Release);
+        Ok(session)
+    }
+
+    /// The session `id`, counted in flight (so it is not closed as idle) until the guard drops.
+    pub fn enter(self: &Arc<Self>, id: &str) -> Result<Entered, ApiError> {
+        let sessions = lock(&self.sessions);
+        let session = sessions
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
+        session.in_flight.fetch_add(1, Ordering::AcqRel);
+        drop(sessions);
+        Ok(Entered {
+            session,
+            table: Arc::clone(self),
+        })
+    }
+
+    /// Removes session `id` and cancels its turns (they are still answered).
+    pub fn remove(&self, id: &str) -> Result<Arc<HttpSession>, ApiError> {
+        let session = lock(&self.sessions)
+            .remove(id)
+            .ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
+        session.session.cancel();
+        Ok(session)
+    }
+
+    /// Closes every session with nothing in flight whose last request left more than the idle
+    /// timeout ago; returns how many.
+    pub fn expire_idle(&self) -> usize {
+        let now = self.now_ms();
+        let limit = self.idle_timeout.as_millis() as u64;
+        let mut sessions = lock(&self.sessions);
+        let before = sessions.len();
+        sessions.retain(|_, s| {
+            s.in_flight.load(Ordering::Acquire) > 0
+                || now.saturating_sub(s.last_used_ms.load(Ordering::Acquire)) <= limit
+        });
+        before - sessions.len()
+    }
+
+    /// How many sessions are open.
+    pub fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// True when no session is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The idle timeout.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+}
+
+fn cannot_create(dir: &Path, e: &std::io::Error) -> ApiError {
+    ApiError::Internal(format!("cannot create workspace {}: {e}", dir.display()))
+}
+
+/// A session with one request in flight; the request leaves when this drops.
+#[derive(Debug)]
+pub struct Entered {
+    session: Arc<HttpSession>,
+    table: Arc<SessionTable>,
+}
+
+impl std::ops::Deref for Entered {
+    type Target = HttpSession;
+    fn deref(&self) -> &HttpSession {
+        &self.session
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.session
+            .last_used_ms
+            .store(self.table.now_ms(), Ordering::Release);
+        self.session.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_plain_component() {
+        for good in ["a", "proj-1", "x.y_z", "..a", &"n".repeat(128)] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "/abs",
+            "a b",
+            "é",
+            "a\0b",
+            &"n".repeat(129),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

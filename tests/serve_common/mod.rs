@@ -1,0 +1,181 @@
+//! Shared by the `serve` tests: a server started in this process on 127.0.0.1:0 with a fresh
+//! workspace root, and a small HTTP client (reqwest, no proxy, loopback only).
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use serde_json::Value;
+use switchboard::serve::{Auth, ServeConfig, Server};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const TOKEN: &str = "test-token-0123456789";
+
+pub struct TestServer {
+    pub base: String,
+    pub root: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), String>>>,
+}
+
+/// Starts a server with a token, after `configure` changes the defaults.
+pub async fn start(configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = ServeConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        root.path().join("ws"),
+        Auth::token(TOKEN).unwrap(),
+    );
+    configure(&mut config);
+    let server = Server::bind(config).await.expect("bind");
+    let base = format!("http://{}", server.local_addr());
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    TestServer {
+        base,
+        root,
+        stop: Some(tx),
+        task: Some(task),
+    }
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Starts the shutdown (like SIGTERM) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Shuts down and waits for `run` to return (bounded).
+    pub async fn shutdown(mut self) -> Result<(), String> {
+        self.begin_shutdown();
+        let task = self.task.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("server stops")
+            .expect("server task")
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    switchboard::providers::install_crypto_provider();
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap()
+}
+
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+
+    /// The error code of an error answer.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not an error answer: {}", self.text))
+            .to_string()
+    }
+}
+
+pub async fn send(request: reqwest::RequestBuilder) -> Answer {
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("body");
+    Answer {
+        status,
+        headers,
+        text,
+    }
+}
+
+pub async fn post(c: &reqwest::Client, url: &str, body: &str) -> Answer {
+    send(c.post(url).bearer_auth(TOKEN).body(body.to_string())).await
+}
+
+pub async fn get(c: &reqwest::Client, url: &str) -> Answer {
+    send(c.get(url).bearer_auth(TOKEN)).await
+}
+
+/// Creates a session (`name` = workspace name) and returns `(session_id, workspace path)`.
+pub async fn session(c: &reqwest::Client, s: &TestServer, name: Option<&str>) -> (String, String) {
+    let body = match name {
+        Some(n) => serde_json::json!({"workspace": n}).to_string(),
+        None => "{}".into(),
+    };
+    let a = post(c, &s.url("/v1/sessions"), &body).await;
+    assert_eq!(a.status, 201, "{}", a.text);
+    let v = a.json();
+    (
+        v["session_id"].as_str().unwrap().to_string(),
+        v["workspace"].as_str().unwrap().to_string(),
+    )
+}
+
+/// An assistant message with these `(id, tool, input)` tool_use blocks.
+pub fn turn(calls: &[(&str, &str, Value)]) -> String {
+    let content: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, input)| {
+            serde_json::json!({"type": "tool_use", "id": id, "name": name, "input": input})
+        })
+        .collect();
+    serde_json::json!({"role": "assistant", "content": content}).to_string()
+}
+
+pub async fn dispatch(c: &reqwest::Client, s: &TestServer, id: &str, body: &str) -> Answer {
+    post(c, &s.url(&format!("/v1/sessions/{id}/dispatch")), body).await
+}
+
+/// Polls `check` every 20 ms for at most `limit`; true once it held.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Parses an SSE body into `(event, data)` pairs.
+pub fn events(body: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for block in body.split("\n\n") {
+        let mut event = String::new();
+        let mut data = Vec::new();
+        for line in block.lines() {
+            if let Some(e) = line.strip_prefix("event:") {
+                event = e.trim().to_string();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                data.push(d.strip_prefix(' ').unwrap_or(d).to_string());
+            }
+        }
+        if !event.is_empty() {
+            out.push((event, data.join("\n")));
+        }
+    }
+    out
+}
