@@ -22,6 +22,8 @@ use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
 use crate::protocol::{self, WireFormat};
 use crate::registry::CatalogFormat;
+use crate::sandbox::mode::parse_bytes;
+use crate::sandbox::{SandboxConfig, SandboxLimits, SandboxMode};
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
 
@@ -48,6 +50,54 @@ pub struct TelemetryArgs {
     pub metrics_file: Option<PathBuf>,
 }
 
+/// Sandbox flags of every command that runs tools (see the README's "Sandbox" section).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxArgs {
+    /// How bash commands are confined: workspace-write (the default), read-only, best-effort
+    /// (whatever the kernel offers, saying what is missing), or off.
+    #[arg(long = "sandbox", value_name = "MODE", default_value = "workspace-write",
+          value_parser = |s: &str| s.parse::<SandboxMode>())]
+    pub mode: SandboxMode,
+    /// Let bash commands use the network (default: none, a loopback-only network namespace).
+    #[arg(long)]
+    pub allow_network: bool,
+    /// Processes at once per bash call.
+    #[arg(long, value_name = "N", default_value_t = SandboxLimits::default().max_processes)]
+    pub max_processes: u64,
+    /// Memory per bash call (e.g. 2G, 512M).
+    #[arg(long, value_name = "SIZE", default_value = "2G", value_parser = parse_bytes)]
+    pub max_memory: u64,
+    /// Largest file a bash command may write (e.g. 1G).
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_bytes)]
+    pub max_file_size: u64,
+}
+
+impl Default for SandboxArgs {
+    fn default() -> Self {
+        let limits = SandboxLimits::default();
+        SandboxArgs {
+            mode: SandboxMode::default(),
+            allow_network: false,
+            max_processes: limits.max_processes,
+            max_memory: limits.max_memory,
+            max_file_size: limits.max_file_size,
+        }
+    }
+}
+
+impl SandboxArgs {
+    /// The engine's sandbox config.
+    pub fn config(&self) -> SandboxConfig {
+        SandboxConfig::new(self.mode)
+            .allow_network(self.allow_network)
+            .limits(SandboxLimits {
+                max_processes: self.max_processes,
+                max_memory: self.max_memory,
+                max_file_size: self.max_file_size,
+            })
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -67,6 +117,9 @@ pub enum Command {
         /// One JSON document per line in, one per line out (for piping many turns).
         #[arg(long)]
         lines: bool,
+        /// Sandbox.
+        #[command(flatten)]
+        sandbox: SandboxArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -76,6 +129,12 @@ pub enum Command {
         /// Catalog shape.
         #[arg(long, value_enum, default_value_t = CatalogShape::Anthropic)]
         format: CatalogShape,
+        /// Print one JSON object: the catalog and the sandbox in force.
+        #[arg(long)]
+        json: bool,
+        /// Sandbox (as the commands that run tools would have it).
+        #[command(flatten)]
+        sandbox: SandboxArgs,
     },
     /// Run N scripted agent sessions at once on a fresh temporary workspace (offline, no key).
     Demo {
@@ -89,6 +148,9 @@ pub enum Command {
         /// report lists the first round in full and sums up all of them.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
+        /// Sandbox.
+        #[command(flatten)]
+        sandbox: SandboxArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -139,6 +201,10 @@ impl From<CatalogShape> for CatalogFormat {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
+    // `switchboard sandbox-exec …`: the sandbox trampoline (hidden; see crate::sandbox::exec).
+    if let Some(code) = crate::sandbox::run_if_requested() {
+        return code;
+    }
     let cli = Cli::parse();
     init_logging(cli.log_format);
     if let Err(e) = crate::process_guard::harden_current_process() {
@@ -165,13 +231,14 @@ async fn run(cli: Cli) -> ExitCode {
             workspace,
             format,
             lines,
+            sandbox,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace) {
+            let engine = match engine_for(workspace, &sandbox) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -183,17 +250,26 @@ async fn run(cli: Cli) -> ExitCode {
             engine.shutdown(Duration::from_secs(1)).await;
             finish_telemetry(telemetry, code).await
         }
-        Command::Tools { format } => {
-            let engine = match engine_for(None) {
+        Command::Tools {
+            format,
+            json,
+            sandbox,
+        } => {
+            let engine = match engine_for(None, &sandbox) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
             match engine.catalog(format.into()).await {
                 Ok(catalog) => {
-                    print_line(
-                        &serde_json::to_string_pretty(&Value::Array(catalog))
-                            .unwrap_or_else(|_| "[]".into()),
-                    );
+                    let out = if json {
+                        serde_json::json!({
+                            "tools": catalog,
+                            "sandbox": engine.sandbox().describe(),
+                        })
+                    } else {
+                        Value::Array(catalog)
+                    };
+                    print_line(&serde_json::to_string_pretty(&out).unwrap_or_else(|_| "[]".into()));
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(1, &e.to_string()),
@@ -203,13 +279,16 @@ async fn run(cli: Cli) -> ExitCode {
             sessions,
             workspace,
             duration,
+            sandbox,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let code = match demo::run(sessions as usize, workspace, duration).await {
+            let code = match demo::run(sessions as usize, workspace, duration, sandbox.config())
+                .await
+            {
                 Ok(report) => {
                     print!("{report}");
                     ExitCode::SUCCESS
@@ -235,13 +314,14 @@ async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
     }
 }
 
-fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
+fn engine_for(workspace: Option<PathBuf>, sandbox: &SandboxArgs) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
         .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
     Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
+        .sandbox(sandbox.config())
         .build()
         .map_err(|e| fail(1, &e.to_string()))
 }

@@ -110,6 +110,7 @@ pub async fn run(
     sessions: usize,
     workspace: Option<PathBuf>,
     duration: Option<Duration>,
+    sandbox: crate::sandbox::SandboxConfig,
 ) -> Result<String, String> {
     let temp = match &workspace {
         Some(_) => None,
@@ -125,6 +126,7 @@ pub async fn run(
     let engine = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
+        .sandbox(sandbox)
         .build()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();

@@ -22,6 +22,7 @@ pub mod provider;
 pub mod providers;
 pub mod registry;
 pub mod run_cmd;
+pub mod sandbox;
 pub mod scheduler;
 pub mod session;
 pub mod tool;

@@ -47,6 +47,8 @@ pub const MODEL_REQUESTS_TOTAL: &str = "switchboard_model_requests_total";
 pub const MODEL_REQUEST_SECONDS: &str = "switchboard_model_request_seconds";
 /// Always 1; the `version` label carries the crate version.
 pub const BUILD_INFO: &str = "switchboard_build_info";
+/// Always 1; `mode` is the sandbox mode of bash commands, `landlock_abi` the kernel's Landlock ABI.
+pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +175,13 @@ pub const METRICS: &[MetricDef] = &[
         unit: Unit::Count,
         labels: &["version"],
         help: "Always 1; the version label carries the Switchboard version.",
+    },
+    MetricDef {
+        name: SANDBOX_INFO,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &["mode", "landlock_abi"],
+        help: "Always 1; mode is the sandbox mode of process-running tools (workspace-write, read-only, best-effort, off), landlock_abi the kernel's Landlock ABI (0: none).",
     },
 ];
 
@@ -313,6 +322,11 @@ impl EngineMetrics {
     /// A session opened (`+1`) or closed (`-1`).
     pub fn sessions(&self, delta: f64) {
         self.sessions.increment(delta);
+    }
+
+    /// The engine's sandbox mode and the kernel's Landlock ABI (an info gauge, always 1).
+    pub fn sandbox_info(&self, mode: &'static str, landlock_abi: i32) {
+        gauge!(SANDBOX_INFO, "mode" => mode, "landlock_abi" => landlock_abi.to_string()).set(1.0);
     }
 
     /// The registry now holds `n` tools.

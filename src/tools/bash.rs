@@ -50,6 +50,7 @@
 //! dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a substring match
 //! that any rephrasing defeats, no security boundary.
 
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -64,6 +65,7 @@ use tokio::sync::OnceCell;
 
 use super::bash_capture::{Capture, NO_OUTPUT, combine};
 use crate::protocol::ErrorCode;
+use crate::sandbox::CallSandbox;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
 
@@ -315,12 +317,21 @@ impl Bash {
             Launcher::Namespaces { .. } => None,
         };
 
+        let root = ctx.workspace()?.root();
+        // The OS sandbox of this call (its TMPDIR and cgroups), when the engine has one.
+        let sandbox = match ctx.session.sandbox() {
+            Some(sandbox) => sandbox.begin_call(root, budget).map_err(|e| {
+                ToolError::execution(format!("cannot set up the sandbox of the call: {e}"))
+            })?,
+            None => None,
+        };
         let mut child = shell(
-            ctx.workspace()?.root(),
+            root,
             command,
             &ctx.call_id,
             token.as_deref(),
             launcher,
+            sandbox.as_ref(),
         )
         .spawn()
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
@@ -380,6 +391,9 @@ impl Bash {
             End::Stopped(code) => {
                 // Reap the killed leader (bounded: it was sent SIGKILL).
                 let _ = tokio::time::timeout(DRAIN_AFTER_KILL, child.wait()).await;
+                if let Some(s) = sandbox {
+                    s.finish();
+                }
                 let what = match code {
                     ErrorCode::Timeout => format!("timeout ({})", seconds(budget)),
                     _ => "cancelled".to_string(),
@@ -396,6 +410,19 @@ impl Bash {
                 let status =
                     status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
                 let mut text = combine(out, err, OUTPUT_CAP - 40);
+                if let Some(why) = sandbox.as_ref().and_then(|s| s.verdict(&status, &text)) {
+                    if let Some(s) = sandbox {
+                        s.finish();
+                    }
+                    return Err(ToolError::execution(if text == NO_OUTPUT {
+                        why
+                    } else {
+                        format!("{why}; output:\n{text}")
+                    }));
+                }
+                if let Some(s) = sandbox {
+                    s.finish();
+                }
                 if let Some(code) = status.code() {
                     if code != 0 {
                         text.push_str(&format!("\n[exit code: {code}]"));
@@ -430,26 +457,41 @@ fn shell(
     call_id: &str,
     token: Option<&str>,
     launcher: &Launcher,
+    sandbox: Option<&CallSandbox>,
 ) -> Command {
-    let mut cmd = match launcher {
-        Launcher::Namespaces { unshare, flags } => {
+    let mut program: Vec<OsString> = match launcher {
+        Launcher::Namespaces { .. } => ["bash", "-c", NAMESPACE_INIT, "switchboard-init", "bash"]
+            .map(OsString::from)
+            .to_vec(),
+        Launcher::Direct => vec!["bash".into()],
+    };
+    program.extend(["-c".into(), command.into()]);
+    let unshare = match launcher {
+        Launcher::Namespaces { unshare, flags } => Some((unshare.as_path(), flags.as_slice())),
+        Launcher::Direct => None,
+    };
+    let mut cmd = match (sandbox, unshare) {
+        // The trampoline confines itself, then execs `unshare` (if any), then bash.
+        (Some(sandbox), unshare) => sandbox.command(unshare, &program),
+        (None, Some((unshare, flags))) => {
             let mut cmd = Command::new(unshare);
-            cmd.args(flags).arg("--").args([
-                "bash",
-                "-c",
-                NAMESPACE_INIT,
-                "switchboard-init",
-                "bash",
-            ]);
+            cmd.args(flags).arg("--").args(&program);
             cmd
         }
-        Launcher::Direct => Command::new("bash"),
+        (None, None) => {
+            let mut cmd = Command::new(&program[0]);
+            cmd.args(&program[1..]);
+            cmd
+        }
     };
-    cmd.arg("-c").arg(command).env_clear();
+    cmd.env_clear();
     for name in INHERITED_ENV {
         if let Some(value) = std::env::var_os(name) {
             cmd.env(name, value);
         }
+    }
+    if let Some(sandbox) = sandbox {
+        cmd.env("TMPDIR", sandbox.tmp());
     }
     cmd.env("HOME", root)
         .env("PWD", root)
