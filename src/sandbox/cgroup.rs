@@ -35,10 +35,14 @@ impl CgroupParents {
     /// directory can be created (tried once, then removed).
     pub fn find() -> Self {
         let table = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        CgroupParents {
+        let parents = CgroupParents {
             pids: own_dir(&table, "pids").filter(|d| writable(d)),
             memory: own_dir(&table, "memory").filter(|d| writable(d)),
+        };
+        for dir in [&parents.pids, &parents.memory].into_iter().flatten() {
+            remove_stale(dir);
         }
+        parents
     }
 
     /// Creates the cgroups of one call with `limits`. A controller whose directory cannot be
@@ -100,6 +104,26 @@ fn writable(dir: &Path) -> bool {
         let _ = std::fs::remove_dir(&probe);
     }
     made
+}
+
+/// Removes the call cgroups left behind by engines that are gone (killed with `kill -9`: their
+/// commands died with them, their empty directories did not). Directories of live engines stay.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("switchboard-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
 }
 
 fn remove_dir(dir: &Path) {

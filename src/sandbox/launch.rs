@@ -144,6 +144,11 @@ impl CallSandbox {
         }
     }
 
+    /// The limit the call ran into, if any (for a call that timed out or was cancelled).
+    pub fn limit_hit(&self) -> Option<String> {
+        self.cgroup.as_ref()?.limit_hit()
+    }
+
     /// Ends the call: kills what is left in its cgroups and removes them (off the async runtime,
     /// not waited for), and removes the `TMPDIR`.
     pub fn finish(mut self) {

@@ -43,12 +43,14 @@
 //! final line `[exit code: N]` (or `[killed by signal N]`) is appended so the model can see it; a
 //! blocked or timed-out command is a real error (`permission_denied`, `timeout`), not text.
 //!
-//! **bash is not sandboxed by the workspace's path guard.** The namespaces isolate processes and
-//! `/proc`, not files or the network: a command can read and write anything the engine's user
-//! can (as root: everything), reach the network, and ask services outside (a container runtime
-//! socket, `systemd-run`, cron) to start processes the engine does not own. The seed's
-//! dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a substring match
-//! that any rephrasing defeats, no security boundary.
+//! **Confinement is the engine's OS sandbox** ([`crate::sandbox`]): when the call's session
+//! carries one (every engine's does unless built with `--sandbox off`), the command is started
+//! through the trampoline, which confines itself (Landlock, no capabilities, no network, limits)
+//! and then execs the launcher above; the call gets a private `TMPDIR`, and a limit that killed
+//! it is an `execution_error` naming the limit. Without it (`off`, or a context made outside an
+//! engine) the namespaces isolate processes and `/proc` only, not files or the network. The
+//! seed's dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a
+//! substring match that any rephrasing defeats, no security boundary.
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -391,13 +393,18 @@ impl Bash {
             End::Stopped(code) => {
                 // Reap the killed leader (bounded: it was sent SIGKILL).
                 let _ = tokio::time::timeout(DRAIN_AFTER_KILL, child.wait()).await;
-                if let Some(s) = sandbox {
-                    s.finish();
-                }
                 let what = match code {
                     ErrorCode::Timeout => format!("timeout ({})", seconds(budget)),
                     _ => "cancelled".to_string(),
                 };
+                // A limit that was hit meanwhile (a fork bomb at the process limit) is named.
+                let what = match sandbox.as_ref().and_then(|s| s.limit_hit()) {
+                    Some(hit) => format!("{what}; {hit}"),
+                    None => what,
+                };
+                if let Some(s) = sandbox {
+                    s.finish();
+                }
                 let text = combine(out, err, PARTIAL_CAP);
                 let detail = if text == NO_OUTPUT {
                     what
@@ -410,18 +417,16 @@ impl Bash {
                 let status =
                     status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
                 let mut text = combine(out, err, OUTPUT_CAP - 40);
-                if let Some(why) = sandbox.as_ref().and_then(|s| s.verdict(&status, &text)) {
-                    if let Some(s) = sandbox {
-                        s.finish();
+                if let Some(sandbox) = sandbox {
+                    let why = sandbox.verdict(&status, &text);
+                    sandbox.finish();
+                    if let Some(why) = why {
+                        return Err(ToolError::execution(if text == NO_OUTPUT {
+                            why
+                        } else {
+                            format!("{why}; output:\n{text}")
+                        }));
                     }
-                    return Err(ToolError::execution(if text == NO_OUTPUT {
-                        why
-                    } else {
-                        format!("{why}; output:\n{text}")
-                    }));
-                }
-                if let Some(s) = sandbox {
-                    s.finish();
                 }
                 if let Some(code) = status.code() {
                     if code != 0 {
