@@ -151,6 +151,15 @@ impl Sandbox {
         })
     }
 
+    /// The same sandbox with network access allowed or not: the per-tool override for a custom
+    /// process-running tool that needs (or must never have) the network whatever the engine's
+    /// `--allow-network` says. Use it with [`Sandbox::begin_call`] and [`CallSandbox::command`].
+    pub fn with_network(&self, allow: bool) -> Sandbox {
+        let mut sandbox = self.clone();
+        sandbox.config.allow_network = allow;
+        sandbox
+    }
+
     /// Sets up one confined call in `workspace` whose command may run for `budget`.
     pub fn begin_call(
         &self,
