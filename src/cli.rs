@@ -286,15 +286,14 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let code = match demo::run(sessions as usize, workspace, duration, sandbox.config())
-                .await
-            {
-                Ok(report) => {
-                    print!("{report}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(1, &e),
-            };
+            let code =
+                match demo::run(sessions as usize, workspace, duration, sandbox.config()).await {
+                    Ok(report) => {
+                        print!("{report}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(1, &e),
+                };
             finish_telemetry(telemetry, code).await
         }
         Command::Load(args) => crate::load::run(args).await,

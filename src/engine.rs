@@ -28,8 +28,8 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::{DispatchTurn, Scheduler};
 use crate::session::Session;
 use crate::tool::{SessionScope, ToolSpec};
-use crate::workspace::Workspace;
 use crate::worker::WorkerPool;
+use crate::workspace::Workspace;
 
 /// Default global cap on calls running at once (async and blocking handlers).
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;

@@ -102,7 +102,9 @@ impl Snapshot {
     /// A snapshot of exactly these tools, registered with the registry's own checks (names,
     /// duplicates, schemas) but outside any engine: its metric handles record nothing. For the
     /// direct baseline and for tests of the planner and the layer stack.
-    pub fn from_specs(specs: impl IntoIterator<Item = ToolSpec>) -> Result<Arc<Snapshot>, RegistryError> {
+    pub fn from_specs(
+        specs: impl IntoIterator<Item = ToolSpec>,
+    ) -> Result<Arc<Snapshot>, RegistryError> {
         crate::metrics::detached(|| {
             let mut registry =
                 Registry::new(Arc::new(AtomicU64::new(0)), Arc::new(EngineMetrics::new()));

@@ -217,12 +217,7 @@ impl CommitGate {
         match &self.0 {
             None => true,
             Some(state) => !matches!(
-                state.compare_exchange(
-                    GATE_OPEN,
-                    GATE_CLOSED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire
-                ),
+                state.compare_exchange(GATE_OPEN, GATE_CLOSED, Ordering::AcqRel, Ordering::Acquire),
                 Err(GATE_COMMITTING)
             ),
         }

@@ -45,7 +45,9 @@ async fn bash_true_with_and_without_the_sandbox() {
             ok_text(&r);
         }
     }
-    println!("bash {{\"command\":\"true\"}} through the engine, {CALLS} calls per mode, interleaved");
+    println!(
+        "bash {{\"command\":\"true\"}} through the engine, {CALLS} calls per mode, interleaved"
+    );
     println!("| mode | median | p99 |");
     println!("| --- | ---: | ---: |");
     for (mode, t) in modes.iter().zip(&mut times) {

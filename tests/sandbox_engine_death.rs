@@ -61,7 +61,10 @@ fn kill_9_of_dispatch_leaves_no_process_of_its_command_alive() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let before = processes_of_call(&id);
-    assert!(before.len() >= 4, "expected the command's processes: {before:?}");
+    assert!(
+        before.len() >= 4,
+        "expected the command's processes: {before:?}"
+    );
     engine.kill().unwrap(); // SIGKILL
     engine.wait().unwrap();
     let killed = Instant::now();

@@ -15,7 +15,9 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
     let (dir, ws) = temp_workspace();
     // Outside the workspace: a secret (like ~/.bashrc), a sibling session's workspace, and a
     // tree that a `cd / && rm -rf` aims at.
-    let outside = dir.path().join("outside");
+    // Outside the directories the sandbox hides (`/tmp`, …), so Landlock alone must refuse.
+    let visible = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let outside = visible.path().join("outside");
     std::fs::create_dir_all(outside.join("tree/sub")).unwrap();
     std::fs::write(outside.join("secret"), "TOP-SECRET-42").unwrap();
     std::fs::write(outside.join("tree/sub/keep"), "keep me").unwrap();
@@ -28,6 +30,7 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
     let session = engine.session_in(ws.clone());
     let _other = engine.session_in(Workspace::open(&sibling).unwrap());
     let before = snapshot(dir.path());
+    let visible_before = snapshot(visible.path());
     let etc_before = std::fs::read_dir("/etc").unwrap().count();
 
     let secret = outside.join("secret");
@@ -40,7 +43,10 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
         format!("cat {}", secret.display()),
         format!("ls {}", sibling.display()),
         format!("ln -s {} link && cat link", secret.display()),
-        format!("ln -s {} dirlink && echo x > dirlink/planted", outside.display()),
+        format!(
+            "ln -s {} dirlink && echo x > dirlink/planted",
+            outside.display()
+        ),
         format!("cd / && rm -rf {}", tree_from_root.display()),
         format!("cp {} ./copied", secret.display()),
         format!("mv {} ./moved", sibling.join("notes.md").display()),
@@ -48,10 +54,21 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
     for command in &attempts {
         let r = bash(&session, command).await;
         let text = ok_text(&r);
+        // Refused by Landlock, or not even visible (below a directory the sandbox hides).
         assert!(
-            text.contains("Permission denied") || text.contains("Operation not permitted"),
+            [
+                "Permission denied",
+                "Operation not permitted",
+                "No such file or directory"
+            ]
+            .iter()
+            .any(|refusal| text.contains(refusal)),
             "{command}: {text}"
         );
+        let visible_rel = visible.path().strip_prefix("/").unwrap().to_string_lossy();
+        if command.contains(&*visible_rel) && !command.starts_with("ln") {
+            assert!(text.contains("Permission denied"), "{command}: {text}");
+        }
         assert!(
             !text.contains("TOP-SECRET-42") && !text.contains("SIBLING-NOTES-7"),
             "{command} leaked: {text}"
@@ -67,6 +84,11 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
         .filter(|(p, _)| !p.starts_with(&ws.root().display().to_string()))
         .collect();
     assert_eq!(after, before, "something outside the workspace changed");
+    assert_eq!(
+        snapshot(visible.path()),
+        visible_before,
+        "something outside changed"
+    );
     assert!(!std::path::Path::new("/etc/switchboard-sandbox-test").exists());
     assert_eq!(std::fs::read_dir("/etc").unwrap().count(), etc_before);
     assert!(!ws.root().join("copied").exists() && !ws.root().join("moved").exists());
@@ -88,15 +110,24 @@ async fn the_workspace_tmpdir_and_system_tools_work_inside() {
     .await;
     let text = ok_text(&r).to_string();
     assert!(text.starts_with("inside\nscratch\n"), "{text}");
-    assert!(text.contains("sort (GNU coreutils)") && text.contains("a b"), "{text}");
+    assert!(
+        text.contains("sort (GNU coreutils)") && text.contains("a b"),
+        "{text}"
+    );
     assert_eq!(
         std::fs::read_to_string(ws.root().join("d/f")).unwrap(),
         "inside\n"
     );
     // The private TMPDIR is outside the workspace and gone once the call has ended.
     let tmpdir = text.lines().nth(2).unwrap().to_string();
-    assert!(!tmpdir.starts_with(&ws.root().display().to_string()), "{tmpdir}");
-    assert!(!std::path::Path::new(&tmpdir).exists(), "{tmpdir} survived the call");
+    assert!(
+        !tmpdir.starts_with(&ws.root().display().to_string()),
+        "{tmpdir}"
+    );
+    assert!(
+        !std::path::Path::new(&tmpdir).exists(),
+        "{tmpdir} survived the call"
+    );
     // A second call gets another TMPDIR; the first one's files are not there.
     let r = bash(&session, "ls \"$TMPDIR\" | wc -l").await;
     assert_eq!(ok_text(&r).trim(), "0");
@@ -117,14 +148,13 @@ async fn read_only_keeps_the_workspace_unwritten_by_bash_and_the_file_tools() {
     .await;
     let text = ok_text(&r);
     assert!(text.starts_with("original\n"), "{text}");
-    assert!(text.contains("Permission denied") && text.contains("tmp-ok"), "{text}");
+    assert!(
+        text.contains("Permission denied") && text.contains("tmp-ok"),
+        "{text}"
+    );
     let results = session
         .dispatch(vec![
-            ToolCall::new(
-                "w",
-                "write_file",
-                json!({"path": "b.txt", "content": "x"}),
-            ),
+            ToolCall::new("w", "write_file", json!({"path": "b.txt", "content": "x"})),
             ToolCall::new(
                 "e",
                 "edit_file",

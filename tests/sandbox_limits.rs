@@ -52,7 +52,9 @@ async fn a_fork_bomb_ends_and_the_next_call_of_the_turn_runs() {
         results[0].content
     );
     assert!(
-        results[0].content.contains("process limit reached (limit 64 processes)"),
+        results[0]
+            .content
+            .contains("process limit reached (limit 64 processes)"),
         "{}",
         results[0].content
     );
@@ -103,8 +105,5 @@ async fn a_file_past_the_size_limit_is_an_execution_error_naming_it() {
     let r = bash(&session, "head -c 2097152 /dev/zero > big").await;
     let text = error_text(&r, ErrorCode::ExecutionError);
     assert!(text.contains("killed: file size limit (1 MiB)"), "{text}");
-    assert_eq!(
-        std::fs::metadata(ws.root().join("big")).unwrap().len(),
-        MIB
-    );
+    assert_eq!(std::fs::metadata(ws.root().join("big")).unwrap().len(), MIB);
 }

@@ -9,9 +9,9 @@ use std::process::{Command, Output, Stdio};
 
 use sandbox_support::*;
 use serde_json::Value;
+use switchboard::Engine;
 use switchboard::sandbox::{SandboxConfig, SandboxMode};
 use switchboard::tools::builtin_tools;
-use switchboard::Engine;
 
 fn switchboard(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(TRAMPOLINE);
@@ -23,7 +23,11 @@ fn switchboard(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn sandbox_of(out: &Output) -> Value {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["tools"].as_array().unwrap().len(), 5);
     doc["sandbox"].clone()
@@ -44,7 +48,13 @@ fn tools_json_shows_the_mode_in_force() {
     assert_eq!(sandbox["max_file_size_bytes"], 1u64 << 30);
     assert!(sandbox["network"].as_str().unwrap().starts_with("none"));
     let sandbox = sandbox_of(&switchboard(
-        &["tools", "--json", "--sandbox", "read-only", "--allow-network"],
+        &[
+            "tools",
+            "--json",
+            "--sandbox",
+            "read-only",
+            "--allow-network",
+        ],
         &[],
     ));
     assert_eq!(sandbox["mode"], "read-only");
@@ -71,7 +81,10 @@ fn an_unenforceable_mode_stops_the_start_and_best_effort_says_what_is_missing() 
     let sandbox = sandbox_of(&out);
     assert_eq!(sandbox["mode"], "best-effort");
     assert!(
-        sandbox["missing"][0].as_str().unwrap().contains("trampoline"),
+        sandbox["missing"][0]
+            .as_str()
+            .unwrap()
+            .contains("trampoline"),
         "{sandbox}"
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -124,5 +137,8 @@ fn the_mode_is_exported_as_a_metric() {
         .find(|l| l.starts_with("switchboard_sandbox_info{"))
         .unwrap_or_else(|| panic!("no sandbox info in:\n{text}"));
     assert!(line.contains("mode=\"workspace-write\""), "{line}");
-    assert!(line.contains("landlock_abi=\"") && line.ends_with(" 1"), "{line}");
+    assert!(
+        line.contains("landlock_abi=\"") && line.ends_with(" 1"),
+        "{line}"
+    );
 }

@@ -11,7 +11,8 @@
 //!    no cgroup bounds processes / memory); then execs `unshare <flags> -- <this binary>
 //!    sandbox-exec --inner …` (or runs the inner stage itself when namespaces are unavailable).
 //! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` and, without
-//!    `--allow-network`, in a network namespace with only loopback): applies the Landlock
+//!    `--allow-network`, in a network namespace with only loopback): covers the host's socket
+//!    directories in its private mount namespace ([`super::mounts`]), applies the Landlock
 //!    ruleset ([`super::landlock_rules`]), drops every capability (bounding set included, so
 //!    not even a root command gets them back), then execs the command.
 //!
@@ -62,6 +63,8 @@ pub fn exec_main(args: Vec<OsString>) -> ExitCode {
 struct Plan {
     probe: bool,
     inner: bool,
+    /// The inner stage runs in its own mount namespace (started by `unshare --mount-proc`).
+    private_mounts: bool,
     best_effort: bool,
     workspace_writable: bool,
     workspace: Option<PathBuf>,
@@ -101,6 +104,7 @@ impl Plan {
                 }
                 "--probe" => plan.probe = true,
                 "--inner" => plan.inner = true,
+                "--private-mounts" => plan.private_mounts = true,
                 "--mode" => {
                     let mode = value(&mut it)?;
                     plan.inner_args.extend([arg, mode.clone()]);
@@ -154,6 +158,7 @@ fn run(plan: Plan) -> Result<(), String> {
                 .arg(me)
                 .arg(SUBCOMMAND)
                 .arg("--inner")
+                .arg("--private-mounts")
                 .args(&plan.inner_args)
                 .arg("--")
                 .args(&plan.program)
@@ -216,6 +221,13 @@ fn inner(plan: &Plan) -> Result<(), String> {
     let (Some(workspace), Some(tmp)) = (&plan.workspace, &plan.tmp) else {
         return Err("--workspace and --tmp are required".into());
     };
+    if plan.private_mounts {
+        match super::mounts::hide_host_dirs(&[workspace, tmp]) {
+            Ok(()) => {}
+            Err(_) if plan.best_effort => {}
+            Err(e) => return Err(e),
+        }
+    }
     match landlock_rules::restrict_self(workspace, plan.workspace_writable, tmp, plan.landlock_tcp)
     {
         Ok(_) => {}

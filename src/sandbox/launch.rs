@@ -115,8 +115,7 @@ impl CallSandbox {
     /// cgroup, a fork hit the process limit, or a process was killed for CPU time or file size.
     /// `None` for an ordinary exit.
     pub fn verdict(&self, status: &ExitStatus, text: &str) -> Option<String> {
-        if status.code() == Some(i32::from(TRAMPOLINE_FAILED)) && text.starts_with(FAILURE_PREFIX)
-        {
+        if status.code() == Some(i32::from(TRAMPOLINE_FAILED)) && text.starts_with(FAILURE_PREFIX) {
             return Some(format!("the sandbox could not start the command: {text}"));
         }
         let cgroup = self.cgroup.as_ref()?;

@@ -7,6 +7,7 @@
 //! * [`probe`]: what this machine can enforce, found when the engine is built.
 //! * [`landlock_rules`]: the Landlock ruleset.
 //! * [`cgroup`]: per-call `pids` and `memory` cgroups.
+//! * [`mounts`]: the host's socket directories hidden in the call's mount namespace.
 //! * [`exec`]: the trampoline (`switchboard sandbox-exec`), which confines itself and execs.
 //! * [`launch`]: the engine's side of one call (the trampoline's command line, the private
 //!   `TMPDIR`, the cgroups, the verdict on limits).
@@ -20,6 +21,7 @@ pub mod exec;
 pub mod landlock_rules;
 pub mod launch;
 pub mod mode;
+pub mod mounts;
 pub mod probe;
 
 use std::path::Path;

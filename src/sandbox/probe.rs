@@ -58,9 +58,8 @@ impl SandboxStatus {
                 .push("Landlock truncate control (ABI 3; the kernel has an older one)".into());
         }
         if self.landlock_abi < 6 {
-            m.degraded.push(
-                "Landlock scoping of signals and abstract unix sockets (ABI 6)".to_string(),
-            );
+            m.degraded
+                .push("Landlock scoping of signals and abstract unix sockets (ABI 6)".to_string());
         }
         if !config.allow_network && !self.network_namespace && self.landlock_abi < 4 {
             m.required.push(

@@ -41,7 +41,11 @@ pub(crate) fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolEr
 /// The call's workspace for a tool that writes it: `permission_denied` when the engine's sandbox
 /// is `read-only` (the file tools keep their own confinement and also respect the mode).
 pub(crate) fn writable_workspace(ctx: &ToolContext) -> Result<&Workspace, ToolError> {
-    if ctx.session.sandbox().is_some_and(|s| !s.workspace_writable()) {
+    if ctx
+        .session
+        .sandbox()
+        .is_some_and(|s| !s.workspace_writable())
+    {
         return Err(ToolError::permission(
             "the workspace is read-only (sandbox mode read-only)",
         ));
