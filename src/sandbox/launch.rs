@@ -121,10 +121,10 @@ impl CallSandbox {
         let cgroup = self.cgroup.as_ref()?;
         // A memory kill is reported even if the command carried on; a refused fork only when
         // the command failed.
-        if let Some(hit) = cgroup.limit_hit() {
-            if hit.starts_with("killed") || !status.success() {
-                return Some(hit);
-            }
+        if let Some(hit) = cgroup.limit_hit()
+            && (hit.starts_with("killed") || !status.success())
+        {
+            return Some(hit);
         }
         // A signal death shows as 128 + N through the namespace's init, or as the signal itself.
         let signal = status

@@ -26,7 +26,7 @@ pub fn spec() -> ToolSpec {
             "required": ["path", "content"],
             "additionalProperties": false
         }),
-        Handler::blocking(|args, ctx| run(super::writable_workspace(&ctx)?, args, ctx)),
+        Handler::blocking(|args, ctx| run(super::writable_workspace(ctx)?, args, ctx)),
     )
     .concurrency_safe(false)
 }
