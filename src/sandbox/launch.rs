@@ -150,19 +150,22 @@ impl CallSandbox {
 
     /// Ends the call: kills what is left in its cgroups and removes them (off the async runtime,
     /// not waited for), and removes the `TMPDIR`.
-    pub fn finish(mut self) {
-        if let Some(cgroup) = self.cgroup.take() {
-            tokio::task::spawn_blocking(move || cgroup.remove());
-        }
+    pub fn finish(self) {
+        drop(self);
     }
 }
 
 impl Drop for CallSandbox {
     fn drop(&mut self) {
         if let Some(cgroup) = self.cgroup.take() {
-            // Dropped without finish (the call's future was dropped): clean up here, on whatever
-            // thread this is; bounded.
-            cgroup.remove();
+            // Dropped without finish (the call's future was dropped): clean up off the async
+            // runtime when there is one, else here (bounded either way).
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn_blocking(move || cgroup.remove());
+                }
+                Err(_) => cgroup.remove(),
+            }
         }
     }
 }
