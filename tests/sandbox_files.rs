@@ -50,6 +50,8 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
         format!("cd / && rm -rf {}", tree_from_root.display()),
         format!("cp {} ./copied", secret.display()),
         format!("mv {} ./moved", sibling.join("notes.md").display()),
+        // The engine (this test process) is out of sight and out of reach.
+        format!("cat /proc/{}/environ", std::process::id()),
     ];
     for command in &attempts {
         let r = bash(&session, command).await;
@@ -74,6 +76,18 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
             "{command} leaked: {text}"
         );
     }
+    // Signals to the engine are refused (`kill -0` only checks, so a failure here cannot stop
+    // the test process).
+    let r = bash(
+        &session,
+        &format!("kill -0 {} && echo REACHABLE", std::process::id()),
+    )
+    .await;
+    let text = ok_text(&r);
+    assert!(
+        !text.contains("REACHABLE") && text.contains("[exit code: 1]"),
+        "{text}"
+    );
     // Only the workspace changed (the symlinks the commands made inside it).
     let after: Vec<_> = snapshot(dir.path())
         .into_iter()
