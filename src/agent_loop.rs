@@ -33,13 +33,13 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::engine::EngineUnavailable;
+use crate::session::Session;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, encode_anthropic};
 use crate::provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, StreamEvent, history_content,
     tool_call_of, tool_calls_of,
 };
 use crate::registry::CatalogFormat;
-use crate::session::Session;
 
 /// The seed's default turn limit.
 pub const DEFAULT_MAX_TURNS: usize = 8;

@@ -181,8 +181,8 @@ mod tests {
 
     use super::*;
     use crate::Engine;
-    use crate::protocol::ErrorCode;
     use crate::tool::{Handler, ToolError};
+    use crate::protocol::ErrorCode;
 
     fn schema() -> Value {
         json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":0}},

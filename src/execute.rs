@@ -297,7 +297,8 @@ where
     };
     let committing = !s.gate.close();
     s.stop.cancel();
-    if committing && let Ok(outcome) = tokio::time::timeout(COMMIT_GRACE, running.as_mut()).await {
+    if committing && let Ok(outcome) = tokio::time::timeout(COMMIT_GRACE, running.as_mut()).await
+    {
         return outcome;
     }
     let late = tokio::time::timeout(STOP_GRACE, running).await;

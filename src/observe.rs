@@ -12,8 +12,8 @@ use std::time::Duration;
 use tracing::Span;
 
 use crate::metrics::{EngineMetrics, ToolMetrics};
-use crate::plan::StageMode;
 use crate::protocol::{ToolCall, ToolDispatchResult};
+use crate::plan::StageMode;
 
 /// A call has been answered (exactly once).
 #[inline]

@@ -259,13 +259,8 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
                             "required": ["n"], "additionalProperties": false});
         let tool = |name: &str, safe: bool| {
-            ToolSpec::new(
-                name,
-                "t",
-                schema.clone(),
-                Handler::inline(|_, _| Ok("x".into())),
-            )
-            .concurrency_safe(safe)
+            ToolSpec::new(name, "t", schema.clone(), Handler::inline(|_, _| Ok("x".into())))
+                .concurrency_safe(safe)
         };
         Snapshot::from_specs([tool("safe", true), tool("serial", false)]).unwrap()
     }
@@ -322,12 +317,8 @@ mod tests {
         let plan = plan(&snapshot(), calls);
         assert!(plan.admitted.is_empty() && plan.stages.is_empty());
         assert_eq!(plan.rejected.len(), 3);
-        assert!(
-            plan.rejected
-                .iter()
-                .all(|r| r.code == ErrorCode::InvalidArguments
-                    && r.detail.contains("duplicate tool_use_id in this turn: a"))
-        );
+        assert!(plan.rejected.iter().all(|r| r.code == ErrorCode::InvalidArguments
+            && r.detail.contains("duplicate tool_use_id in this turn: a")));
     }
 
     #[test]
@@ -376,10 +367,6 @@ mod tests {
     fn long_unknown_names_are_clamped_in_the_detail() {
         let name = "x".repeat(10_000);
         let err = admit(&snapshot(), &call("x", &name, json!(1))).unwrap_err();
-        assert!(
-            err.1.len() < 300 && err.1.ends_with("(10000 bytes)"),
-            "{}",
-            err.1
-        );
+        assert!(err.1.len() < 300 && err.1.ends_with("(10000 bytes)"), "{}", err.1);
     }
 }

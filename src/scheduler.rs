@@ -128,10 +128,7 @@ impl TurnPlan {
                 continue;
             }
             observe::stage_started(stage.mode, calls.len(), &self.collector.snapshot().metrics);
-            if calls
-                .iter()
-                .all(|p| execute::runs_in_place(&p.tool.handler))
-            {
+            if calls.iter().all(|p| execute::runs_in_place(&p.tool.handler)) {
                 let metrics = Arc::clone(&self.collector.snapshot().metrics);
                 for p in calls {
                     let env = CallEnv {

@@ -501,8 +501,7 @@ fn a_hard_link_to_an_outside_file_is_never_written_through() {
 
 fn engine(ws: &Workspace) -> Engine {
     Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
+        .tools(builtin_tools()).workspace(ws.clone())
         .build()
         .expect("engine builds")
 }

@@ -40,8 +40,7 @@ fn engine(ws: &Workspace) -> Engine {
         Handler::inline(|args, _ctx| Ok(format!("depth {}", depth(&args["v"])))),
     );
     Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
+        .tools(builtin_tools()).workspace(ws.clone())
         .tool(any)
         .build()
         .unwrap()

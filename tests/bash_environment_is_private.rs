@@ -133,11 +133,7 @@ async fn an_engine_in_this_process_keeps_the_test_processs_environment_from_bash
     assert!(!description.is_empty());
     let tmp = tempfile::tempdir().unwrap();
     let ws = Workspace::open(tmp.path()).unwrap();
-    let engine = Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
-        .build()
-        .unwrap();
+    let engine = Engine::builder().tools(builtin_tools()).workspace(ws.clone()).build().unwrap();
     let results = tokio::time::timeout(
         BOUND,
         engine.dispatch(vec![ToolCall::new(

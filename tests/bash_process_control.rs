@@ -231,8 +231,7 @@ async fn partial_output_of_a_flood_is_capped() {
 
 fn engine(ws: &Workspace) -> Engine {
     Engine::builder()
-        .tools(builtin_tools())
-        .workspace(ws.clone())
+        .tools(builtin_tools()).workspace(ws.clone())
         .build()
         .expect("engine builds")
 }

@@ -54,10 +54,7 @@ impl Fixture {
     }
 
     fn read(&self, path: &str) -> ToolOutcome {
-        call(
-            &common::direct::in_workspace(read_file::spec(), &self.ws),
-            json!({"path": path}),
-        )
+        call(&common::direct::in_workspace(read_file::spec(), &self.ws), json!({"path": path}))
     }
 
     fn write(&self, path: &str) -> ToolOutcome {
@@ -75,10 +72,7 @@ impl Fixture {
     }
 
     fn glob(&self, pattern: &str) -> ToolOutcome {
-        call(
-            &common::direct::in_workspace(glob::spec(), &self.ws),
-            json!({"pattern": pattern}),
-        )
+        call(&common::direct::in_workspace(glob::spec(), &self.ws), json!({"pattern": pattern}))
     }
 
     fn assert_outside_untouched(&self) {

@@ -60,11 +60,7 @@ impl Env {
 #[tokio::test]
 async fn caps_refuse_with_overloaded_when_the_waiting_line_is_full() {
     let t = tool(
-        spec(
-            "capped",
-            Handler::future(|_, _| async { Ok(String::new()) }),
-        )
-        .max_concurrency(1),
+        spec("capped", Handler::future(|_, _| async { Ok(String::new()) })).max_concurrency(1),
     );
     let global = Limiter::new(8, 8);
     let cancel = CancellationToken::new();
@@ -182,12 +178,7 @@ async fn the_deadline_layer_drops_a_handler_that_ignores_the_stop() {
     cancel.cancel();
     let out = supervise(
         std::pin::pin!(handler),
-        stopping(
-            Instant::now() + Duration::from_secs(60),
-            &cancel,
-            &stop,
-            &gate,
-        ),
+        stopping(Instant::now() + Duration::from_secs(60), &cancel, &stop, &gate),
     )
     .await;
     assert_eq!(out.unwrap_err().code, ErrorCode::Cancelled);
@@ -211,12 +202,7 @@ async fn a_handler_that_began_committing_keeps_its_own_answer() {
     cancel.cancel();
     let out = supervise(
         std::pin::pin!(handler),
-        stopping(
-            Instant::now() + Duration::from_secs(60),
-            &cancel,
-            &stop,
-            &gate,
-        ),
+        stopping(Instant::now() + Duration::from_secs(60), &cancel, &stop, &gate),
     )
     .await;
     assert_eq!(out.unwrap(), "Wrote 2 bytes");
