@@ -145,3 +145,57 @@ fn probe_netns() -> bool {
                 .is_ok_and(|s| s.success())
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::SandboxMode;
+
+    fn full() -> SandboxStatus {
+        SandboxStatus {
+            trampoline: Some(PathBuf::from("/usr/bin/switchboard")),
+            landlock_abi: 7,
+            network_namespace: true,
+            cgroups: CgroupParents {
+                pids: Some(PathBuf::from("/sys/fs/cgroup/pids")),
+                memory: Some(PathBuf::from("/sys/fs/cgroup/memory")),
+            },
+        }
+    }
+
+    #[test]
+    fn what_is_missing_is_named_and_graded() {
+        let config = SandboxConfig::new(SandboxMode::WorkspaceWrite);
+        assert_eq!(full().missing(&config), Missing::default());
+        let no_landlock = SandboxStatus {
+            landlock_abi: 0,
+            network_namespace: false,
+            ..full()
+        };
+        let m = no_landlock.missing(&config);
+        assert!(m.required.iter().any(|r| r.starts_with("Landlock")));
+        assert!(
+            m.required
+                .iter()
+                .any(|r| r.starts_with("network isolation"))
+        );
+        // With the network allowed, its isolation is not asked for.
+        let m = no_landlock.missing(&config.clone().allow_network(true));
+        assert!(!m.required.iter().any(|r| r.starts_with("network")));
+        // Landlock TCP rules stand in for a missing namespace, as a degradation.
+        let old_kernel = SandboxStatus {
+            landlock_abi: 4,
+            network_namespace: false,
+            cgroups: CgroupParents::default(),
+            ..full()
+        };
+        let m = old_kernel.missing(&config);
+        assert!(m.required.is_empty(), "{m:?}");
+        assert_eq!(m.degraded.len(), 4, "{m:?}");
+        let no_trampoline = SandboxStatus {
+            trampoline: None,
+            ..full()
+        };
+        assert!(no_trampoline.missing(&config).required[0].contains(TRAMPOLINE_VAR));
+    }
+}
