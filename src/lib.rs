@@ -32,8 +32,8 @@ pub mod worker;
 pub mod workspace;
 
 pub use engine::{Engine, EngineBuilder};
-pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use session::Session;
+pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use tool::{
     CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
 };
