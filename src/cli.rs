@@ -15,7 +15,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
-use crate::command::{INTERRUPTED, Interrupt, TelemetryArgs, fail, remove_stale_temps, say};
+use crate::command::{
+    INTERRUPTED, Interrupt, SandboxArgs, TelemetryArgs, fail, remove_stale_temps, say,
+};
 use crate::demo;
 use crate::document::dispatch_document;
 use crate::engine::Engine;
@@ -60,6 +62,9 @@ pub enum Command {
         /// default: another name of such a file may be outside the workspace).
         #[arg(long)]
         allow_hard_links: bool,
+        /// Sandbox.
+        #[command(flatten)]
+        sandbox: SandboxArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -69,6 +74,12 @@ pub enum Command {
         /// Catalog shape.
         #[arg(long, value_enum, default_value_t = CatalogShape::Anthropic)]
         format: CatalogShape,
+        /// Print one JSON object: the catalog and the sandbox in force.
+        #[arg(long)]
+        json: bool,
+        /// Sandbox (as the commands that run tools would have it).
+        #[command(flatten)]
+        sandbox: SandboxArgs,
     },
     /// Run N scripted agent sessions at once on a fresh temporary workspace (offline, no key).
     Demo {
@@ -82,6 +93,9 @@ pub enum Command {
         /// report lists the first round in full and sums up all of them.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
+        /// Sandbox.
+        #[command(flatten)]
+        sandbox: SandboxArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -138,6 +152,10 @@ impl From<CatalogShape> for CatalogFormat {
 /// before any input is read, so that from the first milliseconds on neither kills the process
 /// with calls unanswered: each long-running command watches the [`Interrupt`] instead.
 pub fn main() -> ExitCode {
+    // `switchboard sandbox-exec …`: the sandbox trampoline (hidden; see crate::sandbox::exec).
+    if let Some(code) = crate::sandbox::run_if_requested() {
+        return code;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -172,13 +190,14 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             format,
             lines,
             allow_hard_links,
+            sandbox,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace, allow_hard_links, true) {
+            let engine = match engine_for(workspace, allow_hard_links, true, &sandbox) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -190,17 +209,26 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             engine.shutdown(Duration::from_secs(1)).await;
             finish_telemetry(telemetry, code).await
         }
-        Command::Tools { format } => {
-            let engine = match engine_for(None, false, false) {
+        Command::Tools {
+            format,
+            json,
+            sandbox,
+        } => {
+            let engine = match engine_for(None, false, false, &sandbox) {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
             match engine.catalog(format.into()).await {
                 Ok(catalog) => {
-                    print_line(
-                        &serde_json::to_string_pretty(&Value::Array(catalog))
-                            .unwrap_or_else(|_| "[]".into()),
-                    );
+                    let out = if json {
+                        serde_json::json!({
+                            "tools": catalog,
+                            "sandbox": engine.sandbox().describe(),
+                        })
+                    } else {
+                        Value::Array(catalog)
+                    };
+                    print_line(&serde_json::to_string_pretty(&out).unwrap_or_else(|_| "[]".into()));
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(1, &e.to_string()),
@@ -210,6 +238,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             sessions,
             workspace,
             duration,
+            sandbox,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
@@ -217,7 +246,15 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 Err(code) => return code,
             };
             let stop = interrupt.token().clone();
-            let code = match demo::run(sessions as usize, workspace, duration, stop).await {
+            let code = match demo::run(
+                sessions as usize,
+                workspace,
+                duration,
+                stop,
+                sandbox.config(),
+            )
+            .await
+            {
                 Ok(report) => {
                     print!("{report}");
                     match interrupt.exit_code() {
@@ -262,6 +299,7 @@ fn engine_for(
     workspace: Option<PathBuf>,
     allow_hard_links: bool,
     clean: bool,
+    sandbox: &SandboxArgs,
 ) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
@@ -273,6 +311,7 @@ fn engine_for(
     Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
+        .sandbox(sandbox.config())
         .build()
         .map_err(|e| fail(1, &e.to_string()))
 }

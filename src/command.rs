@@ -1,12 +1,15 @@
 //! What every subcommand shares, so that none of them imports [`crate::cli`]: reporting to the
 //! terminal ([`say`], [`fail`]) and the metrics flags of the long-running commands
-//! ([`TelemetryArgs`]), and the [`Interrupt`] (SIGINT/SIGTERM, taken over before anything runs). `cli` parses the command line and calls the subcommands; the subcommands
+//! ([`TelemetryArgs`]), the sandbox flags of every command that runs tools ([`SandboxArgs`]), and the [`Interrupt`] (SIGINT/SIGTERM, taken over before anything runs). `cli` parses the command line and calls the subcommands; the subcommands
 //! (`run`/`chat`, `demo`, `load`, …) depend on this module, never on `cli`.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+use crate::sandbox::mode::parse_bytes;
+use crate::sandbox::{SandboxConfig, SandboxLimits, SandboxMode};
 
 mod interrupt;
 pub use interrupt::{INTERRUPTED, Interrupt, TERMINATED};
@@ -39,5 +42,53 @@ pub fn remove_stale_temps(ws: &crate::workspace::Workspace) {
     let removed = ws.remove_stale_temp_files();
     if removed > 0 {
         tracing::info!(removed, "removed temp files left by writers that are gone");
+    }
+}
+
+/// Sandbox flags of every command that runs tools (see the README's "Sandbox" section).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxArgs {
+    /// How bash commands are confined: workspace-write (the default), read-only, best-effort
+    /// (whatever the kernel offers, saying what is missing), or off.
+    #[arg(long = "sandbox", value_name = "MODE", default_value = "workspace-write",
+          value_parser = |s: &str| s.parse::<SandboxMode>())]
+    pub mode: SandboxMode,
+    /// Let bash commands use the network (default: none, a loopback-only network namespace).
+    #[arg(long)]
+    pub allow_network: bool,
+    /// Processes at once per bash call.
+    #[arg(long, value_name = "N", default_value_t = SandboxLimits::default().max_processes)]
+    pub max_processes: u64,
+    /// Memory per bash call (e.g. 2G, 512M).
+    #[arg(long, value_name = "SIZE", default_value = "2G", value_parser = parse_bytes)]
+    pub max_memory: u64,
+    /// Largest file a bash command may write (e.g. 1G).
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_bytes)]
+    pub max_file_size: u64,
+}
+
+impl Default for SandboxArgs {
+    fn default() -> Self {
+        let limits = SandboxLimits::default();
+        SandboxArgs {
+            mode: SandboxMode::default(),
+            allow_network: false,
+            max_processes: limits.max_processes,
+            max_memory: limits.max_memory,
+            max_file_size: limits.max_file_size,
+        }
+    }
+}
+
+impl SandboxArgs {
+    /// The engine's sandbox config.
+    pub fn config(&self) -> SandboxConfig {
+        SandboxConfig::new(self.mode)
+            .allow_network(self.allow_network)
+            .limits(SandboxLimits {
+                max_processes: self.max_processes,
+                max_memory: self.max_memory,
+                max_file_size: self.max_file_size,
+            })
     }
 }

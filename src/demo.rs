@@ -114,6 +114,7 @@ pub async fn run(
     workspace: Option<PathBuf>,
     duration: Option<Duration>,
     stop: CancellationToken,
+    sandbox: crate::sandbox::SandboxConfig,
 ) -> Result<String, String> {
     let temp = match &workspace {
         Some(_) => None,
@@ -130,6 +131,7 @@ pub async fn run(
     let engine = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
+        .sandbox(sandbox)
         .build()
         .map_err(|e| e.to_string())?;
     let on_stop = {

@@ -25,6 +25,7 @@ use crate::registry::{
     CatalogFormat, GetCatalog, GetSnapshot, Register, RegisteredTool, Registry, RegistryError,
     Resolve, Unregister,
 };
+use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::{DispatchTurn, Scheduler};
 use crate::session::Session;
 use crate::tool::{SessionScope, ToolSpec};
@@ -45,6 +46,7 @@ pub struct EngineBuilder {
     max_concurrency: Option<usize>,
     max_queued: Option<usize>,
     workspace: Option<Workspace>,
+    sandbox: Option<SandboxConfig>,
 }
 
 impl EngineBuilder {
@@ -65,6 +67,14 @@ impl EngineBuilder {
     /// opened with [`Engine::session_in`]).
     pub fn workspace(mut self, workspace: Workspace) -> Self {
         self.workspace = Some(workspace);
+        self
+    }
+
+    /// The OS sandbox of process-running tools (default: [`SandboxConfig::default`], i.e.
+    /// `workspace-write` with no network, the trampoline found automatically). `build` fails if
+    /// the mode cannot be enforced on this machine (unless it is `best-effort` or `off`).
+    pub fn sandbox(mut self, config: SandboxConfig) -> Self {
+        self.sandbox = Some(config);
         self
     }
 
@@ -97,9 +107,15 @@ impl EngineBuilder {
     /// Builds the engine: registers the tools (refusing bad ones) and spawns the actors. Must be
     /// called inside a tokio runtime. Metric handles are taken from the recorder installed now
     /// (install one first to export metrics; see [`crate::metrics`]).
+    ///
+    /// Fails with [`RegistryError::Sandbox`] when the sandbox mode cannot be enforced here.
     pub fn build(self) -> Result<Engine, RegistryError> {
+        let sandbox = Arc::new(
+            Sandbox::prepare(self.sandbox.unwrap_or_default()).map_err(RegistryError::Sandbox)?,
+        );
         let version = Arc::new(AtomicU64::new(0));
         let metrics = Arc::new(EngineMetrics::new());
+        metrics.sandbox_info(sandbox.mode().as_str(), sandbox.status().landlock_abi);
         let mut registry = Registry::new(Arc::clone(&version), Arc::clone(&metrics));
         for spec in self.tools {
             registry.register(spec)?;
@@ -136,7 +152,11 @@ impl EngineBuilder {
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
                 metrics,
-                scope: Arc::new(SessionScope::new("engine", self.workspace.clone())),
+                scope: Arc::new(
+                    SessionScope::new("engine", self.workspace.clone())
+                        .with_sandbox(Arc::clone(&sandbox)),
+                ),
+                sandbox,
                 workspace: self.workspace,
                 sessions_opened: AtomicU64::new(0),
             }),
@@ -161,6 +181,8 @@ struct Inner {
     /// The default workspace of new sessions.
     workspace: Option<Workspace>,
     sessions_opened: AtomicU64,
+    /// The OS sandbox every scope of this engine carries.
+    sandbox: Arc<Sandbox>,
 }
 
 /// The dispatch engine. Clone it freely: clones share the same actors.
@@ -284,6 +306,11 @@ impl Engine {
         self.inner.root.child_token()
     }
 
+    /// The OS sandbox in force for process-running tools.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
     /// The worker pool (for diagnostics and fault injection: [`WorkerPool::kill`]).
     pub fn workers(&self) -> &WorkerPool {
         &self.inner.workers
@@ -303,7 +330,10 @@ impl Engine {
 
     fn open_session(&self, workspace: Option<Workspace>) -> Session {
         let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
-        let scope = Arc::new(SessionScope::new(format!("s{n}"), workspace));
+        let scope = Arc::new(
+            SessionScope::new(format!("s{n}"), workspace)
+                .with_sandbox(Arc::clone(&self.inner.sandbox)),
+        );
         let snapshot = Arc::new(crate::registry::Snapshot::default());
         let scheduler = Scheduler::spawn(Scheduler::new(
             self.inner.registry.clone(),

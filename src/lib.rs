@@ -30,6 +30,7 @@ pub mod providers;
 pub mod registry;
 #[cfg(feature = "cli")]
 pub mod run_cmd;
+pub mod sandbox;
 pub(crate) mod scheduler;
 #[cfg(feature = "cli")]
 pub mod serve;

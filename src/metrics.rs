@@ -51,6 +51,8 @@ pub const BUILD_INFO: &str = "switchboard_build_info";
 pub const HTTP_REQUESTS_TOTAL: &str = "switchboard_http_requests_total";
 /// HTTP request latency of `serve` (to the response head), by route template.
 pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
+/// Always 1; `mode` is the sandbox mode of bash commands, `landlock_abi` the kernel's Landlock ABI.
+pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,6 +194,13 @@ pub const METRICS: &[MetricDef] = &[
         labels: &["route"],
         help: "Time from an HTTP request arriving at serve to its response head (a stream's events come later), by route template.",
     },
+    MetricDef {
+        name: SANDBOX_INFO,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &["mode", "landlock_abi"],
+        help: "Always 1; mode is the sandbox mode of process-running tools (workspace-write, read-only, best-effort, off), landlock_abi the kernel's Landlock ABI (0: none).",
+    },
 ];
 
 /// Buckets of every `_seconds` histogram: 50 µs to 120 s.
@@ -331,6 +340,11 @@ impl EngineMetrics {
     /// A session opened (`+1`) or closed (`-1`).
     pub fn sessions(&self, delta: f64) {
         self.sessions.increment(delta);
+    }
+
+    /// The engine's sandbox mode and the kernel's Landlock ABI (an info gauge, always 1).
+    pub fn sandbox_info(&self, mode: &'static str, landlock_abi: i32) {
+        gauge!(SANDBOX_INFO, "mode" => mode, "landlock_abi" => landlock_abi.to_string()).set(1.0);
     }
 
     /// The registry now holds `n` tools.

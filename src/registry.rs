@@ -74,6 +74,10 @@ pub enum RegistryError {
     /// The registry actor is not running (the engine was shut down).
     #[error("registry unavailable: {0}")]
     Unavailable(String),
+    /// Not a registration problem: the engine's sandbox mode cannot be enforced on this machine
+    /// (reported by [`crate::EngineBuilder::build`]).
+    #[error("{0}")]
+    Sandbox(String),
 }
 
 /// True when `name` matches `^[a-zA-Z0-9_-]{1,64}$`.

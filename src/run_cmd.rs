@@ -101,6 +101,9 @@ pub struct ModelArgs {
     /// Requests per model call, retries included.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub max_attempts: u32,
+    /// Sandbox of the tools' commands.
+    #[command(flatten)]
+    pub sandbox: crate::command::SandboxArgs,
 }
 
 impl Default for ModelArgs {
@@ -119,6 +122,7 @@ impl Default for ModelArgs {
             script: None,
             timeout: None,
             max_attempts: 4,
+            sandbox: crate::command::SandboxArgs::default(),
         }
     }
 }
@@ -285,6 +289,7 @@ async fn setup(
     let engine = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
+        .sandbox(args.sandbox.config())
         .build()
         .map_err(|e| fail(1, &e.to_string()))?;
     let config = LoopConfig {

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::file_state::FileStamps;
 use crate::protocol::ErrorCode;
+use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 
 /// What a handler returns: the content the model reads, or a typed error.
@@ -134,14 +135,17 @@ impl ToolContext {
     }
 }
 
-/// What every call of one session shares: the session's id and the workspace its built-in tools
-/// are confined to. Made once per session (and once for the engine's session-less dispatch);
-/// handed to each call's [`ToolContext`] as an `Arc`, so a call costs one reference count.
+/// What every call of one session shares: the session's id, the workspace its built-in tools
+/// are confined to, and the engine's OS sandbox (how process-running tools start their
+/// processes; see [`crate::sandbox`]). Made once per session (and once for the engine's
+/// session-less dispatch); handed to each call's [`ToolContext`] as an `Arc`, so a call costs one
+/// reference count.
 #[derive(Debug)]
 pub struct SessionScope {
     id: Arc<str>,
     workspace: Option<Workspace>,
     files: FileStamps,
+    sandbox: Option<Arc<Sandbox>>,
 }
 
 impl SessionScope {
@@ -151,7 +155,20 @@ impl SessionScope {
             id: id.into(),
             workspace,
             files: FileStamps::default(),
+            sandbox: None,
         }
+    }
+
+    /// The same scope with the engine's `sandbox` (the engine sets it on every scope it makes).
+    pub fn with_sandbox(mut self, sandbox: Arc<Sandbox>) -> Self {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
+    /// The engine's sandbox; `None` for a scope made outside an engine (its commands then run
+    /// unconfined).
+    pub fn sandbox(&self) -> Option<&Sandbox> {
+        self.sandbox.as_deref()
     }
 
     /// The session id.

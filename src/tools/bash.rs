@@ -47,13 +47,16 @@
 //! told apart from an exit status of 128 + N); a blocked or timed-out command is a real error
 //! (`permission_denied`, `timeout`), not text.
 //!
-//! **bash is not sandboxed by the workspace's path guard.** The namespaces isolate processes and
-//! `/proc`, not files or the network: a command can read and write anything the engine's user
-//! can (as root: everything), reach the network, and ask services outside (a container runtime
-//! socket, `systemd-run`, cron) to start processes the engine does not own. The seed's
-//! dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a substring match
-//! that any rephrasing defeats, no security boundary.
+//! **Confinement is the engine's OS sandbox** ([`crate::sandbox`]): when the call's session
+//! carries one (every engine's does unless built with `--sandbox off`), the command is started
+//! through the trampoline, which confines itself (Landlock, no capabilities, no network, limits)
+//! and then execs the launcher above; the call gets a private `TMPDIR`, and a limit that killed
+//! it is an `execution_error` naming the limit. Without it (`off`, or a context made outside an
+//! engine) the namespaces isolate processes and `/proc` only, not files or the network. The
+//! seed's dangerous-command list ([`DANGEROUS_SUBSTRINGS`]) is kept for parity; it is a
+//! substring match that any rephrasing defeats, no security boundary.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -70,6 +73,7 @@ use super::bash_capture::{Capture, NO_OUTPUT, combine};
 mod exit;
 mod redirect;
 use crate::protocol::ErrorCode;
+use crate::sandbox::CallSandbox;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
 use exit::{death_signal, killed_by};
@@ -336,17 +340,28 @@ impl Bash {
             Launcher::Namespaces { .. } => None,
         };
 
-        // Namespace mode: where the init writes its job notices (see `death_signal`).
-        let notice = match launcher {
-            Launcher::Namespaces { .. } => tempfile::NamedTempFile::new().ok(),
-            Launcher::Direct => None,
+        let root = ctx.workspace()?.root();
+        // The OS sandbox of this call (its TMPDIR and cgroups), when the engine has one.
+        let sandbox = match ctx.session.sandbox() {
+            Some(sandbox) => sandbox.begin_call(root, budget).map_err(|e| {
+                ToolError::execution(format!("cannot set up the sandbox of the call: {e}"))
+            })?,
+            None => None,
+        };
+        // Namespace mode: where the init writes its job notices (see `death_signal`); in the
+        // call's own TMPDIR when sandboxed, the one place besides the workspace it may write.
+        let notice = match (launcher, &sandbox) {
+            (Launcher::Namespaces { .. }, Some(s)) => tempfile::NamedTempFile::new_in(s.tmp()).ok(),
+            (Launcher::Namespaces { .. }, None) => tempfile::NamedTempFile::new().ok(),
+            (Launcher::Direct, _) => None,
         };
         let mut child = shell(
-            ctx.workspace()?.root(),
+            root,
             command,
             &ctx.call_id,
             token.as_deref(),
             launcher,
+            sandbox.as_ref(),
             notice.as_ref().map(|f| f.path()),
         )
         .spawn()
@@ -411,6 +426,14 @@ impl Bash {
                     ErrorCode::Timeout => format!("timeout ({})", seconds(budget)),
                     _ => "cancelled".to_string(),
                 };
+                // A limit that was hit meanwhile (a fork bomb at the process limit) is named.
+                let what = match sandbox.as_ref().and_then(|s| s.limit_hit()) {
+                    Some(hit) => format!("{what}; {hit}"),
+                    None => what,
+                };
+                if let Some(s) = sandbox {
+                    s.finish();
+                }
                 let text = combine(out, err, PARTIAL_CAP);
                 let detail = if text == NO_OUTPUT {
                     what
@@ -422,9 +445,21 @@ impl Bash {
             End::Exited(status) => {
                 let status =
                     status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
+                let mut text = combine(out, err, OUTPUT_CAP - 40);
+                // A limit of the sandbox that killed the command is named first (it knows which).
+                if let Some(sandbox) = sandbox {
+                    let why = sandbox.verdict(&status, &text);
+                    sandbox.finish();
+                    if let Some(why) = why {
+                        return Err(ToolError::execution(if text == NO_OUTPUT {
+                            why
+                        } else {
+                            format!("{why}; output:\n{text}")
+                        }));
+                    }
+                }
                 let notice = notice.and_then(|f| std::fs::read(f.path()).ok());
                 if let Some(signal) = death_signal(status, notice.as_deref()) {
-                    let text = combine(out, err, PARTIAL_CAP);
                     let what = killed_by(signal);
                     return Err(ToolError::execution(if text == NO_OUTPUT {
                         what
@@ -432,7 +467,6 @@ impl Bash {
                         format!("{what}; output:\n{text}")
                     }));
                 }
-                let mut text = combine(out, err, OUTPUT_CAP - 40);
                 if let Some(code) = status.code().filter(|&code| code != 0) {
                     text.push_str(&format!("\n[exit code: {code}]"));
                 }
@@ -463,25 +497,47 @@ fn shell(
     call_id: &str,
     token: Option<&str>,
     launcher: &Launcher,
+    sandbox: Option<&CallSandbox>,
     notice: Option<&Path>,
 ) -> Command {
-    let mut cmd = match launcher {
-        Launcher::Namespaces { unshare, flags } => {
+    let mut program: Vec<OsString> = match launcher {
+        Launcher::Namespaces { .. } => vec![
+            "bash".into(),
+            "-c".into(),
+            NAMESPACE_INIT.into(),
+            "switchboard-init".into(),
+            notice.unwrap_or(Path::new("/dev/null")).into(),
+            "bash".into(),
+        ],
+        Launcher::Direct => vec!["bash".into()],
+    };
+    program.extend(["-c".into(), command.into()]);
+    let unshare = match launcher {
+        Launcher::Namespaces { unshare, flags } => Some((unshare.as_path(), flags.as_slice())),
+        Launcher::Direct => None,
+    };
+    let mut cmd = match (sandbox, unshare) {
+        // The trampoline confines itself, then execs `unshare` (if any), then bash.
+        (Some(sandbox), unshare) => sandbox.command(unshare, &program),
+        (None, Some((unshare, flags))) => {
             let mut cmd = Command::new(unshare);
-            cmd.args(flags)
-                .arg("--")
-                .args(["bash", "-c", NAMESPACE_INIT, "switchboard-init"])
-                .arg(notice.unwrap_or(Path::new("/dev/null")))
-                .arg("bash");
+            cmd.args(flags).arg("--").args(&program);
             cmd
         }
-        Launcher::Direct => Command::new("bash"),
+        (None, None) => {
+            let mut cmd = Command::new(&program[0]);
+            cmd.args(&program[1..]);
+            cmd
+        }
     };
-    cmd.arg("-c").arg(command).env_clear();
+    cmd.env_clear();
     for name in INHERITED_ENV {
         if let Some(value) = std::env::var_os(name) {
             cmd.env(name, value);
         }
+    }
+    if let Some(sandbox) = sandbox {
+        cmd.env("TMPDIR", sandbox.tmp());
     }
     cmd.env("HOME", root)
         .env("PWD", root)

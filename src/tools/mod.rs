@@ -7,7 +7,8 @@
 
 use serde_json::Value;
 
-use crate::tool::{ToolError, ToolSpec};
+use crate::tool::{ToolContext, ToolError, ToolSpec};
+use crate::workspace::Workspace;
 
 pub mod bash;
 mod bash_capture;
@@ -35,4 +36,19 @@ pub(crate) fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolEr
     args.get(name)
         .and_then(Value::as_str)
         .ok_or_else(|| ToolError::invalid(format!("argument '{name}' must be a string")))
+}
+
+/// The call's workspace for a tool that writes it: `permission_denied` when the engine's sandbox
+/// is `read-only` (the file tools keep their own confinement and also respect the mode).
+pub(crate) fn writable_workspace(ctx: &ToolContext) -> Result<&Workspace, ToolError> {
+    if ctx
+        .session
+        .sandbox()
+        .is_some_and(|s| !s.workspace_writable())
+    {
+        return Err(ToolError::permission(
+            "the workspace is read-only (sandbox mode read-only)",
+        ));
+    }
+    ctx.workspace()
 }

@@ -27,7 +27,7 @@ pub fn spec() -> ToolSpec {
             "required": ["path", "content"],
             "additionalProperties": false
         }),
-        Handler::blocking(|args, ctx| run(ctx.workspace()?, args, ctx)),
+        Handler::blocking(|args, ctx| run(super::writable_workspace(ctx)?, args, ctx)),
     )
     .concurrency_safe(false)
 }

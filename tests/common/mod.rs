@@ -12,6 +12,7 @@ pub mod cli;
 pub mod direct;
 pub mod mock_server;
 pub mod model;
+pub mod sandbox;
 pub mod wire;
 pub mod workspace;
 

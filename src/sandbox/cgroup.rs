@@ -1,0 +1,236 @@
+//! Per-call cgroups (cgroup v1 `pids` and `memory` controllers): the engine creates one directory
+//! per controller for each confined call, under the engine's own cgroup (read from
+//! `/proc/self/cgroup`), sets its limits, hands the `cgroup.procs` files to the trampoline (which
+//! moves itself in before it execs, so every process of the call is counted from the start),
+//! reads after the call whether a limit was hit, kills whatever is left and removes the
+//! directories.
+//!
+//! The engine itself never joins these cgroups, so a limit can only ever kill the call's own
+//! processes. On cgroup v2 or where the hierarchy is not writable, [`CgroupParents::find`] finds
+//! nothing and the trampoline falls back to rlimits.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process};
+
+use super::mode::{SandboxLimits, human_bytes};
+
+/// Distinguishes the cgroups of concurrent calls.
+static CALL_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Where per-call cgroups are created (the engine's own cgroup of each controller), when
+/// writable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupParents {
+    /// The engine's `pids` cgroup directory.
+    pub pids: Option<PathBuf>,
+    /// The engine's `memory` cgroup directory.
+    pub memory: Option<PathBuf>,
+}
+
+impl CgroupParents {
+    /// Looks up the engine's v1 `pids` and `memory` cgroups and keeps those where a child
+    /// directory can be created (tried once, then removed).
+    pub fn find() -> Self {
+        let table = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let parents = CgroupParents {
+            pids: own_dir(&table, "pids").filter(|d| writable(d)),
+            memory: own_dir(&table, "memory").filter(|d| writable(d)),
+        };
+        for dir in [&parents.pids, &parents.memory].into_iter().flatten() {
+            remove_stale(dir);
+        }
+        parents
+    }
+
+    /// Creates the cgroups of one call with `limits`. A controller whose directory cannot be
+    /// made is left out (the trampoline then uses the rlimit for it).
+    pub fn create_call(&self, limits: &SandboxLimits) -> CallCgroup {
+        let name = format!(
+            "switchboard-{}-{}",
+            std::process::id(),
+            CALL_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let make = |parent: &Option<PathBuf>| {
+            let dir = parent.as_ref()?.join(&name);
+            std::fs::create_dir(&dir).ok()?;
+            Some(dir)
+        };
+        let mut call = CallCgroup {
+            pids: make(&self.pids),
+            memory: make(&self.memory),
+            limits: *limits,
+        };
+        if let Some(dir) = &call.pids
+            && std::fs::write(dir.join("pids.max"), limits.max_processes.to_string()).is_err()
+        {
+            remove_dir(dir);
+            call.pids = None;
+        }
+        if let Some(dir) = &call.memory {
+            let bytes = limits.max_memory.to_string();
+            if std::fs::write(dir.join("memory.limit_in_bytes"), &bytes).is_err() {
+                remove_dir(dir);
+                call.memory = None;
+            } else {
+                // Swap counts too where the kernel accounts it (best effort: often absent).
+                let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), &bytes);
+            }
+        }
+        call
+    }
+}
+
+/// `/sys/fs/cgroup/<controller>/<path>` for the v1 line of `/proc/self/cgroup` naming
+/// `controller`.
+fn own_dir(table: &str, controller: &str) -> Option<PathBuf> {
+    table.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == controller).then(|| {
+            Path::new("/sys/fs/cgroup")
+                .join(controller)
+                .join(path.trim_start_matches('/'))
+        })
+    })
+}
+
+fn writable(dir: &Path) -> bool {
+    let probe = dir.join(format!("switchboard-probe-{}", std::process::id()));
+    let made = std::fs::create_dir(&probe).is_ok();
+    if made {
+        let _ = std::fs::remove_dir(&probe);
+    }
+    made
+}
+
+/// Removes the call cgroups left behind by engines that are gone (killed with `kill -9`: their
+/// commands died with them, their empty directories did not). Directories of live engines stay.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("switchboard-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+fn remove_dir(dir: &Path) {
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// One call's cgroups.
+#[derive(Debug)]
+pub struct CallCgroup {
+    pids: Option<PathBuf>,
+    memory: Option<PathBuf>,
+    limits: SandboxLimits,
+}
+
+impl CallCgroup {
+    /// The `cgroup.procs` files the trampoline writes its pid to.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        [&self.pids, &self.memory]
+            .into_iter()
+            .flatten()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// True when the pids controller bounds this call.
+    pub fn limits_processes(&self) -> bool {
+        self.pids.is_some()
+    }
+
+    /// True when the memory controller bounds this call.
+    pub fn limits_memory(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    /// The limit the call ran into, as a sentence for the model: the kernel's OOM killer acted in
+    /// the memory cgroup, or a fork was refused at the pids limit.
+    pub fn limit_hit(&self) -> Option<String> {
+        if let Some(dir) = &self.memory
+            && counter(&dir.join("memory.oom_control"), "oom_kill") > 0
+        {
+            return Some(format!(
+                "killed: out of memory (limit {})",
+                human_bytes(self.limits.max_memory)
+            ));
+        }
+        if let Some(dir) = &self.pids
+            && counter(&dir.join("pids.events"), "max") > 0
+        {
+            return Some(format!(
+                "process limit reached (limit {} processes): new processes were refused",
+                self.limits.max_processes
+            ));
+        }
+        None
+    }
+
+    /// Kills every process still in the call's cgroups, then removes them (retrying while the
+    /// kernel finishes reaping; bounded to about two seconds). Blocking: run it off the runtime.
+    pub fn remove(self) {
+        for dir in [&self.pids, &self.memory].into_iter().flatten() {
+            for _ in 0..200 {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    if let Some(pid) = Pid::from_raw(pid) {
+                        let _ = kill_process(pid, Signal::KILL);
+                    }
+                }
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// The value of `key` in a `key value` lines file (0 when absent).
+fn counter(file: &Path, key: &str) -> u64 {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cgroup_paths_come_from_the_v1_lines() {
+        let table = "9:name=systemd:/\n8:pids:/\n4:memory:/a/b\n2:cpu,cpuacct:/c\n0::/\n";
+        assert_eq!(
+            own_dir(table, "pids"),
+            Some(PathBuf::from("/sys/fs/cgroup/pids/"))
+        );
+        assert_eq!(
+            own_dir(table, "memory"),
+            Some(PathBuf::from("/sys/fs/cgroup/memory/a/b"))
+        );
+        assert_eq!(
+            own_dir(table, "cpuacct"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpuacct/c"))
+        );
+        assert_eq!(own_dir("0::/x\n", "pids"), None);
+    }
+}

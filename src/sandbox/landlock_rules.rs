@@ -1,0 +1,132 @@
+//! The Landlock ruleset a confined command runs under, applied by the trampoline to itself just
+//! before it execs the command (Landlock domains are inherited across `fork` and `exec` and can
+//! never be lifted).
+//!
+//! Read and execute: [`SYSTEM_READ`] (the system's programs, libraries and configuration, and
+//! `/proc` — the call's own, freshly mounted one when PID namespaces are in use). Read and write:
+//! the device nodes of [`DEVICES`]; the workspace (read-only in `read-only` mode); the call's
+//! private `TMPDIR`. Everything else — the workspace's parent, other workspaces, `/root`,
+//! `/home`, the engine's files — is refused. Where the kernel allows it (ABI ≥ 6) the domain is
+//! also *scoped*: no signals to processes outside it, no connecting to abstract unix sockets
+//! created outside it. Without a network namespace, Landlock's TCP rules (ABI ≥ 4) refuse every
+//! TCP `bind` and `connect`.
+
+use std::path::Path;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+
+/// The newest Landlock ABI whose rights this module asks for (the crate handles older kernels).
+pub const TARGET_ABI: ABI = ABI::V6;
+
+/// Read-only (and executable) trees.
+pub const SYSTEM_READ: [&str; 10] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
+];
+
+/// Device nodes a command may read and write.
+pub const DEVICES: [&str; 6] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// What [`restrict_self`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// The ABI the kernel offered (0: no Landlock).
+    pub abi: i32,
+    /// Every requested right was enforced.
+    pub fully: bool,
+}
+
+/// Restricts the calling process (single-threaded: the trampoline) to the rules in the module
+/// docs. `tcp` refuses TCP bind/connect through Landlock (used when there is no network
+/// namespace). `Err` when nothing could be enforced or a rule could not be added.
+pub fn restrict_self(
+    workspace: &Path,
+    workspace_writable: bool,
+    tmp: &Path,
+    tcp: bool,
+) -> Result<Applied, String> {
+    let abi = TARGET_ABI;
+    let read = AccessFs::from_read(abi);
+    let all = AccessFs::from_all(abi);
+    let device: BitFlags<AccessFs> = AccessFs::ReadFile | AccessFs::WriteFile;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .map_err(|e| format!("landlock: {e}"))?
+        .scope(Scope::from_all(abi))
+        .map_err(|e| format!("landlock: {e}"))?;
+    if tcp {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(|e| format!("landlock: {e}"))?;
+    }
+    let mut created = ruleset.create().map_err(|e| format!("landlock: {e}"))?;
+    let mut rules: Vec<(&Path, BitFlags<AccessFs>)> = Vec::new();
+    for p in SYSTEM_READ {
+        rules.push((Path::new(p), read));
+    }
+    for p in DEVICES {
+        rules.push((Path::new(p), device));
+    }
+    rules.push((workspace, if workspace_writable { all } else { read }));
+    rules.push((tmp, all));
+    for (path, access) in rules {
+        // A system path this machine lacks (`/lib32`, `/dev/tty` without a terminal) is skipped;
+        // the workspace and the temporary directory must exist.
+        let fd = match PathFd::new(path) {
+            Ok(fd) => fd,
+            Err(_) if path != workspace && path != tmp => continue,
+            Err(e) => return Err(format!("landlock: cannot open {}: {e}", path.display())),
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| format!("landlock: rule for {}: {e}", path.display()))?;
+    }
+    let status = created
+        .restrict_self()
+        .map_err(|e| format!("landlock: {e}"))?;
+    let abi = match status.landlock {
+        landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,
+        _ => 0,
+    };
+    match status.ruleset {
+        RulesetStatus::NotEnforced => Err(format!(
+            "landlock is not available in this kernel (ABI {abi})"
+        )),
+        RulesetStatus::PartiallyEnforced => Ok(Applied { abi, fully: false }),
+        RulesetStatus::FullyEnforced => Ok(Applied { abi, fully: true }),
+    }
+}
+
+/// The Landlock ABI of the running kernel (0: none), found by restricting the calling process
+/// with a ruleset that only handles `Execute` and allows it everywhere (a no-op domain). Call it
+/// only in a process about to exit (the trampoline's probe).
+pub fn probe_abi() -> i32 {
+    let attempt = || -> Result<i32, landlock::RulesetError> {
+        let created = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::Execute)?
+            .create()?;
+        let root = match PathFd::new("/") {
+            Ok(fd) => fd,
+            Err(_) => return Ok(0),
+        };
+        let status = created
+            .add_rule(PathBeneath::new(root, AccessFs::Execute))?
+            .restrict_self()?;
+        Ok(match status.landlock {
+            landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,
+            _ => 0,
+        })
+    };
+    attempt().unwrap_or(0)
+}

@@ -1,0 +1,171 @@
+//! The engine's side of one confined call: a private `TMPDIR` (removed when the call ends), the
+//! call's cgroups, the trampoline's command line, and the verdict on limits once the command
+//! has ended (a command killed by a limit is an `execution_error` naming the limit, never a
+//! silent empty output).
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use super::Sandbox;
+use super::cgroup::CallCgroup;
+use super::exec::{FAILURE_PREFIX, SUBCOMMAND, TRAMPOLINE_FAILED};
+use super::mode::{SandboxLimits, human_bytes};
+
+const SIGXCPU: i32 = 24;
+const SIGXFSZ: i32 = 25;
+
+/// One confined call. Drop (or [`CallSandbox::finish`]) removes its `TMPDIR` and cgroups.
+#[derive(Debug)]
+pub struct CallSandbox {
+    trampoline: PathBuf,
+    args: Vec<OsString>,
+    net_namespace: bool,
+    tmp: tempfile::TempDir,
+    cgroup: Option<CallCgroup>,
+    limits: SandboxLimits,
+    cpu_seconds: u64,
+}
+
+impl CallSandbox {
+    pub(super) fn new(
+        sandbox: &Sandbox,
+        workspace: &Path,
+        budget: Duration,
+    ) -> std::io::Result<CallSandbox> {
+        let config = sandbox.config();
+        let status = sandbox.status();
+        let trampoline = status
+            .trampoline
+            .clone()
+            .ok_or_else(|| std::io::Error::other("no trampoline"))?;
+        let tmp = tempfile::Builder::new()
+            .prefix("switchboard-tmp-")
+            .tempdir()?;
+        let limits = config.limits;
+        let cgroup = status.cgroups.create_call(&limits);
+        let cpu_seconds = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
+        let mut args: Vec<OsString> = vec![
+            SUBCOMMAND.into(),
+            "--mode".into(),
+            config.mode.as_str().into(),
+            "--workspace".into(),
+            workspace.into(),
+            "--tmp".into(),
+            tmp.path().into(),
+            "--parent".into(),
+            std::process::id().to_string().into(),
+            "--fsize".into(),
+            limits.max_file_size.to_string().into(),
+            "--cpu".into(),
+            cpu_seconds.max(1).to_string().into(),
+        ];
+        for procs in cgroup.procs_files() {
+            args.extend(["--cgroup".into(), procs.into()]);
+        }
+        if !cgroup.limits_processes() {
+            args.extend(["--nproc".into(), limits.max_processes.to_string().into()]);
+        }
+        if !cgroup.limits_memory() {
+            args.extend(["--as".into(), limits.max_memory.to_string().into()]);
+        }
+        let net_namespace = !config.allow_network && status.network_namespace;
+        if !config.allow_network && !status.network_namespace {
+            args.push("--landlock-tcp".into());
+        }
+        Ok(CallSandbox {
+            trampoline,
+            args,
+            net_namespace,
+            tmp,
+            cgroup: Some(cgroup),
+            limits,
+            cpu_seconds,
+        })
+    }
+
+    /// The call's private temporary directory (its `TMPDIR`).
+    pub fn tmp(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// The command that runs `program` confined: the trampoline, which execs `unshare` with
+    /// `ns_flags` (plus `--net` without network) when `unshare` is given, else confines itself
+    /// and execs `program` directly.
+    pub fn command(&self, unshare: Option<(&Path, &[&str])>, program: &[OsString]) -> Command {
+        let mut cmd = Command::new(&self.trampoline);
+        cmd.args(&self.args);
+        if let Some((path, flags)) = unshare {
+            cmd.arg("--unshare").arg(path);
+            let net = self.net_namespace.then_some("--net");
+            for flag in flags.iter().copied().chain(net) {
+                cmd.args(["--ns-flag", flag]);
+            }
+        }
+        cmd.arg("--").args(program);
+        cmd
+    }
+
+    /// Why the command ended badly, when the sandbox is the reason: the trampoline could not
+    /// confine it (`text` is then its failure line), the OOM killer acted in the call's memory
+    /// cgroup, a fork hit the process limit, or a process was killed for CPU time or file size.
+    /// `None` for an ordinary exit.
+    pub fn verdict(&self, status: &ExitStatus, text: &str) -> Option<String> {
+        if status.code() == Some(i32::from(TRAMPOLINE_FAILED)) && text.starts_with(FAILURE_PREFIX) {
+            return Some(format!("the sandbox could not start the command: {text}"));
+        }
+        let cgroup = self.cgroup.as_ref()?;
+        // A memory kill is reported even if the command carried on; a refused fork only when
+        // the command failed.
+        if let Some(hit) = cgroup.limit_hit()
+            && (hit.starts_with("killed") || !status.success())
+        {
+            return Some(hit);
+        }
+        // A signal death shows as 128 + N through the namespace's init, or as the signal itself.
+        let signal = status
+            .signal()
+            .or_else(|| status.code().filter(|c| *c > 128).map(|c| c - 128));
+        match signal {
+            Some(SIGXCPU) => Some(format!(
+                "killed: CPU time limit ({} s, the call's timeout)",
+                self.cpu_seconds
+            )),
+            Some(SIGXFSZ) => Some(format!(
+                "killed: file size limit ({})",
+                human_bytes(self.limits.max_file_size)
+            )),
+            _ => None,
+        }
+    }
+
+    /// The limit the call ran into, if any (for a call that timed out or was cancelled).
+    pub fn limit_hit(&self) -> Option<String> {
+        self.cgroup.as_ref()?.limit_hit()
+    }
+
+    /// Ends the call: kills what is left in its cgroups and removes them (off the async runtime,
+    /// not waited for), and removes the `TMPDIR`.
+    pub fn finish(self) {
+        drop(self);
+    }
+}
+
+impl Drop for CallSandbox {
+    fn drop(&mut self) {
+        if let Some(cgroup) = self.cgroup.take() {
+            // Dropped without finish (the call's future was dropped): clean up off the async
+            // runtime when there is one, else here (bounded either way).
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn_blocking(move || cgroup.remove());
+                }
+                Err(_) => cgroup.remove(),
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The OS sandbox of process-running tools (bash): each call's command is confined by Landlock to
+//! its own session's workspace and a private `TMPDIR`, has no network (a loopback-only network
+//! namespace), runs under per-call process, memory, file-size and CPU limits, and dies with the
+//! engine. See the README's "Sandbox" section for what each mode blocks and what it does not.
+//!
+//! * [`mode`]: what is asked ([`SandboxConfig`], [`SandboxMode`], [`SandboxLimits`]).
+//! * [`probe`]: what this machine can enforce, found when the engine is built.
+//! * [`landlock_rules`]: the Landlock ruleset.
+//! * [`cgroup`]: per-call `pids` and `memory` cgroups.
+//! * [`mounts`]: the host's socket directories hidden in the call's mount namespace.
+//! * [`exec`]: the trampoline (`switchboard sandbox-exec`), which confines itself and execs.
+//! * [`launch`]: the engine's side of one call (the trampoline's command line, the private
+//!   `TMPDIR`, the cgroups, the verdict on limits).
+//!
+//! A [`Sandbox`] is built once per engine ([`Sandbox::prepare`]) and reaches every call through
+//! its [`crate::SessionScope`] (`ctx.session.sandbox()`); a context made by hand, outside an
+//! engine, carries none and its commands run unconfined.
+
+pub mod cgroup;
+pub mod exec;
+pub mod landlock_rules;
+pub mod launch;
+pub mod mode;
+pub mod mounts;
+pub mod probe;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+pub use exec::{exec_main, run_if_requested};
+pub use launch::CallSandbox;
+pub use mode::{SandboxConfig, SandboxLimits, SandboxMode};
+pub use probe::{SandboxStatus, find_trampoline};
+
+/// An engine's sandbox: its config and what the machine offers for it.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    config: SandboxConfig,
+    status: SandboxStatus,
+    /// The mode's shortfalls on this machine (empty for `off`).
+    degraded: Vec<String>,
+}
+
+impl Sandbox {
+    /// Checks that `config` can be enforced here. `Err` (one sentence naming what is missing)
+    /// for `workspace-write` or `read-only` when it cannot; `best-effort` never fails and `off`
+    /// probes nothing. Logs the mode in force (and a warning for `off` or missing parts).
+    pub fn prepare(config: SandboxConfig) -> Result<Sandbox, String> {
+        if !config.mode.confines() {
+            tracing::warn!(
+                "sandbox: off — bash commands can read and write everything this user can, and \
+                 reach the network"
+            );
+            return Ok(Sandbox {
+                config,
+                status: SandboxStatus::default(),
+                degraded: Vec::new(),
+            });
+        }
+        let status = SandboxStatus::probe(&config);
+        let missing = status.missing(&config);
+        let mut degraded = missing.degraded;
+        if !missing.required.is_empty() {
+            if config.mode != SandboxMode::BestEffort {
+                return Err(format!(
+                    "sandbox mode {} cannot be enforced on this machine: missing {}; choose \
+                     --sandbox best-effort to run with what is there, or --sandbox off",
+                    config.mode,
+                    missing.required.join("; ")
+                ));
+            }
+            degraded.splice(0..0, missing.required);
+        }
+        let sandbox = Sandbox {
+            config,
+            status,
+            degraded,
+        };
+        tracing::info!(
+            mode = %sandbox.config.mode,
+            landlock_abi = sandbox.status.landlock_abi,
+            network = if sandbox.config.allow_network { "allowed" } else { "none" },
+            "sandbox in force"
+        );
+        if !sandbox.degraded.is_empty() {
+            tracing::warn!(
+                "sandbox {}: running without {}",
+                sandbox.config.mode,
+                sandbox.degraded.join("; ")
+            );
+        }
+        Ok(sandbox)
+    }
+
+    /// No confinement, without the start-up warning (contexts made outside an engine).
+    pub fn off() -> Sandbox {
+        Sandbox {
+            config: SandboxConfig::off(),
+            status: SandboxStatus::default(),
+            degraded: Vec::new(),
+        }
+    }
+
+    /// The mode in force.
+    pub fn mode(&self) -> SandboxMode {
+        self.config.mode
+    }
+
+    /// The config it was prepared from.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    /// What the machine offers.
+    pub fn status(&self) -> &SandboxStatus {
+        &self.status
+    }
+
+    /// What the mode lacks on this machine (`best-effort`), or degrades to (fallback limits).
+    pub fn degraded(&self) -> &[String] {
+        &self.degraded
+    }
+
+    /// True when commands are confined.
+    pub fn confines(&self) -> bool {
+        self.config.mode.confines() && self.status.trampoline.is_some()
+    }
+
+    /// Whether files of the workspace may be written (false in `read-only`).
+    pub fn workspace_writable(&self) -> bool {
+        self.config.mode.workspace_writable()
+    }
+
+    /// The sandbox as JSON (for `switchboard tools --json` and `/healthz`-style reports).
+    pub fn describe(&self) -> Value {
+        let cg = &self.status.cgroups;
+        let limits = &self.config.limits;
+        json!({
+            "mode": self.config.mode.as_str(),
+            "landlock_abi": self.status.landlock_abi,
+            "network": if self.config.allow_network { "allowed" }
+                       else if self.status.network_namespace { "none (network namespace)" }
+                       else { "none (landlock tcp)" },
+            "max_processes": limits.max_processes,
+            "max_processes_by": if cg.pids.is_some() { "pids cgroup" } else { "RLIMIT_NPROC" },
+            "max_memory_bytes": limits.max_memory,
+            "max_memory_by": if cg.memory.is_some() { "memory cgroup" } else { "RLIMIT_AS" },
+            "max_file_size_bytes": limits.max_file_size,
+            "trampoline": self.status.trampoline.as_ref().map(|p| p.display().to_string()),
+            "missing": self.degraded,
+        })
+    }
+
+    /// The same sandbox with network access allowed or not: the per-tool override for a custom
+    /// process-running tool that needs (or must never have) the network whatever the engine's
+    /// `--allow-network` says. Use it with [`Sandbox::begin_call`] and [`CallSandbox::command`].
+    pub fn with_network(&self, allow: bool) -> Sandbox {
+        let mut sandbox = self.clone();
+        sandbox.config.allow_network = allow;
+        sandbox
+    }
+
+    /// Sets up one confined call in `workspace` whose command may run for `budget`.
+    pub fn begin_call(
+        &self,
+        workspace: &Path,
+        budget: Duration,
+    ) -> std::io::Result<Option<CallSandbox>> {
+        if !self.confines() {
+            return Ok(None);
+        }
+        CallSandbox::new(self, workspace, budget).map(Some)
+    }
+}

@@ -1,0 +1,201 @@
+//! What this machine can enforce, found once when an engine is built: the trampoline binary,
+//! the kernel's Landlock ABI (asked of the trampoline itself, so a broken trampoline is found at
+//! start, not at the first call), whether network namespaces work, and which per-call cgroups can
+//! be created. [`SandboxStatus::missing`] turns that into the list of what a mode would lack.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::cgroup::CgroupParents;
+use super::exec::SUBCOMMAND;
+use super::mode::SandboxConfig;
+
+/// Environment variable naming the trampoline binary (overrides the automatic search).
+pub const TRAMPOLINE_VAR: &str = "SWITCHBOARD_TRAMPOLINE";
+
+/// What the kernel and the installation offer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxStatus {
+    /// The trampoline binary, if one was found and answered the probe.
+    pub trampoline: Option<PathBuf>,
+    /// The kernel's Landlock ABI (0: none).
+    pub landlock_abi: i32,
+    /// `unshare --net` works (a loopback-only network namespace per call).
+    pub network_namespace: bool,
+    /// Where per-call cgroups are created.
+    pub cgroups: CgroupParents,
+}
+
+impl SandboxStatus {
+    /// Probes the machine for `config` (a few milliseconds: two short-lived processes).
+    pub fn probe(config: &SandboxConfig) -> SandboxStatus {
+        let trampoline = config.trampoline.clone().or_else(find_trampoline);
+        let landlock_abi = trampoline.as_deref().map_or(0, probe_landlock);
+        SandboxStatus {
+            trampoline: trampoline.filter(|_| landlock_abi >= 0),
+            landlock_abi: landlock_abi.max(0),
+            network_namespace: probe_netns(),
+            cgroups: CgroupParents::find(),
+        }
+    }
+
+    /// What `config` asks for that this machine cannot give, one phrase each. Anything listed
+    /// under "required" stops an enforcing mode from starting; the rest is reported.
+    pub fn missing(&self, config: &SandboxConfig) -> Missing {
+        let mut m = Missing::default();
+        if self.trampoline.is_none() {
+            m.required.push(format!(
+                "the trampoline binary (no `switchboard` binary found: set {TRAMPOLINE_VAR} or \
+                 SandboxConfig::trampoline)"
+            ));
+        }
+        if self.landlock_abi < 1 {
+            m.required
+                .push("Landlock (the kernel has none: file access cannot be confined)".into());
+        } else if self.landlock_abi < 3 {
+            m.degraded
+                .push("Landlock truncate control (ABI 3; the kernel has an older one)".into());
+        }
+        if self.landlock_abi < 6 {
+            m.degraded
+                .push("Landlock scoping of signals and abstract unix sockets (ABI 6)".to_string());
+        }
+        if !config.allow_network && !self.network_namespace && self.landlock_abi < 4 {
+            m.required.push(
+                "network isolation (no network namespace and no Landlock TCP rules, ABI 4)".into(),
+            );
+        } else if !config.allow_network && !self.network_namespace {
+            m.degraded
+                .push("a network namespace (TCP is refused by Landlock; UDP is not)".into());
+        }
+        if self.cgroups.pids.is_none() {
+            m.degraded.push(
+                "a writable pids cgroup (RLIMIT_NPROC instead, which does not bind root)".into(),
+            );
+        }
+        if self.cgroups.memory.is_none() {
+            m.degraded
+                .push("a writable memory cgroup (RLIMIT_AS per process instead)".into());
+        }
+        m
+    }
+}
+
+/// What a mode would lack on this machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Missing {
+    /// Without these the mode cannot be enforced.
+    pub required: Vec<String>,
+    /// Weaker than the full mode, still enforced.
+    pub degraded: Vec<String>,
+}
+
+/// The trampoline binary: `$SWITCHBOARD_TRAMPOLINE`; this process's own binary when it is
+/// `switchboard`; else a `switchboard` binary beside this process's binary or one directory up
+/// (how `cargo test` lays out test binaries). `None` if there is none.
+pub fn find_trampoline() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(TRAMPOLINE_VAR) {
+        return Some(PathBuf::from(path)).filter(|p| executable(p));
+    }
+    let me = std::env::current_exe().ok()?;
+    if me.file_name().is_some_and(|n| n == "switchboard") {
+        return Some(me);
+    }
+    let dir = me.parent()?;
+    [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("switchboard"))
+        .find(|p| executable(p))
+}
+
+fn executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Asks the trampoline for the Landlock ABI; -1 if it does not answer like a trampoline.
+fn probe_landlock(trampoline: &Path) -> i32 {
+    let out = Command::new(trampoline)
+        .args([SUBCOMMAND, "--probe"])
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let Ok(out) = out else { return -1 };
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .strip_prefix("landlock_abi=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// True when `unshare --net` (plain, or inside a user namespace) can start a process.
+fn probe_netns() -> bool {
+    let with_user = ["--user", "--map-root-user", "--net", "--", "true"];
+    [&["--net", "--", "true"][..], &with_user[..]]
+        .into_iter()
+        .any(|flags| {
+            Command::new("unshare")
+                .args(flags)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::SandboxMode;
+
+    fn full() -> SandboxStatus {
+        SandboxStatus {
+            trampoline: Some(PathBuf::from("/usr/bin/switchboard")),
+            landlock_abi: 7,
+            network_namespace: true,
+            cgroups: CgroupParents {
+                pids: Some(PathBuf::from("/sys/fs/cgroup/pids")),
+                memory: Some(PathBuf::from("/sys/fs/cgroup/memory")),
+            },
+        }
+    }
+
+    #[test]
+    fn what_is_missing_is_named_and_graded() {
+        let config = SandboxConfig::new(SandboxMode::WorkspaceWrite);
+        assert_eq!(full().missing(&config), Missing::default());
+        let no_landlock = SandboxStatus {
+            landlock_abi: 0,
+            network_namespace: false,
+            ..full()
+        };
+        let m = no_landlock.missing(&config);
+        assert!(m.required.iter().any(|r| r.starts_with("Landlock")));
+        assert!(
+            m.required
+                .iter()
+                .any(|r| r.starts_with("network isolation"))
+        );
+        // With the network allowed, its isolation is not asked for.
+        let m = no_landlock.missing(&config.clone().allow_network(true));
+        assert!(!m.required.iter().any(|r| r.starts_with("network")));
+        // Landlock TCP rules stand in for a missing namespace, as a degradation.
+        let old_kernel = SandboxStatus {
+            landlock_abi: 4,
+            network_namespace: false,
+            cgroups: CgroupParents::default(),
+            ..full()
+        };
+        let m = old_kernel.missing(&config);
+        assert!(m.required.is_empty(), "{m:?}");
+        assert_eq!(m.degraded.len(), 4, "{m:?}");
+        let no_trampoline = SandboxStatus {
+            trampoline: None,
+            ..full()
+        };
+        assert!(no_trampoline.missing(&config).required[0].contains(TRAMPOLINE_VAR));
+    }
+}
