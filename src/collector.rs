@@ -54,6 +54,11 @@ impl Collector {
         self.sink = Some(sink);
     }
 
+    /// True when the turn's results are streamed (a sink is attached).
+    pub fn streams(&self) -> bool {
+        self.sink.is_some()
+    }
+
     /// How many calls the turn has.
     pub fn len(&self) -> usize {
         self.slots.len()

@@ -1,7 +1,8 @@
 //! The Prometheus exporter and log setup of the long-running commands.
 //!
 //! `--metrics-addr ADDR` installs the Prometheus recorder and serves `GET /metrics` (text
-//! exposition format) and `GET /healthz` on `ADDR`; `--metrics-file PATH` writes the final
+//! exposition format) and `GET /healthz` on `ADDR` (counting its own requests in the HTTP
+//! metrics, so the scrapes themselves show there); `--metrics-file PATH` writes the final
 //! exposition when the command ends. With neither flag no recorder is installed and every metric
 //! handle is a no-op. The recorder is installed before the engine is built, because the engine
 //! caches its metric handles at build time. Logs go to stderr, as text or JSON lines.
@@ -10,12 +11,19 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use axum::Router;
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::task::JoinHandle;
 
-use crate::metrics::{COUNT_BUCKETS, DURATION_BUCKETS, STAGE_CALLS, TURN_CALLS, describe_all};
+use crate::metrics::{
+    COUNT_BUCKETS, DURATION_BUCKETS, HttpMetrics, STAGE_CALLS, TURN_CALLS, describe_all,
+};
 
 /// How often histogram samples are folded into their buckets. The recorder buffers every raw
 /// sample until then, so the period bounds memory: at 2–3 M calls/s (two samples per call) a
@@ -62,6 +70,7 @@ impl Telemetry {
                 .map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
             local_addr = listener.local_addr().ok();
             let render = handle.clone();
+            let http = Arc::new(HttpMetrics::new(&["/metrics", "/healthz"]));
             let app = Router::new()
                 .route(
                     "/metrics",
@@ -70,7 +79,24 @@ impl Telemetry {
                         async move { render.render() }
                     }),
                 )
-                .route("/healthz", get(|| async { "ok\n" }));
+                .route("/healthz", get(|| async { "ok\n" }))
+                .layer(axum::middleware::from_fn(
+                    move |request: Request, next: Next| {
+                        let http = Arc::clone(&http);
+                        async move {
+                            let started = Instant::now();
+                            let route = http.route(
+                                request
+                                    .extensions()
+                                    .get::<MatchedPath>()
+                                    .map(MatchedPath::as_str),
+                            );
+                            let response = next.run(request).await;
+                            http.request(route, response.status().as_u16(), started.elapsed());
+                            response
+                        }
+                    },
+                ));
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, app).await {
                     tracing::error!("metrics endpoint stopped: {e}");

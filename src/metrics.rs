@@ -47,9 +47,11 @@ pub const MODEL_REQUESTS_TOTAL: &str = "switchboard_model_requests_total";
 pub const MODEL_REQUEST_SECONDS: &str = "switchboard_model_request_seconds";
 /// Always 1; the `version` label carries the crate version.
 pub const BUILD_INFO: &str = "switchboard_build_info";
-/// HTTP requests answered by `serve`, by route template and status.
+/// HTTP requests answered by `serve` and by the `--metrics-addr` endpoint, by route template
+/// and status.
 pub const HTTP_REQUESTS_TOTAL: &str = "switchboard_http_requests_total";
-/// HTTP request latency of `serve` (to the response head), by route template.
+/// HTTP request latency of `serve` and the metrics endpoint (to the response head), by route
+/// template.
 pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
 /// Always 1; `mode` is the sandbox mode of bash commands, `landlock_abi` the kernel's Landlock ABI.
 pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
@@ -185,14 +187,14 @@ pub const METRICS: &[MetricDef] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &["route", "status"],
-        help: "HTTP requests answered by serve, by route template (never a session id; unmatched paths are _unmatched) and status code.",
+        help: "HTTP requests answered by serve and by the --metrics-addr endpoint, by route template (never a session id; unmatched paths are _unmatched) and status code.",
     },
     MetricDef {
         name: HTTP_REQUEST_SECONDS,
         kind: Kind::Histogram,
         unit: Unit::Seconds,
         labels: &["route"],
-        help: "Time from an HTTP request arriving at serve to its response head (a stream's events come later), by route template.",
+        help: "Time from an HTTP request arriving (at serve or the --metrics-addr endpoint) to its response head (a stream's events come later), by route template.",
     },
     MetricDef {
         name: SANDBOX_INFO,

@@ -164,15 +164,43 @@ impl TurnPlan {
                 .map(|p| (p.index, Arc::clone(&p.tool)))
                 .collect();
             let (slot, worker) = workers.pick();
-            let reply = worker
+            // A streamed turn fills each slot as its call answers, not when the stage ends.
+            let (progress, mut answers) = if self.collector.streams() {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                (Some(tx), Some(rx))
+            } else {
+                (None, None)
+            };
+            let ask = worker
                 .ask(RunStage {
                     calls,
                     arrived: self.arrived,
                     cancel: cancel.clone(),
                     span: self.span.clone(),
                     scope: Arc::clone(&self.scope),
+                    progress,
                 })
-                .await;
+                .into_future();
+            let reply = match answers.as_mut() {
+                None => ask.await,
+                Some(rx) => {
+                    tokio::pin!(ask);
+                    loop {
+                        tokio::select! {
+                            reply = &mut ask => break reply,
+                            Some((index, result, tool)) = rx.recv() => {
+                                self.collector.fill_with(index, result, &tool.metrics);
+                            }
+                        }
+                    }
+                }
+            };
+            // Answers sent before the reply are all in the channel by now.
+            if let Some(rx) = answers.as_mut() {
+                while let Ok((index, result, tool)) = rx.try_recv() {
+                    self.collector.fill_with(index, result, &tool.metrics);
+                }
+            }
             match reply {
                 Ok(results) => {
                     for (index, result, tool) in results {

@@ -85,8 +85,8 @@ impl Session {
     }
 
     /// Like [`Session::dispatch_with_cancel`], also sending each result to `sink` with its index
-    /// in the turn as soon as it is answered (results of a concurrent stage run on a worker
-    /// arrive together, when the stage ends). The returned answer is the same ordered one.
+    /// in the turn as soon as it is answered (refused calls first, then each call as it
+    /// finishes, also within a concurrent stage). The returned answer is the same ordered one.
     pub async fn dispatch_streaming(
         &self,
         calls: Vec<ToolCall>,

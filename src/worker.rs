@@ -52,10 +52,17 @@ pub struct RunStage {
     pub span: Span,
     /// The session the turn belongs to.
     pub scope: Arc<SessionScope>,
+    /// When set, each waiting call's answer goes here as soon as it comes, and the reply holds
+    /// only the rest (the turn is streamed).
+    pub progress: Option<StageProgress>,
 }
 
 /// A stage's answers: `(index in the turn, result, the tool that answered)`.
 pub type StageResults = Vec<(usize, ToolDispatchResult, Arc<RegisteredTool>)>;
+
+/// Where a stage's waiting calls send each answer the moment it comes (for a streamed turn).
+pub type StageProgress =
+    tokio::sync::mpsc::UnboundedSender<(usize, ToolDispatchResult, Arc<RegisteredTool>)>;
 
 impl Message<RunStage> for Worker {
     type Reply = DelegatedReply<StageResults>;
@@ -67,6 +74,7 @@ impl Message<RunStage> for Worker {
             cancel,
             span,
             scope,
+            progress,
         } = msg;
         let mut done = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
@@ -100,11 +108,18 @@ impl Message<RunStage> for Worker {
                 span: &span,
                 scope: &scope,
             };
-            let runs = waiting.into_iter().map(|p| async move {
-                let (index, tool) = (p.index, Arc::clone(&p.tool));
-                (index, execute::run(p, env).await, tool)
+            let runs = waiting.into_iter().map(|p| {
+                let progress = progress.clone();
+                async move {
+                    let (index, tool) = (p.index, Arc::clone(&p.tool));
+                    let answer = (index, execute::run(p, env).await, tool);
+                    match progress {
+                        Some(tx) => tx.send(answer).err().map(|unsent| unsent.0),
+                        None => Some(answer),
+                    }
+                }
             });
-            done.extend(join_all(runs).await);
+            done.extend(join_all(runs).await.into_iter().flatten());
             done
         })
     }

@@ -446,6 +446,8 @@ impl Bash {
                 let status =
                     status.map_err(|e| ToolError::execution(format!("waiting for bash: {e}")))?;
                 let mut text = combine(out, err, OUTPUT_CAP - 40);
+                // Read before the sandbox's TMPDIR, where it may live, is removed.
+                let notice = notice.and_then(|f| std::fs::read(f.path()).ok());
                 // A limit of the sandbox that killed the command is named first (it knows which).
                 if let Some(sandbox) = sandbox {
                     let why = sandbox.verdict(&status, &text);
@@ -458,7 +460,6 @@ impl Bash {
                         }));
                     }
                 }
-                let notice = notice.and_then(|f| std::fs::read(f.path()).ok());
                 if let Some(signal) = death_signal(status, notice.as_deref()) {
                     let what = killed_by(signal);
                     return Err(ToolError::execution(if text == NO_OUTPUT {

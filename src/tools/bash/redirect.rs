@@ -1,6 +1,9 @@
 //! The seed's `> /dev/` entry, read as "a redirection to a device node": which redirections
 //! `bash` refuses, and the harmless devices (`/dev/null`, `/dev/stdout`, `/dev/stderr`) it lets
-//! through. A convenience for parity with the seed, not a security boundary.
+//! through. bash's own network pseudo-paths (`/dev/tcp/HOST/PORT`, `/dev/udp/…`) are no device
+//! nodes and pass too: whether a command may reach the network is the sandbox's decision (no
+//! network by default), not a substring's. A convenience for parity with the seed, not a
+//! security boundary.
 
 /// Devices a command may redirect output to: they discard it or pass it on, and models write
 /// `> /dev/null` constantly.
@@ -17,6 +20,9 @@ pub(super) fn redirects_to_device(command: &str) -> bool {
         let Some(device) = target.strip_prefix("/dev/") else {
             return false;
         };
+        if device.starts_with("tcp/") || device.starts_with("udp/") {
+            return false;
+        }
         let name = device
             .split(|c: char| c.is_whitespace() || ";|&)<>'\"`".contains(c))
             .next()
@@ -41,6 +47,7 @@ mod tests {
             "cat x 2> \"/dev/null\"",
             "ls >| /dev/null",
             "echo '>' /dev/sda",
+            "echo > /dev/tcp/127.0.0.1/8080",
         ] {
             assert!(!redirects_to_device(harmless), "{harmless}");
         }
