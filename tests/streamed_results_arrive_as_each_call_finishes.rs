@@ -82,7 +82,7 @@ async fn each_result_of_a_concurrent_stage_is_streamed_as_it_answers() {
         .unwrap()
         .unwrap();
     assert_eq!((third.0, third.1.content.as_str()), (0, "slow"));
-    let results = turn.await.unwrap();
+    let results = turn.await.unwrap().expect("engine available");
     let ids: Vec<&str> = results.iter().map(|r| &*r.tool_use_id).collect();
     assert_eq!(ids, ["a", "b", "c"]);
     assert!(rx.recv().await.is_none(), "no result is sent twice");
