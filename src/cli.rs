@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::demo;
 use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
+use crate::mcp::command::{McpArgs, start_engine};
 use crate::protocol::{self, WireFormat};
 use crate::registry::CatalogFormat;
 use crate::tools::builtin_tools;
@@ -67,6 +68,9 @@ pub enum Command {
         /// One JSON document per line in, one per line out (for piping many turns).
         #[arg(long)]
         lines: bool,
+        /// MCP servers.
+        #[command(flatten)]
+        mcp: McpArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -76,6 +80,9 @@ pub enum Command {
         /// Catalog shape.
         #[arg(long, value_enum, default_value_t = CatalogShape::Anthropic)]
         format: CatalogShape,
+        /// MCP servers.
+        #[command(flatten)]
+        mcp: McpArgs,
     },
     /// Run N scripted agent sessions at once on a fresh temporary workspace (offline, no key).
     Demo {
@@ -89,6 +96,9 @@ pub enum Command {
         /// report lists the first round in full and sums up all of them.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
+        /// MCP servers (started with the engine; their tools join the catalog).
+        #[command(flatten)]
+        mcp: McpArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -96,6 +106,11 @@ pub enum Command {
     /// Drive the engine with many concurrent sessions and report throughput, latency and memory,
     /// optionally beside the direct in-process baseline (`--baseline direct`).
     Load(crate::load::LoadArgs),
+    /// MCP servers: `mcp list --mcp-config FILE [--json]`.
+    #[command(subcommand)]
+    Mcp(crate::mcp::command::McpCommand),
+    /// Serve the built-in tools as an MCP server over stdio.
+    McpServe(crate::mcp::command::ServeArgs),
 }
 
 /// `--format` of `dispatch`.
@@ -165,13 +180,14 @@ async fn run(cli: Cli) -> ExitCode {
             workspace,
             format,
             lines,
+            mcp,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace) {
+            let engine = match engine_for(workspace, &mcp).await {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -183,12 +199,14 @@ async fn run(cli: Cli) -> ExitCode {
             engine.shutdown(Duration::from_secs(1)).await;
             finish_telemetry(telemetry, code).await
         }
-        Command::Tools { format } => {
-            let engine = match engine_for(None) {
+        Command::Tools { format, mcp } => {
+            let engine = match engine_for(None, &mcp).await {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
-            match engine.catalog(format.into()).await {
+            let catalog = engine.catalog(format.into()).await;
+            engine.shutdown(Duration::from_secs(1)).await;
+            match catalog {
                 Ok(catalog) => {
                     print_line(
                         &serde_json::to_string_pretty(&Value::Array(catalog))
@@ -203,13 +221,14 @@ async fn run(cli: Cli) -> ExitCode {
             sessions,
             workspace,
             duration,
+            mcp,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let code = match demo::run(sessions as usize, workspace, duration).await {
+            let code = match demo::run(sessions as usize, workspace, duration, &mcp).await {
                 Ok(report) => {
                     print!("{report}");
                     ExitCode::SUCCESS
@@ -219,6 +238,8 @@ async fn run(cli: Cli) -> ExitCode {
             finish_telemetry(telemetry, code).await
         }
         Command::Load(args) => crate::load::run(args).await,
+        Command::Mcp(cmd) => crate::mcp::command::mcp_command(cmd).await,
+        Command::McpServe(args) => crate::mcp::command::mcp_serve(args).await,
     }
 }
 
@@ -235,14 +256,13 @@ async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
     }
 }
 
-fn engine_for(workspace: Option<PathBuf>) -> Result<Engine, ExitCode> {
+async fn engine_for(workspace: Option<PathBuf>, mcp: &McpArgs) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
         .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?;
-    Engine::builder()
-        .tools(builtin_tools(&ws))
-        .build()
-        .map_err(|e| fail(1, &e.to_string()))
+    start_engine(Engine::builder().tools(builtin_tools(&ws)), mcp)
+        .await
+        .map_err(|e| fail(2, &e))
 }
 
 /// Exit code after ctrl-c (128 + SIGINT), as shells report it.

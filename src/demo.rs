@@ -110,6 +110,7 @@ pub async fn run(
     sessions: usize,
     workspace: Option<PathBuf>,
     duration: Option<Duration>,
+    mcp: &crate::mcp::command::McpArgs,
 ) -> Result<String, String> {
     let temp = match &workspace {
         Some(_) => None,
@@ -122,10 +123,8 @@ pub async fn run(
     });
     let ws = Workspace::open(&root)
         .map_err(|e| format!("cannot open workspace {}: {e}", root.display()))?;
-    let engine = Engine::builder()
-        .tools(builtin_tools(&ws))
-        .build()
-        .map_err(|e| e.to_string())?;
+    let engine =
+        crate::mcp::command::start_engine(Engine::builder().tools(builtin_tools(&ws)), mcp).await?;
     let started = Instant::now();
     let first = run_round(&engine, &ws, sessions).await?;
     let mut totals = Totals::default();

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod exporter;
 pub mod limiter;
 pub mod load;
+pub mod mcp;
 pub mod metrics;
 pub mod observe;
 pub mod process_guard;

@@ -97,6 +97,9 @@ pub struct ModelArgs {
     /// Requests per model call, retries included.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub max_attempts: u32,
+    /// MCP servers whose tools join the catalog.
+    #[command(flatten)]
+    pub mcp: crate::mcp::command::McpArgs,
 }
 
 impl Default for ModelArgs {
@@ -114,6 +117,7 @@ impl Default for ModelArgs {
             script: None,
             timeout: None,
             max_attempts: 4,
+            mcp: Default::default(),
         }
     }
 }
@@ -264,10 +268,9 @@ async fn setup(
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
         .await
         .map_err(|e| fail(2, &e))?;
-    let engine = Engine::builder()
-        .tools(builtin_tools(&ws))
-        .build()
-        .map_err(|e| fail(1, &e.to_string()))?;
+    let engine = crate::mcp::command::start_engine(Engine::builder().tools(builtin_tools(&ws)), &args.mcp)
+        .await
+        .map_err(|e| fail(2, &e))?;
     let config = LoopConfig {
         model,
         system: args
