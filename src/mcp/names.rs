@@ -97,7 +97,7 @@ mod tests {
         );
         assert_eq!(
             registry_names("s", &["get.time", "ünï"]),
-            ["mcp__s__get_time", "mcp__s_____"]
+            ["mcp__s__get_time", "mcp__s___n_"]
         );
     }
 

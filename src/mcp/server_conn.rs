@@ -365,9 +365,9 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
                     exited: CancellationToken::new(),
                     reason: OnceLock::new(),
                 });
-                shared.link.send_replace(Link::Up(Arc::clone(&live)));
                 shared.set_state(ServerState::Up);
                 shared.metrics.up(true);
+                shared.link.send_replace(Link::Up(Arc::clone(&live)));
                 tracing::info!(server = %shared.name, "MCP server up");
                 first = false;
                 let up_since = Instant::now();
@@ -385,8 +385,10 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
             }
             Err(reason) if first => {
                 tracing::warn!(server = %shared.name, "MCP server failed to start: {reason}");
-                shared.link.send_replace(Link::Down(reason.clone()));
-                shared.set_state(ServerState::Failed { reason });
+                shared.set_state(ServerState::Failed {
+                    reason: reason.clone(),
+                });
+                shared.link.send_replace(Link::Down(reason));
                 return;
             }
             Err(reason) => reason,
@@ -408,14 +410,16 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
                 FAILURE_WINDOW.as_secs() / 60
             );
             tracing::error!(server = %shared.name, "MCP server {reason}");
-            shared.link.send_replace(Link::Down(reason.clone()));
-            shared.set_state(ServerState::Failed { reason });
             unregister_all(&shared, &registry).await;
+            shared.set_state(ServerState::Failed {
+                reason: reason.clone(),
+            });
+            shared.link.send_replace(Link::Down(reason));
             return;
         }
         tracing::warn!(server = %shared.name, "MCP server down ({reason}); restarting in {backoff:?}");
-        shared.link.send_replace(Link::Restarting);
         shared.set_state(ServerState::Restarting { reason });
+        shared.link.send_replace(Link::Restarting);
         shared.metrics.restarted();
         if let Ok(mut s) = shared.status.lock() {
             s.restarts += 1;

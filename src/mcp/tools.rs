@@ -25,6 +25,9 @@ use super::server_conn::{Link, Live, Shared, ToolEntry};
 use crate::protocol::ErrorCode;
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 
+/// How long a call whose connection closed waits for the supervisor to notice the exit.
+const EXIT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The specs (and the listing entries) for a server's listed tools.
 pub(crate) fn build(shared: &Arc<Shared>, listed: Vec<Tool>) -> (Vec<ToolSpec>, Vec<ToolEntry>) {
     let raws: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
@@ -90,7 +93,9 @@ async fn live(shared: &Shared, ctx: &ToolContext) -> Result<Arc<Live>, ToolError
     loop {
         let link = rx.borrow_and_update().clone();
         match link {
-            Link::Up(live) if !live.exited.is_cancelled() => return Ok(live),
+            Link::Up(live) if !live.exited.is_cancelled() && !live.peer.is_transport_closed() => {
+                return Ok(live);
+            }
             Link::Down(reason) => {
                 return Err(ToolError::execution(format!(
                     "MCP server {} is down: {reason}",
@@ -147,7 +152,13 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
     match answer {
         Ok(result) => map_result(result),
         Err(ServiceError::TransportClosed) => {
-            // The supervisor may not have recorded why yet; say what we know.
+            // Answer once the supervisor has seen the exit too, so the next call waits for the
+            // restart instead of finding the dead connection (bounded by this call's deadline).
+            tokio::select! {
+                _ = live.exited.cancelled() => {}
+                _ = ctx.cancel.cancelled() => {}
+                _ = tokio::time::sleep(EXIT_NOTICE) => {}
+            }
             Err(ToolError::execution(format!(
                 "MCP server {} exited: the connection closed during the call",
                 shared.name
