@@ -268,9 +268,10 @@ async fn setup(
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
         .await
         .map_err(|e| fail(2, &e))?;
-    let engine = crate::mcp::command::start_engine(Engine::builder().tools(builtin_tools(&ws)), &args.mcp)
-        .await
-        .map_err(|e| fail(2, &e))?;
+    let engine =
+        crate::mcp::command::start_engine(Engine::builder().tools(builtin_tools(&ws)), &args.mcp)
+            .await
+            .map_err(|e| fail(2, &e))?;
     let config = LoopConfig {
         model,
         system: args

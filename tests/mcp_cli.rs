@@ -51,10 +51,20 @@ fn mcp_list_shows_each_server_its_status_and_its_tools() {
     let cfg = config(dir.path(), &py);
     let out = switchboard(&["mcp", "list", "--mcp-config", cfg.to_str().unwrap()], "");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "a failed server makes it exit 1\n{text}");
-    assert!(text.contains("bad (stdio): up, 8 tools\n"), "{text}");
-    assert!(text.contains("mcp__bad__echo          concurrent  echo\n"), "{text}");
-    assert!(text.contains("mcp__bad__hang          serial      hang\n"), "{text}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed server makes it exit 1\n{text}"
+    );
+    assert!(text.contains("bad (stdio): up, 9 tools\n"), "{text}");
+    assert!(
+        text.contains("mcp__bad__echo          concurrent  echo\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mcp__bad__hang          serial      hang\n"),
+        "{text}"
+    );
     assert!(
         text.contains("gone (stdio): failed: cannot start \"/nonexistent/server\""),
         "{text}"
@@ -62,16 +72,25 @@ fn mcp_list_shows_each_server_its_status_and_its_tools() {
     assert!(text.contains("off (http): disabled\n"), "{text}");
 
     let out = switchboard(
-        &["mcp", "list", "--mcp-config", cfg.to_str().unwrap(), "--json"],
+        &[
+            "mcp",
+            "list",
+            "--mcp-config",
+            cfg.to_str().unwrap(),
+            "--json",
+        ],
         "",
     );
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     let servers = doc["servers"].as_array().unwrap();
-    let names: Vec<&str> = servers.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = servers
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["bad", "gone", "off"]);
     assert_eq!(servers[0]["state"], "up");
     assert_eq!(servers[0]["transport"], "stdio");
-    assert_eq!(servers[0]["tools"].as_array().unwrap().len(), 8);
+    assert_eq!(servers[0]["tools"].as_array().unwrap().len(), 9);
     assert_eq!(servers[1]["state"], "failed");
     assert_eq!(servers[2]["state"], "disabled");
 }
@@ -99,19 +118,35 @@ fn dispatch_and_tools_take_an_mcp_config() {
         ],
         &turn.to_string(),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
     let blocks = reply["content"].as_array().unwrap();
-    let ids: Vec<&str> = blocks.iter().map(|b| b["tool_use_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = blocks
+        .iter()
+        .map(|b| b["tool_use_id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["a", "b", "c"]);
     assert_eq!(blocks[0]["content"], r#"{"k": "v"}"#);
     assert_eq!(blocks[2]["is_error"], true);
-    assert_eq!(blocks[2]["content"], "Error [execution_error]: it went wrong");
+    assert_eq!(
+        blocks[2]["content"],
+        "Error [execution_error]: it went wrong"
+    );
     // The failed server is reported on stderr; the rest still ran.
     assert!(String::from_utf8_lossy(&out.stderr).contains("MCP server gone failed"));
 
     let out = switchboard(
-        &["tools", "--format", "openai", "--mcp-config", cfg.to_str().unwrap()],
+        &[
+            "tools",
+            "--format",
+            "openai",
+            "--mcp-config",
+            cfg.to_str().unwrap(),
+        ],
         "",
     );
     let catalog: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -121,7 +156,10 @@ fn dispatch_and_tools_take_an_mcp_config() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"read_file") && names.contains(&"mcp__bad__big"), "{names:?}");
+    assert!(
+        names.contains(&"read_file") && names.contains(&"mcp__bad__big"),
+        "{names:?}"
+    );
 }
 
 #[test]

@@ -36,9 +36,16 @@ async fn a_hanging_call_times_out_and_the_server_is_told_to_cancel_it() {
     )
     .await;
     assert_eq!(results[0].content, r#"{"x": 1}"#);
-    assert_eq!(results[1].error, Some(ErrorCode::Timeout), "{}", results[1].content);
+    assert_eq!(
+        results[1].error,
+        Some(ErrorCode::Timeout),
+        "{}",
+        results[1].content
+    );
     assert!(
-        results[1].content.contains("notifications/cancelled sent to MCP server bad"),
+        results[1]
+            .content
+            .contains("notifications/cancelled sent to MCP server bad"),
         "{}",
         results[1].content
     );
@@ -46,13 +53,19 @@ async fn a_hanging_call_times_out_and_the_server_is_told_to_cancel_it() {
     // The server saw a notifications/cancelled naming exactly the hanging request's id.
     let got = eventually(Duration::from_secs(10), || {
         let log = events(state.path());
-        let id = log
-            .lines()
-            .find_map(|l| l.strip_suffix(" hang")?.strip_prefix("call ").map(str::to_string));
+        let id = log.lines().find_map(|l| {
+            l.strip_suffix(" hang")?
+                .strip_prefix("call ")
+                .map(str::to_string)
+        });
         id.is_some_and(|id| log.lines().any(|l| l == format!("cancelled {id}")))
     })
     .await;
-    assert!(got, "no matching notifications/cancelled: {}", events(state.path()));
+    assert!(
+        got,
+        "no matching notifications/cancelled: {}",
+        events(state.path())
+    );
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -73,15 +86,24 @@ async fn a_cancelled_turn_cancels_the_request_on_the_server() {
         })
     };
     assert!(
-        eventually(Duration::from_secs(10), || events(state.path()).contains(" hang")).await,
+        eventually(Duration::from_secs(10), || events(state.path())
+            .contains(" hang"))
+        .await,
         "the call never reached the server"
     );
     token.cancel();
     let results = dispatch.await.unwrap();
     assert_eq!(results.len(), 1);
-    assert_eq!(results[0].error, Some(ErrorCode::Cancelled), "{}", results[0].content);
+    assert_eq!(
+        results[0].error,
+        Some(ErrorCode::Cancelled),
+        "{}",
+        results[0].content
+    );
     assert!(
-        eventually(Duration::from_secs(10), || events(state.path()).contains("cancelled ")).await,
+        eventually(Duration::from_secs(10), || events(state.path())
+            .contains("cancelled "))
+        .await,
         "{}",
         events(state.path())
     );
@@ -160,7 +182,11 @@ async fn a_ten_megabyte_result_is_capped_like_any_output() {
     )
     .await;
     assert_eq!(results[0].error, None);
-    assert!(results[0].content.len() <= 50_000, "{}", results[0].content.len());
+    assert!(
+        results[0].content.len() <= 50_000,
+        "{}",
+        results[0].content.len()
+    );
     assert!(results[0].content.contains("bytes truncated"));
     assert_eq!(results[1].error, Some(ErrorCode::ExecutionError));
     assert_eq!(results[1].content, "Error [execution_error]: it went wrong");
@@ -182,10 +208,14 @@ async fn a_changed_tool_list_replaces_the_servers_tools_atomically() {
             .map(|t| t.name.clone())
             .collect::<Vec<_>>()
     };
-    assert_eq!(names(&engine).len(), 8, "{:?}", names(&engine));
-    assert_eq!(engine.tool_count().await, 8);
+    assert_eq!(names(&engine).len(), 9, "{:?}", names(&engine));
+    assert_eq!(engine.tool_count().await, 9);
     let version = engine.registry_version();
-    let results = turn(&engine, vec![call("a", "mcp__bad__change_tools", json!({}))]).await;
+    let results = turn(
+        &engine,
+        vec![call("a", "mcp__bad__change_tools", json!({}))],
+    )
+    .await;
     assert_eq!(results[0].content, "changing");
     assert!(
         eventually(Duration::from_secs(10), || names(&engine)
@@ -193,7 +223,7 @@ async fn a_changed_tool_list_replaces_the_servers_tools_atomically() {
         .await
     );
     assert_eq!(engine.registry_version(), version + 1, "one version bump");
-    assert_eq!(engine.tool_count().await, 8);
+    assert_eq!(engine.tool_count().await, 9);
     let results = turn(
         &engine,
         vec![
@@ -223,7 +253,15 @@ async fn a_server_sees_only_the_allowlisted_environment_and_its_own_env() {
     assert!(keys.contains(&"CONFIGURED".to_string()), "{keys:?}");
     assert!(keys.contains(&"PATH".to_string()), "{keys:?}");
     let allowed = [
-        "PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM", "CONFIGURED",
+        "PATH",
+        "HOME",
+        "LANG",
+        "TMPDIR",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "TERM",
+        "CONFIGURED",
     ];
     for k in &keys {
         // python3 itself may add LC_CTYPE when coercing the locale.
@@ -264,6 +302,39 @@ async fn shutdown_leaves_no_server_process_and_failed_servers_do_not_stop_the_en
     let results = turn(&engine, vec![call("a", "mcp__bad__echo", json!({}))]).await;
     assert_eq!(results[0].error, None);
     engine.shutdown(Duration::from_secs(1)).await;
-    assert!(process_gone(pid), "server process {pid} outlived the engine");
+    assert!(
+        process_gone(pid),
+        "server process {pid} outlived the engine"
+    );
     assert_eq!(engine.mcp_status()[0].state, ServerState::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_keeps_crashing_stays_down_after_five_failures_and_its_tools_go() {
+    let Some(py) = python("crash loop") else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let engine = engine_with(vec![("bad", misbehaving(&py, state.path()))]).await;
+    // Each call crashes the server; each restart waits 1, 2, 4, 8 s (about 15 s in all).
+    for i in 0..5 {
+        let results = turn(
+            &engine,
+            vec![call(&format!("c{i}"), "mcp__bad__crash_always", json!({}))],
+        )
+        .await;
+        assert_eq!(results[0].error, Some(ErrorCode::ExecutionError), "{i}: {}", results[0].content);
+        assert!(results[0].content.contains("MCP server bad exited"), "{}", results[0].content);
+    }
+    let stays_down = || {
+        matches!(&engine.mcp_status()[0].state,
+            ServerState::Failed { reason } if reason.contains("stays down after 5 failures within 5 minutes"))
+    };
+    assert!(eventually(Duration::from_secs(10), stays_down).await, "{:?}", engine.mcp_status());
+    let status = engine.mcp_status().remove(0);
+    assert_eq!(status.restarts, 4);
+    assert_eq!(engine.tool_count().await, 0, "the server's tools were removed");
+    let results = turn(&engine, vec![call("d", "mcp__bad__echo", json!({}))]).await;
+    assert_eq!(results[0].error, Some(ErrorCode::UnknownTool));
+    engine.shutdown(Duration::from_secs(1)).await;
 }

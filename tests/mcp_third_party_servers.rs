@@ -39,7 +39,12 @@ async fn server_everything_over_stdio_answers_text_images_structured_content_and
         node_server(&dir, "server-everything", &["stdio"]),
     )])
     .await;
-    assert_eq!(engine.mcp_status()[0].state, ServerState::Up, "{:?}", engine.mcp_status());
+    assert_eq!(
+        engine.mcp_status()[0].state,
+        ServerState::Up,
+        "{:?}",
+        engine.mcp_status()
+    );
     let results = turn(
         &engine,
         vec![
@@ -60,9 +65,17 @@ async fn server_everything_over_stdio_answers_text_images_structured_content_and
     assert_eq!(results[0].content, "Echo: hi");
     assert_eq!(results[1].content, "The sum of 2 and 3 is 5.");
     assert_eq!(results[2].error, None, "{}", results[2].content);
-    assert!(results[2].content.contains("[image: image/png,"), "{}", results[2].content);
+    assert!(
+        results[2].content.contains("[image: image/png,"),
+        "{}",
+        results[2].content
+    );
     assert_eq!(results[3].error, None, "{}", results[3].content);
-    assert!(results[3].content.contains("temperature"), "{}", results[3].content);
+    assert!(
+        results[3].content.contains("temperature"),
+        "{}",
+        results[3].content
+    );
     assert_eq!(results[4].error, Some(ErrorCode::InvalidArguments));
     assert_eq!(results[5].error, Some(ErrorCode::UnknownTool));
     engine.shutdown(Duration::from_secs(2)).await;
@@ -110,7 +123,11 @@ async fn server_everything_over_streamable_http_answers_calls_in_order() {
     let server = start_http(&dir);
     let addr = format!("127.0.0.1:{}", server.port);
     assert!(
-        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(&addr).is_ok()).await,
+        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(
+            &addr
+        )
+        .is_ok())
+        .await,
         "server-everything did not listen on {addr}"
     );
     let engine = engine_from(&format!(
@@ -145,15 +162,15 @@ async fn server_filesystem_reads_of_one_turn_overlap_and_a_write_does_not() {
     let root = tempfile::tempdir().unwrap();
     let root_path = root.path().canonicalize().unwrap();
     for name in ["a", "b", "c"] {
-        std::fs::write(root_path.join(format!("{name}.txt")), format!("file {name}")).unwrap();
+        std::fs::write(
+            root_path.join(format!("{name}.txt")),
+            format!("file {name}"),
+        )
+        .unwrap();
     }
     let engine = engine_with(vec![(
         "fs",
-        node_server(
-            &dir,
-            "server-filesystem",
-            &[root_path.to_str().unwrap()],
-        ),
+        node_server(&dir, "server-filesystem", &[root_path.to_str().unwrap()]),
     )])
     .await;
     let status = &engine.mcp_status()[0];
@@ -190,26 +207,40 @@ async fn server_filesystem_reads_of_one_turn_overlap_and_a_write_does_not() {
     let spans: Vec<_> = reads.iter().map(span).collect();
     let last_start = spans.iter().map(|s| s.0).max().unwrap();
     let first_end = spans.iter().map(|s| s.1).min().unwrap();
-    assert!(last_start < first_end, "the reads did not overlap: {spans:?}");
+    assert!(
+        last_start < first_end,
+        "the reads did not overlap: {spans:?}"
+    );
 
     // read, write, read-back: the write runs alone, after the read and before the read-back.
     let mixed = turn(
         &engine,
         vec![
-            call("r1", "mcp__fs__read_text_file", json!({"path": path("a.txt")})),
+            call(
+                "r1",
+                "mcp__fs__read_text_file",
+                json!({"path": path("a.txt")}),
+            ),
             call(
                 "w",
                 "mcp__fs__write_file",
                 json!({"path": path("d.txt"), "content": "written"}),
             ),
-            call("r2", "mcp__fs__read_text_file", json!({"path": path("d.txt")})),
+            call(
+                "r2",
+                "mcp__fs__read_text_file",
+                json!({"path": path("d.txt")}),
+            ),
         ],
     )
     .await;
     assert_eq!(mixed[1].error, None, "{}", mixed[1].content);
     assert_eq!(mixed[2].content, "written", "the read-back saw the write");
     let (r1, w, r2) = (span(&mixed[0]), span(&mixed[1]), span(&mixed[2]));
-    assert!(r1.1 <= w.0 && w.1 <= r2.0, "the write overlapped: {r1:?} {w:?} {r2:?}");
+    assert!(
+        r1.1 <= w.0 && w.1 <= r2.0,
+        "the write overlapped: {r1:?} {w:?} {r2:?}"
+    );
     engine.shutdown(Duration::from_secs(2)).await;
 }
 
@@ -230,22 +261,47 @@ async fn mcp_server_time_from_pypi_answers_and_reports_bad_timezones_as_errors()
     let results = turn(
         &engine,
         vec![
-            call("a", "mcp__time__get_current_time", json!({"timezone": "UTC"})),
+            call(
+                "a",
+                "mcp__time__get_current_time",
+                json!({"timezone": "UTC"}),
+            ),
             call(
                 "b",
                 "mcp__time__convert_time",
                 json!({"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
             ),
-            call("c", "mcp__time__get_current_time", json!({"timezone": "Mars/Olympus"})),
+            call(
+                "c",
+                "mcp__time__get_current_time",
+                json!({"timezone": "Mars/Olympus"}),
+            ),
         ],
     )
     .await;
     assert_eq!(results[0].error, None, "{}", results[0].content);
-    assert!(results[0].content.contains("\"timezone\": \"UTC\"") || results[0].content.contains("\"timezone\":\"UTC\""),
-        "{}", results[0].content);
+    assert!(
+        results[0].content.contains("\"timezone\": \"UTC\"")
+            || results[0].content.contains("\"timezone\":\"UTC\""),
+        "{}",
+        results[0].content
+    );
     assert_eq!(results[1].error, None, "{}", results[1].content);
-    assert!(results[1].content.contains("21:00"), "{}", results[1].content);
-    assert_eq!(results[2].error, Some(ErrorCode::ExecutionError), "{}", results[2].content);
-    assert!(results[2].content.contains("Mars/Olympus"), "{}", results[2].content);
+    assert!(
+        results[1].content.contains("21:00"),
+        "{}",
+        results[1].content
+    );
+    assert_eq!(
+        results[2].error,
+        Some(ErrorCode::ExecutionError),
+        "{}",
+        results[2].content
+    );
+    assert!(
+        results[2].content.contains("Mars/Olympus"),
+        "{}",
+        results[2].content
+    );
     engine.shutdown(Duration::from_secs(2)).await;
 }

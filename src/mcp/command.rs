@@ -81,8 +81,7 @@ pub async fn mcp_command(cmd: McpCommand) -> ExitCode {
             let statuses = engine.mcp_status();
             engine.shutdown(Duration::from_secs(1)).await;
             let text = if json {
-                serde_json::to_string_pretty(&list::render_json(&statuses))
-                    .unwrap_or_default()
+                serde_json::to_string_pretty(&list::render_json(&statuses)).unwrap_or_default()
                     + "\n"
             } else {
                 list::render_text(&statuses)

@@ -174,10 +174,7 @@ impl McpConfig {
     }
 }
 
-fn parse_server(
-    entry: Value,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<ServerSpec, String> {
+fn parse_server(entry: Value, env: &dyn Fn(&str) -> Option<String>) -> Result<ServerSpec, String> {
     let Value::Object(mut obj) = entry else {
         return Err("must be an object".into());
     };
@@ -187,7 +184,12 @@ fn parse_server(
         Some(_) => return Err("\"type\": must be a string".into()),
     };
     let kind = kind.unwrap_or_else(|| {
-        if obj.contains_key("url") { "http" } else { "stdio" }.to_string()
+        if obj.contains_key("url") {
+            "http"
+        } else {
+            "stdio"
+        }
+        .to_string()
     });
     let mut spec = match kind.as_str() {
         "stdio" => ServerSpec::with_transport(Transport::Stdio {
@@ -198,7 +200,8 @@ fn parse_server(
             cwd: take_string(&mut obj, "cwd")?.map(PathBuf::from),
         }),
         "http" | "streamable-http" => {
-            let url = take_string(&mut obj, "url")?.ok_or("\"url\": required for an http server")?;
+            let url =
+                take_string(&mut obj, "url")?.ok_or("\"url\": required for an http server")?;
             let url = expand(&url, env).map_err(|e| format!("\"url\": {e}"))?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(format!("\"url\": {url:?} is not an http(s) URL"));
@@ -331,11 +334,7 @@ pub fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String
             Some((var, default)) => (var, Some(default)),
             None => (inner, None),
         };
-        if var.is_empty()
-            || !var
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
+        if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return Err(format!("bad variable name {var:?} in {text:?}"));
         }
         match (env(var), default) {

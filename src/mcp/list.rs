@@ -24,7 +24,10 @@ pub fn render_text(statuses: &[ServerStatus]) -> String {
             0 => String::new(),
             n => format!(", {n} restarts"),
         };
-        out.push_str(&format!("{} ({}): {state}{restarts}\n", s.name, s.transport));
+        out.push_str(&format!(
+            "{} ({}): {state}{restarts}\n",
+            s.name, s.transport
+        ));
         let width = s.tools.iter().map(|t| t.name.len()).max().unwrap_or(0);
         for t in &s.tools {
             let policy = if t.concurrency_safe {

@@ -110,6 +110,14 @@ mod tests {
         assert!(names[2].starts_with("mcp__s__a_b_") && names[2].len() == 20);
         assert_ne!(names[0], names[2]);
         // Stable: the same raw name gets the same suffix whatever the order or neighbours.
+        assert_eq!(
+            registry_names("s", &["get_time", "get.time", "get time"]),
+            [
+                "mcp__s__get_time",
+                "mcp__s__get_time_429f7372",
+                "mcp__s__get_time_90a98794"
+            ]
+        );
         let again = registry_names("s", &["a b", "a.b"]);
         assert_eq!(again, [names[2].clone(), names[0].clone()]);
     }

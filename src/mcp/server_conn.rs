@@ -315,7 +315,11 @@ async fn connect(
 }
 
 /// Registers `listed` as the server's tool group (one version bump) and records the result.
-async fn register(shared: &Arc<Shared>, registry: &ActorRef<Registry>, listed: Vec<rmcp::model::Tool>) {
+async fn register(
+    shared: &Arc<Shared>,
+    registry: &ActorRef<Registry>,
+    listed: Vec<rmcp::model::Tool>,
+) {
     let (specs, mut entries) = tools::build(shared, listed);
     let refused = registry
         .ask(ReplaceGroup {
@@ -376,7 +380,9 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
                 let Some(reason) = ended else {
                     return; // shut down
                 };
-                let _ = live.reason.set(format!("MCP server {} exited: {reason}", shared.name));
+                let _ = live
+                    .reason
+                    .set(format!("MCP server {} exited: {reason}", shared.name));
                 live.exited.cancel();
                 if up_since.elapsed() >= STABLE_AFTER {
                     backoff = BACKOFF_START;

@@ -258,13 +258,16 @@ mod tests {
     fn structured_content_stands_in_when_there_is_no_text() {
         let r = result(json!({"content": [], "structuredContent": {"t": 1}}));
         assert_eq!(map_result(r).unwrap(), r#"{"t":1}"#);
-        let r = result(json!({"content": [{"type": "text", "text": "x"}], "structuredContent": {"t": 1}}));
+        let r = result(
+            json!({"content": [{"type": "text", "text": "x"}], "structuredContent": {"t": 1}}),
+        );
         assert_eq!(map_result(r).unwrap(), "x");
     }
 
     #[test]
     fn is_error_becomes_an_execution_error_with_the_servers_text() {
-        let r = result(json!({"content": [{"type": "text", "text": "no such city"}], "isError": true}));
+        let r =
+            result(json!({"content": [{"type": "text", "text": "no such city"}], "isError": true}));
         let e = map_result(r).unwrap_err();
         assert_eq!(e.code, ErrorCode::ExecutionError);
         assert_eq!(e.detail, "no such city");

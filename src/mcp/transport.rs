@@ -42,7 +42,10 @@ pub fn server_env(
 }
 
 /// A stdio server's transport, and the process id of its group leader.
-pub fn spawn_stdio(server: &str, transport: &Transport) -> std::io::Result<(TokioChildProcess, u32)> {
+pub fn spawn_stdio(
+    server: &str,
+    transport: &Transport,
+) -> std::io::Result<(TokioChildProcess, u32)> {
     let Transport::Stdio {
         command,
         args,
@@ -135,8 +138,8 @@ pub fn http(
     for (k, v) in headers {
         let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
             .map_err(|e| format!("header {k:?}: {e}"))?;
-        let value = reqwest::header::HeaderValue::from_str(v)
-            .map_err(|e| format!("header {k:?}: {e}"))?;
+        let value =
+            reqwest::header::HeaderValue::from_str(v).map_err(|e| format!("header {k:?}: {e}"))?;
         custom.insert(name, value);
     }
     let client = reqwest::Client::builder()
@@ -165,9 +168,12 @@ mod tests {
             ("TERM", "xterm"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
-        let configured = [("TOKEN".to_string(), "t".to_string()), ("TERM".into(), "dumb".into())]
-            .into_iter()
-            .collect();
+        let configured = [
+            ("TOKEN".to_string(), "t".to_string()),
+            ("TERM".into(), "dumb".into()),
+        ]
+        .into_iter()
+        .collect();
         let mut env = server_env(parent, &configured);
         env.sort();
         let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();

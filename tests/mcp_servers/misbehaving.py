@@ -13,6 +13,7 @@ Tools (tools/list answers in two pages, to exercise pagination):
   big           answers 10 MB of text
   change_tools  answers, then replaces echo by echo2 and sends notifications/tools/list_changed
   fail          answers an isError result
+  crash_always  exits with status 4 mid-call, every time
 
 STATE_DIR/events.log gets one line per tools/call ("call <id> <tool>") and per
 notifications/cancelled ("cancelled <id>").
@@ -51,7 +52,7 @@ def tool(name, read_only=False):
 def tools():
     first = "echo2" if changed else "echo"
     page1 = [tool(first, True), tool("env", True), tool("hang"), tool("crash_once")]
-    page2 = [tool("garbage"), tool("big"), tool("change_tools"), tool("fail")]
+    page2 = [tool("garbage"), tool("big"), tool("change_tools"), tool("fail"), tool("crash_always")]
     return page1, page2
 
 
@@ -84,6 +85,8 @@ def call(mid, name, args):
         send({"jsonrpc": "2.0", "id": mid, "result": text("changing")})
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         return None
+    if name == "crash_always":
+        os._exit(4)
     if name == "fail":
         return text("it went wrong", is_error=True)
     return {"__error__": "unknown tool " + name}
