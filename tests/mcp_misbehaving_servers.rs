@@ -323,17 +323,34 @@ async fn a_server_that_keeps_crashing_stays_down_after_five_failures_and_its_too
             vec![call(&format!("c{i}"), "mcp__bad__crash_always", json!({}))],
         )
         .await;
-        assert_eq!(results[0].error, Some(ErrorCode::ExecutionError), "{i}: {}", results[0].content);
-        assert!(results[0].content.contains("MCP server bad exited"), "{}", results[0].content);
+        assert_eq!(
+            results[0].error,
+            Some(ErrorCode::ExecutionError),
+            "{i}: {}",
+            results[0].content
+        );
+        assert!(
+            results[0].content.contains("MCP server bad exited"),
+            "{}",
+            results[0].content
+        );
     }
     let stays_down = || {
         matches!(&engine.mcp_status()[0].state,
             ServerState::Failed { reason } if reason.contains("stays down after 5 failures within 5 minutes"))
     };
-    assert!(eventually(Duration::from_secs(10), stays_down).await, "{:?}", engine.mcp_status());
+    assert!(
+        eventually(Duration::from_secs(10), stays_down).await,
+        "{:?}",
+        engine.mcp_status()
+    );
     let status = engine.mcp_status().remove(0);
     assert_eq!(status.restarts, 4);
-    assert_eq!(engine.tool_count().await, 0, "the server's tools were removed");
+    assert_eq!(
+        engine.tool_count().await,
+        0,
+        "the server's tools were removed"
+    );
     let results = turn(&engine, vec![call("d", "mcp__bad__echo", json!({}))]).await;
     assert_eq!(results[0].error, Some(ErrorCode::UnknownTool));
     engine.shutdown(Duration::from_secs(1)).await;

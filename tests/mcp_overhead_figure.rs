@@ -42,7 +42,9 @@ async fn mcp_call_overhead_through_switchboard_versus_direct_rmcp() {
     let entry = node_entry(&dir, "server-everything");
 
     let mut cmd = tokio::process::Command::new("node");
-    cmd.arg(&entry).arg("stdio").stderr(std::process::Stdio::null());
+    cmd.arg(&entry)
+        .arg("stdio")
+        .stderr(std::process::Stdio::null());
     let direct = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let engine = engine_with(vec![(
         "everything",
@@ -68,7 +70,11 @@ async fn mcp_call_overhead_through_switchboard_versus_direct_rmcp() {
         for i in 0..CALLS_PER_ROUND {
             let t = Instant::now();
             let r = engine
-                .dispatch(vec![call(&format!("c{i}"), "mcp__everything__echo", args.clone())])
+                .dispatch(vec![call(
+                    &format!("c{i}"),
+                    "mcp__everything__echo",
+                    args.clone(),
+                )])
                 .await;
             let elapsed = t.elapsed();
             assert_eq!(r[0].content, "Echo: hi");
@@ -79,16 +85,30 @@ async fn mcp_call_overhead_through_switchboard_versus_direct_rmcp() {
     }
     direct_times.sort();
     engine_times.sort();
-    let (d50, d99) = (percentile(&direct_times, 0.5), percentile(&direct_times, 0.99));
-    let (e50, e99) = (percentile(&engine_times, 0.5), percentile(&engine_times, 0.99));
+    let (d50, d99) = (
+        percentile(&direct_times, 0.5),
+        percentile(&direct_times, 0.99),
+    );
+    let (e50, e99) = (
+        percentile(&engine_times, 0.5),
+        percentile(&engine_times, 0.99),
+    );
     println!(
         "server-everything echo over stdio, {} calls per side, one at a time",
         direct_times.len()
     );
     println!("| path | median µs | p99 µs |");
     println!("| --- | ---: | ---: |");
-    println!("| direct rmcp client | {:.0} | {:.0} |", micros(d50), micros(d99));
-    println!("| through Switchboard | {:.0} | {:.0} |", micros(e50), micros(e99));
+    println!(
+        "| direct rmcp client | {:.0} | {:.0} |",
+        micros(d50),
+        micros(d99)
+    );
+    println!(
+        "| through Switchboard | {:.0} | {:.0} |",
+        micros(e50),
+        micros(e99)
+    );
     println!(
         "| overhead | {:+.0} | {:+.0} |",
         micros(e50) - micros(d50),

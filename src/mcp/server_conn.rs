@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{ServerSpec, Transport};
 use super::{names, tools, transport};
 use crate::metrics::McpServerMetrics;
-use crate::registry::{Registry, ReplaceGroup};
+use crate::registry::{Registry, RegistryError, ReplaceGroup};
 
 /// First restart delay.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -332,7 +332,12 @@ async fn register(
     for e in refused {
         let text = e.to_string();
         tracing::warn!(server = %shared.name, "MCP tool skipped: {text}");
-        if let Some(i) = entries.iter().position(|t| text.contains(&t.name)) {
+        let name = match &e {
+            RegistryError::Duplicate(n) | RegistryError::InvalidName(n) => n.as_str(),
+            RegistryError::BadSchema { name, .. } => name.as_str(),
+            _ => continue,
+        };
+        if let Some(i) = entries.iter().position(|t| t.name == name) {
             let t = entries.remove(i);
             skipped.push((t.raw_name, text));
         }

@@ -71,20 +71,34 @@ pub(crate) fn build(shared: &Arc<Shared>, listed: Vec<Tool>) -> (Vec<ToolSpec>, 
 
 /// The error a handler answers with when told to stop: `timeout` past its deadline, otherwise
 /// `cancelled`.
-fn stopped(server: &str, ctx: &ToolContext) -> ToolError {
-    let code = if Instant::now() >= ctx.deadline {
-        ErrorCode::Timeout
-    } else {
-        ErrorCode::Cancelled
-    };
+fn stopped(shared: &Shared, ctx: &ToolContext) -> ToolError {
+    let code = stop_code(ctx);
     let what = match code {
-        ErrorCode::Timeout => "timed out",
-        _ => "cancelled",
+        ErrorCode::Timeout => format!("timed out after {} ms", shared.spec.timeout.as_millis()),
+        _ => "cancelled".to_string(),
     };
     ToolError::new(
         code,
-        format!("{what}; notifications/cancelled sent to MCP server {server}"),
+        format!(
+            "{what}; notifications/cancelled sent to MCP server {}",
+            shared.name
+        ),
     )
+}
+
+fn stop_code(ctx: &ToolContext) -> ErrorCode {
+    if Instant::now() >= ctx.deadline {
+        ErrorCode::Timeout
+    } else {
+        ErrorCode::Cancelled
+    }
+}
+
+fn stop_word(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::Timeout => "timed out",
+        _ => "cancelled",
+    }
 }
 
 /// Waits until the server is up (or down for good), or the call is told to stop.
@@ -115,12 +129,10 @@ async fn live(shared: &Shared, ctx: &ToolContext) -> Result<Arc<Live>, ToolError
                 return Err(ToolError::execution(format!("MCP server {} is gone", shared.name)));
             },
             _ = ctx.cancel.cancelled() => {
-                let mut e = stopped(&shared.name, ctx);
-                e.detail = format!("{} while waiting for MCP server {} to start", match e.code {
-                    ErrorCode::Timeout => "timed out",
-                    _ => "cancelled",
-                }, shared.name);
-                return Err(e);
+                let code = stop_code(ctx);
+                return Err(ToolError::new(code, format!(
+                    "{} while waiting for MCP server {} to start", stop_word(code), shared.name
+                )));
             }
         }
     }
@@ -141,7 +153,7 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
         r = request => r,
         _ = ctx.cancel.cancelled() => {
             shared.metrics.request(started.elapsed());
-            return Err(stopped(&shared.name, &ctx));
+            return Err(stopped(shared, &ctx));
         }
         _ = live.exited.cancelled() => {
             shared.metrics.request(started.elapsed());
