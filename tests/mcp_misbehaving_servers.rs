@@ -1,5 +1,6 @@
 //! MCP servers that misbehave (tests/mcp_servers/misbehaving.py): a call that hangs, a server that
-//! crashes mid-call, garbage on stdout, a 10 MB result, a tool list that changes — each call is
+//! crashes mid-call (or keeps crashing), garbage on stdout, a 10 MB result, a tool list that
+//! changes, a tool whose schema does not compile — each call is
 //! still answered exactly once, in order, and the engine and the server's other tools keep
 //! working. Needs python3 (skipped with a message without it, unless SWITCHBOARD_MCP_TEST_DIR is
 //! set, as in CI).
@@ -210,6 +211,11 @@ async fn a_changed_tool_list_replaces_the_servers_tools_atomically() {
     };
     assert_eq!(names(&engine).len(), 9, "{:?}", names(&engine));
     assert_eq!(engine.tool_count().await, 9);
+    // The tool whose schema does not compile is skipped, named, and the rest of the server loads.
+    let skipped = engine.mcp_status()[0].skipped.clone();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].0, "bad_schema");
+    assert!(skipped[0].1.contains("mcp__bad__bad_schema"), "{skipped:?}");
     let version = engine.registry_version();
     let results = turn(
         &engine,

@@ -14,6 +14,7 @@ Tools (tools/list answers in two pages, to exercise pagination):
   change_tools  answers, then replaces echo by echo2 and sends notifications/tools/list_changed
   fail          answers an isError result
   crash_always  exits with status 4 mid-call, every time
+  bad_schema    listed with an input schema that does not compile (never registered)
 
 STATE_DIR/events.log gets one line per tools/call ("call <id> <tool>") and per
 notifications/cancelled ("cancelled <id>").
@@ -52,7 +53,9 @@ def tool(name, read_only=False):
 def tools():
     first = "echo2" if changed else "echo"
     page1 = [tool(first, True), tool("env", True), tool("hang"), tool("crash_once")]
-    page2 = [tool("garbage"), tool("big"), tool("change_tools"), tool("fail"), tool("crash_always")]
+    bad = tool("bad_schema")
+    bad["inputSchema"] = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
+    page2 = [tool("garbage"), tool("big"), tool("change_tools"), tool("fail"), tool("crash_always"), bad]
     return page1, page2
 
 
