@@ -156,6 +156,51 @@ pub fn http(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Collects what the fmt layer writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn stderr_is_logged_bounded_in_line_length_and_count_and_drained_to_the_end() {
+        let captured = Captured::default();
+        let sink = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || sink.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        // One 1 MB line without a break, then 3,000 short lines, then a last line.
+        let mut input = vec![b'x'; 1 << 20];
+        input.push(b'\n');
+        for i in 0..3_000 {
+            input.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        input.extend_from_slice(b"the end\n");
+        drain_stderr("srv".into(), &input[..]).await;
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        // 1,000 stderr lines and the notice that the rest is drained unlogged.
+        assert_eq!(lines.len(), STDERR_LINES_LOGGED + 1, "{}", lines.len());
+        assert!(lines.iter().all(|l| l.len() < STDERR_LINE_CAP + 200));
+        assert!(lines[0].contains(&"x".repeat(STDERR_LINE_CAP)));
+        assert!(lines[1].contains(": line 0 server=srv"), "{}", lines[1]);
+        assert!(lines[STDERR_LINES_LOGGED].contains("the rest is drained unlogged"));
+        assert!(!text.contains("the end"));
+    }
 
     #[test]
     fn only_the_allowlist_and_configured_env_reach_a_server() {
