@@ -185,3 +185,66 @@ fn a_bad_configuration_is_one_line_naming_the_server_and_key_and_exit_2() {
         assert!(out.stdout.is_empty());
     }
 }
+
+#[test]
+fn load_drives_an_mcp_tool_beside_a_direct_rmcp_client() {
+    let Some(py) = python("load --mcp-call") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &py);
+    let out = switchboard(
+        &[
+            "load",
+            "--mcp-config",
+            cfg.to_str().unwrap(),
+            "--mcp-call",
+            "mcp__bad__echo",
+            "--mcp-args",
+            r#"{"k": 1}"#,
+            "--sessions",
+            "2",
+            "--calls-per-turn",
+            "3",
+            "--turns",
+            "5",
+            "--baseline",
+            "direct",
+            "--json",
+        ],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for side in ["engine", "direct"] {
+        assert_eq!(report[side]["calls"], 30, "{report}");
+        assert_eq!(report[side]["errors"], 0, "{report}");
+    }
+    assert_eq!(report["engine"]["turns_not_answered_once_in_order"], 0);
+    // Every engine call reached the server (2 sessions × 5 turns × 3 calls), and as many direct.
+    let calls = std::fs::read_to_string(dir.path().join("state/events.log"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.ends_with(" echo"))
+        .count();
+    assert_eq!(calls, 60);
+
+    let out = switchboard(
+        &[
+            "load",
+            "--mcp-config",
+            cfg.to_str().unwrap(),
+            "--mcp-call",
+            "mcp__bad__nope",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--mcp-call mcp__bad__nope: no such tool")
+    );
+}

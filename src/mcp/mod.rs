@@ -10,6 +10,7 @@
 //! * [`tools`] — a listed tool as a [`crate::ToolSpec`] whose handler is a `tools/call`.
 //! * [`serve`] — `switchboard mcp-serve`: the built-in tools over stdio.
 //! * [`list`] — `switchboard mcp list`.
+//! * [`load`] — `switchboard load --mcp-config FILE --mcp-call NAME`.
 //! * [`command`] — the `--mcp-config` flag, `mcp list` and `mcp-serve` commands.
 //!
 //! [`McpServers`] is the set an engine owns: started by the engine builder, closed by
@@ -18,6 +19,7 @@
 pub mod command;
 pub mod config;
 pub mod list;
+pub mod load;
 pub mod names;
 pub mod serve;
 pub mod server_conn;
