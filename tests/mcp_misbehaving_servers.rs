@@ -294,14 +294,27 @@ async fn shutdown_leaves_no_server_process_and_failed_servers_do_not_stop_the_en
             "missing",
             switchboard::mcp::ServerSpec::stdio("/nonexistent/mcp-server", []),
         ),
+        // Names are checked in the library too: `__` would make registry prefixes ambiguous.
+        ("bad__name", misbehaving(&py, state.path())),
     ])
     .await;
-    let statuses = engine.mcp_status();
-    assert_eq!(statuses[0].state, ServerState::Up);
+    let status = |name: &str| {
+        engine
+            .mcp_servers()
+            .get(name)
+            .map(|s| s.status().state)
+            .unwrap()
+    };
+    assert_eq!(status("bad"), ServerState::Up);
     assert!(
-        matches!(&statuses[1].state, ServerState::Failed { reason } if reason.contains("/nonexistent/mcp-server")),
+        matches!(status("missing"), ServerState::Failed { reason } if reason.contains("/nonexistent/mcp-server")),
         "{:?}",
-        statuses[1]
+        status("missing")
+    );
+    assert!(
+        matches!(status("bad__name"), ServerState::Failed { reason } if reason.contains("invalid server name \"bad__name\"")),
+        "{:?}",
+        status("bad__name")
     );
     let pid = engine.mcp_servers().get("bad").unwrap().pid();
     assert!(pid > 0 && !process_gone(pid));
@@ -312,7 +325,7 @@ async fn shutdown_leaves_no_server_process_and_failed_servers_do_not_stop_the_en
         process_gone(pid),
         "server process {pid} outlived the engine"
     );
-    assert_eq!(engine.mcp_status()[0].state, ServerState::Stopped);
+    assert_eq!(status("bad"), ServerState::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::config::{ServerSpec, Transport};
+use super::config::{MAX_SERVER_NAME, ServerSpec, Transport, valid_server_name};
 use super::{names, tools, transport};
 use crate::metrics::McpServerMetrics;
 use crate::registry::{Registry, RegistryError, ReplaceGroup};
@@ -167,20 +167,25 @@ impl Server {
     /// Starts supervising `name` (in the background; see [`Server::ready`]). Must be called inside
     /// a tokio runtime.
     pub fn spawn(name: String, spec: ServerSpec, registry: ActorRef<Registry>) -> Server {
-        let enabled = spec.enabled;
-        let (link, _) = watch::channel(if enabled {
-            Link::Starting
-        } else {
-            Link::Down("disabled in the configuration".into())
+        let invalid = (!valid_server_name(&name)).then(|| {
+            format!(
+                "invalid server name {name:?}: names must be 1-{MAX_SERVER_NAME} of [A-Za-z0-9_-] without \"__\""
+            )
+        });
+        let enabled = spec.enabled && invalid.is_none();
+        let (link, _) = watch::channel(match &invalid {
+            Some(reason) => Link::Down(reason.clone()),
+            None if enabled => Link::Starting,
+            None => Link::Down("disabled in the configuration".into()),
         });
         let shared = Arc::new(Shared {
             status: Mutex::new(ServerStatus {
                 name: name.clone(),
                 transport: spec.transport.kind(),
-                state: if enabled {
-                    ServerState::Starting
-                } else {
-                    ServerState::Disabled
+                state: match invalid {
+                    Some(reason) => ServerState::Failed { reason },
+                    None if enabled => ServerState::Starting,
+                    None => ServerState::Disabled,
                 },
                 restarts: 0,
                 tools: Vec::new(),
