@@ -95,8 +95,15 @@ if [[ -z ${demo_port:-} || -z ${prom_port:-} ]]; then
   exit 1
 fi
 target="127.0.0.1:$demo_port"
+# One MCP server (the standard-library test server) so the MCP row's series exist: the demo's
+# scripted sessions make no MCP calls, so its request panels show a rate of 0 and no latency.
+mkdir -p "$tmp/mcp-state"
+cat >"$tmp/mcp.json" <<EOF
+{"mcpServers": {"probe": {"command": "python3",
+  "args": ["$PWD/tests/mcp_servers/misbehaving.py", "$tmp/mcp-state"]}}}
+EOF
 "$bin" demo --sessions 8 --duration "${demo_seconds}s" --metrics-addr "$target" \
-  >"$tmp/demo.out" 2>"$tmp/demo.err" &
+  --mcp-config "$tmp/mcp.json" >"$tmp/demo.out" 2>"$tmp/demo.err" &
 demo_pid=$!
 
 cat >"$tmp/prometheus.yml" <<EOF

@@ -22,6 +22,7 @@ use crate::demo;
 use crate::document::dispatch_document;
 use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
+use crate::mcp::command::{McpArgs, start_engine};
 use crate::protocol::WireFormat;
 use crate::registry::CatalogFormat;
 use crate::tools::builtin_tools;
@@ -65,6 +66,9 @@ pub enum Command {
         /// Sandbox.
         #[command(flatten)]
         sandbox: SandboxArgs,
+        /// MCP servers.
+        #[command(flatten)]
+        mcp: McpArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -80,6 +84,9 @@ pub enum Command {
         /// Sandbox (as the commands that run tools would have it).
         #[command(flatten)]
         sandbox: SandboxArgs,
+        /// MCP servers.
+        #[command(flatten)]
+        mcp: McpArgs,
     },
     /// Run N scripted agent sessions at once on a fresh temporary workspace (offline, no key).
     Demo {
@@ -96,6 +103,9 @@ pub enum Command {
         /// Sandbox.
         #[command(flatten)]
         sandbox: SandboxArgs,
+        /// MCP servers (started with the engine; their tools join the catalog).
+        #[command(flatten)]
+        mcp: McpArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -105,6 +115,11 @@ pub enum Command {
     Load(crate::load::LoadArgs),
     /// Serve the engine over HTTP to harnesses in any language (sessions, streaming, auth).
     Serve(crate::serve::ServeArgs),
+    /// MCP servers: `mcp list --mcp-config FILE [--json]`.
+    #[command(subcommand)]
+    Mcp(crate::mcp::command::McpCommand),
+    /// Serve the built-in tools as an MCP server over stdio.
+    McpServe(crate::mcp::command::ServeArgs),
 }
 
 /// `--format` of `dispatch`.
@@ -191,13 +206,14 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             lines,
             allow_hard_links,
             sandbox,
+            mcp,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace, allow_hard_links, true, &sandbox) {
+            let engine = match engine_for(workspace, allow_hard_links, true, &sandbox, &mcp).await {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -213,12 +229,15 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             format,
             json,
             sandbox,
+            mcp,
         } => {
-            let engine = match engine_for(None, false, false, &sandbox) {
+            let engine = match engine_for(None, false, false, &sandbox, &mcp).await {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
-            match engine.catalog(format.into()).await {
+            let catalog = engine.catalog(format.into()).await;
+            engine.shutdown(Duration::from_secs(1)).await;
+            match catalog {
                 Ok(catalog) => {
                     let out = if json {
                         serde_json::json!({
@@ -239,6 +258,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             workspace,
             duration,
             sandbox,
+            mcp,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
@@ -252,6 +272,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 duration,
                 stop,
                 sandbox.config(),
+                &mcp,
             )
             .await
             {
@@ -277,6 +298,8 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             }
         }
         Command::Serve(args) => crate::serve::run(args).await,
+        Command::Mcp(cmd) => crate::mcp::command::mcp_command(cmd).await,
+        Command::McpServe(args) => crate::mcp::command::mcp_serve(args).await,
     }
 }
 
@@ -295,11 +318,12 @@ async fn finish_telemetry(telemetry: Telemetry, code: ExitCode) -> ExitCode {
 
 /// The engine over the built-in tools on `workspace` (default: the current directory); with
 /// `clean`, temp files that killed writers left there are removed first.
-fn engine_for(
+async fn engine_for(
     workspace: Option<PathBuf>,
     allow_hard_links: bool,
     clean: bool,
     sandbox: &SandboxArgs,
+    mcp: &McpArgs,
 ) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
@@ -308,12 +332,11 @@ fn engine_for(
     if clean {
         remove_stale_temps(&ws);
     }
-    Engine::builder()
+    let builder = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
-        .sandbox(sandbox.config())
-        .build()
-        .map_err(|e| fail(1, &e.to_string()))
+        .sandbox(sandbox.config());
+    start_engine(builder, mcp).await.map_err(|e| fail(2, &e))
 }
 
 /// How long `dispatch` still waits for the rest of its input after a signal: a harness that

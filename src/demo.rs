@@ -115,6 +115,7 @@ pub async fn run(
     duration: Option<Duration>,
     stop: CancellationToken,
     sandbox: crate::sandbox::SandboxConfig,
+    mcp: &crate::mcp::command::McpArgs,
 ) -> Result<String, String> {
     let temp = match &workspace {
         Some(_) => None,
@@ -128,12 +129,11 @@ pub async fn run(
     let ws = Workspace::open(&root)
         .map_err(|e| format!("cannot open workspace {}: {e}", root.display()))?;
     crate::command::remove_stale_temps(&ws);
-    let engine = Engine::builder()
+    let builder = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
-        .sandbox(sandbox)
-        .build()
-        .map_err(|e| e.to_string())?;
+        .sandbox(sandbox);
+    let engine = crate::mcp::command::start_engine(builder, mcp).await?;
     let on_stop = {
         let (engine, stop) = (engine.clone(), stop.clone());
         tokio::spawn(async move {

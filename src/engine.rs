@@ -5,6 +5,11 @@
 //! [`Engine::session`] gives a session its own scheduler. Everything is reached through the
 //! `Engine` value (cheap to clone); there are no globals.
 //!
+//! MCP servers ([`EngineBuilder::mcp_config`], [`EngineBuilder::mcp_server`]) start with the
+//! engine: `build()` starts them in the background (their tools appear as each comes up), and
+//! [`EngineBuilder::start`] builds and then waits until every server is up or has failed (each
+//! within its startup timeout, all at once), so the first dispatch sees their tools.
+//!
 //! Shutdown ([`Engine::shutdown`]) stops taking turns, lets in-flight turns finish for a grace
 //! period, then cancels what is still running — every call is still answered (`cancelled`).
 
@@ -47,9 +52,32 @@ pub struct EngineBuilder {
     max_queued: Option<usize>,
     workspace: Option<Workspace>,
     sandbox: Option<SandboxConfig>,
+    mcp: crate::mcp::McpConfig,
 }
 
 impl EngineBuilder {
+    /// Adds every server of an MCP configuration (`.mcp.json`); see [`crate::mcp`].
+    pub fn mcp_config(mut self, config: crate::mcp::McpConfig) -> Self {
+        self.mcp.servers.extend(config.servers);
+        self
+    }
+
+    /// Adds one MCP server.
+    pub fn mcp_server(mut self, name: impl Into<String>, spec: crate::mcp::ServerSpec) -> Self {
+        self.mcp.servers.insert(name.into(), spec);
+        self
+    }
+
+    /// Builds the engine ([`EngineBuilder::build`]) and waits until every MCP server is up or has
+    /// failed to start (each within its startup timeout; they start concurrently). A server that
+    /// fails is reported ([`Engine::mcp_status`], a warning in the log) and its tools are absent;
+    /// the engine runs regardless.
+    pub async fn start(self) -> Result<Engine, RegistryError> {
+        let engine = self.build()?;
+        engine.inner.mcp.ready().await;
+        Ok(engine)
+    }
+
     /// Registers a tool at build time.
     pub fn tool(mut self, spec: ToolSpec) -> Self {
         self.tools.push(spec);
@@ -128,6 +156,7 @@ impl EngineBuilder {
             self.max_queued.unwrap_or(DEFAULT_MAX_QUEUED),
         ));
         let registry = Registry::spawn(registry);
+        let mcp = crate::mcp::McpServers::spawn(&self.mcp, &registry);
         let workers = WorkerPool::spawn(workers_n, Arc::clone(&limiter), Arc::clone(&metrics));
         let schedulers = (0..self.schedulers.unwrap_or(workers_n))
             .map(|_| {
@@ -159,6 +188,7 @@ impl EngineBuilder {
                 sandbox,
                 workspace: self.workspace,
                 sessions_opened: AtomicU64::new(0),
+                mcp,
             }),
         })
     }
@@ -183,6 +213,7 @@ struct Inner {
     sessions_opened: AtomicU64,
     /// The OS sandbox every scope of this engine carries.
     sandbox: Arc<Sandbox>,
+    mcp: crate::mcp::McpServers,
 }
 
 /// The dispatch engine. Clone it freely: clones share the same actors.
@@ -311,6 +342,16 @@ impl Engine {
         &self.inner.sandbox
     }
 
+    /// The MCP servers' status (up, failed with the reason, …) and their registered tools.
+    pub fn mcp_status(&self) -> Vec<crate::mcp::ServerStatus> {
+        self.inner.mcp.statuses()
+    }
+
+    /// The engine's MCP servers.
+    pub fn mcp_servers(&self) -> &crate::mcp::McpServers {
+        &self.inner.mcp
+    }
+
     /// The worker pool (for diagnostics and fault injection: [`WorkerPool::kill`]).
     pub fn workers(&self) -> &WorkerPool {
         &self.inner.workers
@@ -393,6 +434,7 @@ impl Engine {
             self.wait_idle().await;
         }
         self.inner.root.cancel();
+        self.inner.mcp.shutdown().await;
         for s in &self.inner.schedulers {
             let _ = s.stop_gracefully().await;
         }

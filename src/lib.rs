@@ -20,6 +20,7 @@ pub mod file_state;
 pub(crate) mod limiter;
 #[cfg(feature = "cli")]
 pub mod load;
+pub mod mcp;
 pub mod metrics;
 pub(crate) mod observe;
 pub mod plan;

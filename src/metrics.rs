@@ -45,6 +45,12 @@ pub const WORKER_RESTARTS_TOTAL: &str = "switchboard_worker_restarts_total";
 pub const MODEL_REQUESTS_TOTAL: &str = "switchboard_model_requests_total";
 /// Model request latency, by provider.
 pub const MODEL_REQUEST_SECONDS: &str = "switchboard_model_request_seconds";
+/// 1 while an MCP server is connected, 0 otherwise, by server.
+pub const MCP_SERVER_UP: &str = "switchboard_mcp_server_up";
+/// MCP server restarts after it exited or its connection broke, by server.
+pub const MCP_SERVER_RESTARTS_TOTAL: &str = "switchboard_mcp_server_restarts_total";
+/// `tools/call` round trips to MCP servers, by server.
+pub const MCP_REQUEST_SECONDS: &str = "switchboard_mcp_request_seconds";
 /// Always 1; the `version` label carries the crate version.
 pub const BUILD_INFO: &str = "switchboard_build_info";
 /// HTTP requests answered by `serve` and by the `--metrics-addr` endpoint, by route template
@@ -174,6 +180,27 @@ pub const METRICS: &[MetricDef] = &[
         unit: Unit::Seconds,
         labels: &["provider"],
         help: "Model request latency, by provider.",
+    },
+    MetricDef {
+        name: MCP_SERVER_UP,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &["server"],
+        help: "1 while the MCP server is connected and its tools are registered, 0 otherwise.",
+    },
+    MetricDef {
+        name: MCP_SERVER_RESTARTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["server"],
+        help: "MCP server restarts after the server exited or its connection broke.",
+    },
+    MetricDef {
+        name: MCP_REQUEST_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["server"],
+        help: "tools/call round trips to the MCP server (answered, failed or abandoned).",
     },
     MetricDef {
         name: BUILD_INFO,
@@ -440,6 +467,44 @@ impl HttpMetrics {
                 || counter!(HTTP_REQUESTS_TOTAL, "route" => route, "status" => status.to_string()),
             )
             .increment(1);
+    }
+}
+
+/// Cached handles of one MCP server label (a configured server name: bounded).
+#[derive(Debug, Clone)]
+pub struct McpServerMetrics {
+    up: Gauge,
+    restarts: Counter,
+    request: Histogram,
+}
+
+impl McpServerMetrics {
+    /// Handles for `server`; the series exist (at 0) from now on.
+    pub fn new(server: &str) -> Self {
+        let up = gauge!(MCP_SERVER_UP, "server" => server.to_string());
+        up.set(0.0);
+        let restarts = counter!(MCP_SERVER_RESTARTS_TOTAL, "server" => server.to_string());
+        restarts.increment(0);
+        McpServerMetrics {
+            up,
+            restarts,
+            request: histogram!(MCP_REQUEST_SECONDS, "server" => server.to_string()),
+        }
+    }
+
+    /// The server is connected (`true`) or not.
+    pub fn up(&self, up: bool) {
+        self.up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// The server is being restarted.
+    pub fn restarted(&self) {
+        self.restarts.increment(1);
+    }
+
+    /// One `tools/call` round trip took `elapsed`.
+    pub fn request(&self, elapsed: Duration) {
+        self.request.record(elapsed);
     }
 }
 

@@ -2,7 +2,8 @@
 //! copy.
 //!
 //! Messages (all answered here): [`Register`] → `Result<(), RegistryError>`, [`Unregister`] →
-//! `bool`, [`Resolve`] (every name of a turn in one message) → `Vec<Option<Arc<RegisteredTool>>>`,
+//! `bool`, [`ReplaceGroup`] (remove every tool whose name starts with a prefix and register a new
+//! set, in one version bump) → `Vec<RegistryError>` (the specs refused), [`Resolve`] (every name of a turn in one message) → `Vec<Option<Arc<RegisteredTool>>>`,
 //! [`GetCatalog`] → `Vec<Value>` (detached copies in Anthropic, OpenAI or MCP shape), and
 //! [`GetSnapshot`] → `Arc<Snapshot>`.
 //!
@@ -180,14 +181,22 @@ impl Registry {
 
     /// Registers a tool (also used by the engine builder before the actor starts).
     pub fn register(&mut self, spec: ToolSpec) -> Result<(), RegistryError> {
+        if self.snapshot.get(&spec.name).is_some() {
+            return Err(RegistryError::Duplicate(spec.name));
+        }
+        let tool = self.prepare(spec)?;
+        self.order.push(Arc::new(tool));
+        self.publish();
+        Ok(())
+    }
+
+    /// Checks a spec's name and compiles its schema.
+    fn prepare(&self, spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
         if spec.name.is_empty() {
             return Err(RegistryError::EmptyName);
         }
         if !valid_tool_name(&spec.name) {
             return Err(RegistryError::InvalidName(spec.name));
-        }
-        if self.snapshot.get(&spec.name).is_some() {
-            return Err(RegistryError::Duplicate(spec.name));
         }
         let validator =
             validation::compile(&spec.input_schema).map_err(|detail| RegistryError::BadSchema {
@@ -199,7 +208,7 @@ impl Registry {
             .policy
             .max_concurrency
             .map(|n| Limiter::new(n, TOOL_QUEUE_LIMIT));
-        self.order.push(Arc::new(RegisteredTool {
+        Ok(RegisteredTool {
             metrics,
             limiter,
             breaker: Breaker::default(),
@@ -209,9 +218,7 @@ impl Registry {
             handler: spec.handler,
             policy: spec.policy,
             validator,
-        }));
-        self.publish();
-        Ok(())
+        })
     }
 
     /// Removes a tool; false if it was not registered.
@@ -223,6 +230,36 @@ impl Registry {
             self.publish();
         }
         removed
+    }
+
+    /// Removes every tool whose name starts with `prefix` and registers `specs` in their place,
+    /// publishing once (one version bump), so a turn sees either the old set or the new one. A
+    /// spec that is refused (bad name, schema, a duplicate, or a name outside `prefix`) is
+    /// skipped; the refusals are returned.
+    pub fn replace_group(&mut self, prefix: &str, specs: Vec<ToolSpec>) -> Vec<RegistryError> {
+        self.order.retain(|t| !t.name.starts_with(prefix));
+        let mut names: std::collections::HashSet<Arc<str>> =
+            self.order.iter().map(|t| Arc::clone(&t.name)).collect();
+        let mut refused = Vec::new();
+        for spec in specs {
+            if !spec.name.starts_with(prefix) {
+                refused.push(RegistryError::InvalidName(spec.name));
+                continue;
+            }
+            if names.contains(spec.name.as_str()) {
+                refused.push(RegistryError::Duplicate(spec.name));
+                continue;
+            }
+            match self.prepare(spec) {
+                Ok(tool) => {
+                    names.insert(Arc::clone(&tool.name));
+                    self.order.push(Arc::new(tool));
+                }
+                Err(e) => refused.push(e),
+            }
+        }
+        self.publish();
+        refused
     }
 
     /// The current snapshot.
@@ -269,6 +306,13 @@ impl Registry {
 pub struct Register(pub ToolSpec);
 /// Unregister a tool by name.
 pub struct Unregister(pub String);
+/// Replace every tool whose name starts with the prefix by a new set, in one version bump.
+pub struct ReplaceGroup {
+    /// The prefix (an MCP server's `mcp__<server>__`).
+    pub prefix: String,
+    /// The new set (may be empty: the group is removed).
+    pub specs: Vec<ToolSpec>,
+}
 /// Resolve every name of a turn at once.
 pub struct Resolve(pub Vec<Arc<str>>);
 /// Ask for the catalog.
@@ -287,6 +331,17 @@ impl Message<Unregister> for Registry {
     type Reply = bool;
     async fn handle(&mut self, msg: Unregister, _: &mut Context<Self, Self::Reply>) -> bool {
         self.unregister(&msg.0)
+    }
+}
+
+impl Message<ReplaceGroup> for Registry {
+    type Reply = Vec<RegistryError>;
+    async fn handle(
+        &mut self,
+        msg: ReplaceGroup,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.replace_group(&msg.prefix, msg.specs)
     }
 }
 
@@ -370,6 +425,36 @@ mod tests {
         assert_eq!(version.load(Ordering::Acquire), 2);
         assert_eq!(r.snapshot().version, 2);
         assert!(r.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_group_is_replaced_in_one_version_bump() {
+        let version = Arc::new(AtomicU64::new(0));
+        let mut r = Registry::new(Arc::clone(&version), Arc::default());
+        r.register(spec("keep", object())).unwrap();
+        r.register(spec("mcp__s__old", object())).unwrap();
+        r.register(spec("mcp__s__gone", object())).unwrap();
+        let before = version.load(Ordering::Acquire);
+        let refused = r.replace_group(
+            "mcp__s__",
+            vec![
+                spec("mcp__s__old", object()),
+                spec("mcp__s__new", object()),
+                spec("mcp__s__bad", json!({"type": "string"})),
+                spec("keep", object()),
+            ],
+        );
+        assert_eq!(version.load(Ordering::Acquire), before + 1);
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        let snap = r.snapshot();
+        let mut names: Vec<_> = ["keep", "mcp__s__old", "mcp__s__new", "mcp__s__gone"]
+            .into_iter()
+            .filter(|n| snap.get(n).is_some())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["keep", "mcp__s__new", "mcp__s__old"]);
+        r.replace_group("mcp__s__", Vec::new());
+        assert_eq!(r.snapshot().len(), 1);
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub struct ModelArgs {
     /// Sandbox of the tools' commands.
     #[command(flatten)]
     pub sandbox: crate::command::SandboxArgs,
+    /// MCP servers whose tools join the catalog.
+    #[command(flatten)]
+    pub mcp: crate::mcp::command::McpArgs,
 }
 
 impl Default for ModelArgs {
@@ -123,6 +126,7 @@ impl Default for ModelArgs {
             timeout: None,
             max_attempts: 4,
             sandbox: crate::command::SandboxArgs::default(),
+            mcp: Default::default(),
         }
     }
 }
@@ -286,12 +290,13 @@ async fn setup(
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
         .await
         .map_err(|e| fail(2, &e))?;
-    let engine = Engine::builder()
+    let builder = Engine::builder()
         .tools(builtin_tools())
         .workspace(ws.clone())
-        .sandbox(args.sandbox.config())
-        .build()
-        .map_err(|e| fail(1, &e.to_string()))?;
+        .sandbox(args.sandbox.config());
+    let engine = crate::mcp::command::start_engine(builder, &args.mcp)
+        .await
+        .map_err(|e| fail(2, &e))?;
     let config = LoopConfig {
         model,
         system: args

@@ -178,6 +178,18 @@ pub struct LoadArgs {
     /// File whose first line is the server's bearer token (otherwise SWITCHBOARD_TOKEN, or none).
     #[arg(long, value_name = "FILE", requires = "target")]
     pub token_file: Option<PathBuf>,
+    /// MCP servers (with --mcp-call).
+    #[command(flatten)]
+    pub mcp: crate::mcp::command::McpArgs,
+    /// Drive this MCP tool (its registry name, `mcp__server__tool`) instead of the workload
+    /// tools: every call of every turn goes to it; `--baseline direct` then makes the same calls
+    /// with a direct rmcp client.
+    #[arg(long, value_name = "NAME", requires = "mcp_config",
+          conflicts_with_all = ["workload_set", "idle", "faults"])]
+    pub mcp_call: Option<String>,
+    /// The arguments of every --mcp-call call (a JSON object; default `{}`).
+    #[arg(long, value_name = "JSON", requires = "mcp_call")]
+    pub mcp_args: Option<String>,
     /// Metrics.
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
@@ -226,7 +238,9 @@ pub async fn run(args: LoadArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(2, &e),
     };
-    let code = if args.workload_set == Some(WorkloadSet::Serve) {
+    let code = if let Some(name) = &args.mcp_call {
+        crate::mcp::load::run(&args, name).await
+    } else if args.workload_set == Some(WorkloadSet::Serve) {
         run_serve_set(&args).await
     } else if args.workload_set.is_some() {
         run_peers(&args).await

@@ -10,6 +10,7 @@
 pub mod answers;
 pub mod cli;
 pub mod direct;
+pub mod mcp;
 pub mod mock_server;
 pub mod model;
 pub mod sandbox;

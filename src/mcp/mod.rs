@@ -1,0 +1,82 @@
+//! MCP: tools of Model Context Protocol servers as registry entries, and Switchboard's own tools
+//! served over MCP.
+//!
+//! * [`config`] — the `.mcp.json` `mcpServers` format plus Switchboard's per-server keys.
+//! * [`names`] — `mcp__<server>__<tool>` registry names within 64 characters.
+//! * [`transport`] — a stdio child (allowlisted environment, own process group) or Streamable
+//!   HTTP.
+//! * [`server_conn`] — one server's connection and supervisor (start, list, re-list, restart with
+//!   backoff, shut down).
+//! * [`tools`] — a listed tool as a [`crate::ToolSpec`] whose handler is a `tools/call`.
+//! * [`serve`] — `switchboard mcp-serve`: the built-in tools over stdio.
+//! * [`list`] — `switchboard mcp list`.
+//! * [`load`] — `switchboard load --mcp-config FILE --mcp-call NAME`.
+//! * [`command`] — the `--mcp-config` flag, `mcp list` and `mcp-serve` commands.
+//!
+//! [`McpServers`] is the set an engine owns: started by the engine builder, closed by
+//! [`crate::Engine::shutdown`].
+
+#[cfg(feature = "cli")]
+pub mod command;
+pub mod config;
+pub mod list;
+#[cfg(feature = "cli")]
+pub mod load;
+pub mod names;
+pub mod serve;
+pub mod server_conn;
+pub mod tools;
+pub mod transport;
+
+use futures::future::join_all;
+use kameo::prelude::ActorRef;
+
+pub use config::{McpConfig, ServerSpec, Transport};
+pub use server_conn::{Server, ServerState, ServerStatus, ToolEntry};
+
+use crate::registry::Registry;
+
+/// The MCP servers of one engine.
+#[derive(Debug, Default)]
+pub struct McpServers {
+    servers: Vec<Server>,
+}
+
+impl McpServers {
+    /// Starts supervising every server of `config` at once (in the background).
+    pub fn spawn(config: &McpConfig, registry: &ActorRef<Registry>) -> Self {
+        McpServers {
+            servers: config
+                .servers
+                .iter()
+                .map(|(name, spec)| Server::spawn(name.clone(), spec.clone(), registry.clone()))
+                .collect(),
+        }
+    }
+
+    /// Waits until every server's first start has succeeded or failed (they start concurrently,
+    /// each within its own startup timeout).
+    pub async fn ready(&self) {
+        join_all(self.servers.iter().map(Server::ready)).await;
+    }
+
+    /// Every server's status, in name order.
+    pub fn statuses(&self) -> Vec<ServerStatus> {
+        self.servers.iter().map(Server::status).collect()
+    }
+
+    /// The server of this name.
+    pub fn get(&self, name: &str) -> Option<&Server> {
+        self.servers.iter().find(|s| s.name() == name)
+    }
+
+    /// True when no server is configured.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Closes every server at once.
+    pub async fn shutdown(&self) {
+        join_all(self.servers.iter().map(Server::shutdown)).await;
+    }
+}

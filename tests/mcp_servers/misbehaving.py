@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""A small MCP server over stdio (standard library only) that misbehaves on demand.
+
+Usage: misbehaving.py STATE_DIR
+
+Tools (tools/list answers in two pages, to exercise pagination):
+  echo          read-only; returns its arguments as JSON
+  env           read-only; returns the names of its environment variables as a JSON list
+  hang          never answers
+  crash_once    exits with status 3 mid-call the first time (a marker file in STATE_DIR
+                remembers it), answers "survived" afterwards
+  garbage       prints non-JSON lines on stdout, then answers "after garbage"
+  big           answers 10 MB of text
+  change_tools  answers, then replaces echo by echo2 and sends notifications/tools/list_changed
+  fail          answers an isError result
+  crash_always  exits with status 4 mid-call, every time
+  bad_schema    listed with an input schema that does not compile (never registered)
+
+STATE_DIR/events.log gets one line per tools/call ("call <id> <tool>") and per
+notifications/cancelled ("cancelled <id>").
+"""
+import json
+import os
+import sys
+
+STATE = sys.argv[1]
+EVENTS = os.path.join(STATE, "events.log")
+CRASHED = os.path.join(STATE, "crashed")
+changed = False
+
+
+def log(line):
+    with open(EVENTS, "a") as f:
+        f.write(line + "\n")
+
+
+def send(msg):
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def tool(name, read_only=False):
+    t = {
+        "name": name,
+        "description": "test tool " + name,
+        "inputSchema": {"type": "object"},
+    }
+    if read_only:
+        t["annotations"] = {"readOnlyHint": True}
+    return t
+
+
+def tools():
+    first = "echo2" if changed else "echo"
+    page1 = [tool(first, True), tool("env", True), tool("hang"), tool("crash_once")]
+    bad = tool("bad_schema")
+    bad["inputSchema"] = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
+    page2 = [tool("garbage"), tool("big"), tool("change_tools"), tool("fail"), tool("crash_always"), bad]
+    return page1, page2
+
+
+def text(t, is_error=False):
+    return {"content": [{"type": "text", "text": t}], "isError": is_error}
+
+
+def call(mid, name, args):
+    global changed
+    log("call %s %s" % (json.dumps(mid), name))
+    if name in ("echo", "echo2"):
+        return text(json.dumps(args, sort_keys=True))
+    if name == "env":
+        return text(json.dumps(sorted(os.environ.keys())))
+    if name == "hang":
+        return None
+    if name == "crash_once":
+        if not os.path.exists(CRASHED):
+            open(CRASHED, "w").close()
+            os._exit(3)
+        return text("survived")
+    if name == "garbage":
+        sys.stdout.write("this is not JSON\n{\"half\": \n\x00\x01 binary junk\n")
+        sys.stdout.flush()
+        return text("after garbage")
+    if name == "big":
+        return text("x" * (10 * 1024 * 1024))
+    if name == "change_tools":
+        changed = True
+        send({"jsonrpc": "2.0", "id": mid, "result": text("changing")})
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return None
+    if name == "crash_always":
+        os._exit(4)
+    if name == "fail":
+        return text("it went wrong", is_error=True)
+    return {"__error__": "unknown tool " + name}
+
+
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    method = msg.get("method")
+    mid = msg.get("id")
+    params = msg.get("params") or {}
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {
+            "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {"listChanged": True}},
+            "serverInfo": {"name": "misbehaving", "version": "1"},
+        }})
+    elif method == "notifications/cancelled":
+        log("cancelled %s" % json.dumps(params.get("requestId")))
+    elif method == "tools/list":
+        page1, page2 = tools()
+        if params.get("cursor") == "page2":
+            send({"jsonrpc": "2.0", "id": mid, "result": {"tools": page2}})
+        else:
+            send({"jsonrpc": "2.0", "id": mid, "result": {"tools": page1, "nextCursor": "page2"}})
+    elif method == "tools/call":
+        result = call(mid, params.get("name"), params.get("arguments") or {})
+        if result is None:
+            continue
+        if "__error__" in result:
+            send({"jsonrpc": "2.0", "id": mid,
+                  "error": {"code": -32602, "message": result["__error__"]}})
+        else:
+            send({"jsonrpc": "2.0", "id": mid, "result": result})
+    elif method == "ping":
+        send({"jsonrpc": "2.0", "id": mid, "result": {}})
+    elif mid is not None:
+        send({"jsonrpc": "2.0", "id": mid,
+              "error": {"code": -32601, "message": "method not found: %s" % method}})
