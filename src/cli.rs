@@ -336,7 +336,10 @@ async fn engine_for(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(sandbox.config());
-    start_engine(builder, mcp).await.map_err(|e| fail(2, &e))
+    // A bad MCP configuration is a usage error (2); an engine that cannot start (a sandbox the
+    // kernel cannot enforce, a refused tool) is an internal one (1).
+    mcp.config().map_err(|e| fail(2, &e))?;
+    start_engine(builder, mcp).await.map_err(|e| fail(1, &e))
 }
 
 /// How long `dispatch` still waits for the rest of its input after a signal: a harness that

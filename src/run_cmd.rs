@@ -294,9 +294,10 @@ async fn setup(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(args.sandbox.config());
+    args.mcp.config().map_err(|e| fail(2, &e))?;
     let engine = crate::mcp::command::start_engine(builder, &args.mcp)
         .await
-        .map_err(|e| fail(2, &e))?;
+        .map_err(|e| fail(1, &e))?;
     let config = LoopConfig {
         model,
         system: args
