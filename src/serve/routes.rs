@@ -314,8 +314,11 @@ async fn openapi() -> Response {
     json_response(StatusCode::OK, OPENAPI_JSON.to_string())
 }
 
-async fn healthz() -> Response {
-    json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_string())
+/// Liveness, and the sandbox in force for the sessions' commands (mode, Landlock ABI, network,
+/// limits), so an operator can check confinement without reading the start-up log.
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    let body = serde_json::json!({"status": "ok", "sandbox": app.engine.sandbox().describe()});
+    json_response(StatusCode::OK, body.to_string())
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
