@@ -144,25 +144,23 @@ impl DirectDispatcher {
             match stage.mode {
                 StageMode::Serial => {
                     for p in calls {
-                        let index = p.index;
-                        slots[index] = Some(execute::run(p, env).await);
+                        let (index, result, _) = execute::run(p, env).await;
+                        slots[index] = Some(result);
                     }
                 }
                 StageMode::Concurrent => {
                     let mut waiting = Vec::new();
                     for p in calls {
                         if execute::runs_in_place(&p.tool.handler) {
-                            let index = p.index;
-                            slots[index] = Some(execute::run_in_place(p, env));
+                            let (index, result, _) = execute::run_in_place(p, env);
+                            slots[index] = Some(result);
                         } else {
                             waiting.push(p);
                         }
                     }
                     if !waiting.is_empty() {
-                        let runs = waiting
-                            .into_iter()
-                            .map(|p| async move { (p.index, execute::run(p, env).await) });
-                        for (index, result) in join_all(runs).await {
+                        let runs = waiting.into_iter().map(|p| execute::run(p, env));
+                        for (index, result, _) in join_all(runs).await {
                             slots[index] = Some(result);
                         }
                     }

@@ -79,29 +79,44 @@ pub fn kind_name(handler: &Handler) -> &'static str {
     }
 }
 
+/// A call's answer: its index in the turn, its result, and its tool (handed back rather than
+/// cloned: a tool's `Arc` is shared by every session, and its reference count is a cache line
+/// the cores would fight over on every call).
+pub type Answered = (usize, ToolDispatchResult, Arc<RegisteredTool>);
+
 /// Runs one call through the stack. Never fails: every outcome is a result.
-pub async fn run(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
+pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
     if runs_in_place(&planned.tool.handler) {
         return run_in_place(planned, env);
     }
-    let Planned { mut call, tool, .. } = planned;
-    let places = match acquire_places(&tool, env.limiter, env.cancel).await {
+    let Planned { index, call, tool } = planned;
+    let result = waiting(call, &tool, env).await;
+    (index, result, tool)
+}
+
+/// The stack for an async or blocking call.
+async fn waiting(
+    mut call: ToolCall,
+    tool: &RegisteredTool,
+    env: CallEnv<'_>,
+) -> ToolDispatchResult {
+    let places = match acquire_places(tool, env.limiter, env.cancel).await {
         Ok(places) => places,
-        Err(answer) => return not_started(call, answer.0, &answer.1),
+        Err((code, detail)) => return not_started(call, code, &detail),
     };
     let started = Instant::now();
     let stop = env.cancel.child_token();
-    let mut ctx = context(&call, &tool, env.scope, started, stop.clone());
+    let mut ctx = context(&call, tool, env.scope, started, stop.clone());
     ctx.commit = CommitGate::guarded();
     let gate = ctx.commit.clone();
-    if let Err(e) = check_policy(&call, &tool, &ctx) {
+    if let Err(e) = check_policy(&call, tool, &ctx) {
         return to_result(call, tool.policy.output_cap, Err(e), Timing::default());
     }
     let span = observe::call_span(env.span, &call);
     let deadline = ctx.deadline;
     let args = std::mem::take(&mut call.arguments);
     let running = start_handler(&tool.handler, args, ctx, places, &span);
-    let running = running.map(|joined| joined_outcome(joined, &tool));
+    let running = running.map(|joined| joined_outcome(joined, tool));
     let outcome = {
         let _in_flight = env.metrics.in_flight_guard();
         let stopping = Stopping {
@@ -113,14 +128,19 @@ pub async fn run(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
         };
         supervise(std::pin::pin!(running), stopping).await
     };
-    answer(call, &tool, outcome, env.arrived, started, &span)
+    answer(call, tool, outcome, env.arrived, started, &span)
 }
 
 /// Runs an inline call in place: policy → handler (panic caught) → output cap. Its timeout is not
 /// enforced (an inline handler cannot be interrupted; see [`Handler::Inline`]). Any other kind is
 /// answered `execution_error` — callers check [`runs_in_place`] first.
-pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
-    let Planned { call, tool, .. } = planned;
+pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> Answered {
+    let Planned { index, call, tool } = planned;
+    let result = inline(call, &tool, env);
+    (index, result, tool)
+}
+
+fn inline(call: ToolCall, tool: &RegisteredTool, env: CallEnv<'_>) -> ToolDispatchResult {
     let Handler::Inline(f) = &tool.handler else {
         let detail = "internal: a waiting handler was asked to run in place";
         return not_started(call, ErrorCode::ExecutionError, detail);
@@ -129,15 +149,15 @@ pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> ToolDispatchResult {
         return not_started(call, ErrorCode::Cancelled, "cancelled before it started");
     }
     let started = Instant::now();
-    let ctx = context(&call, &tool, env.scope, started, env.cancel.clone());
-    if let Err(e) = check_policy(&call, &tool, &ctx) {
+    let ctx = context(&call, tool, env.scope, started, env.cancel.clone());
+    if let Err(e) = check_policy(&call, tool, &ctx) {
         return to_result(call, tool.policy.output_cap, Err(e), Timing::default());
     }
     let span = observe::call_span(env.span, &call);
     let outcome = span
         .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
-        .unwrap_or_else(|panic| Err(record_panic(&*panic, &tool)));
-    answer(call, &tool, outcome, env.arrived, started, &span)
+        .unwrap_or_else(|panic| Err(record_panic(&*panic, tool)));
+    answer(call, tool, outcome, env.arrived, started, &span)
 }
 
 /// The handler's outcome as the call's result (output cap applied), marked on its span.
@@ -164,7 +184,8 @@ fn context(
 ) -> ToolContext {
     ToolContext::new(
         Arc::clone(&call.id),
-        Arc::clone(&tool.name),
+        // The call's own copy of the name (equal to the tool's): no shared reference count.
+        Arc::clone(&call.name),
         Arc::clone(scope),
         started + tool.policy.timeout,
         cancel,

@@ -125,8 +125,7 @@ impl TurnPlan {
             scope: &self.scope,
         };
         for p in calls {
-            let (index, tool) = (p.index, Arc::clone(&p.tool));
-            let result = execute::run_in_place(p, env);
+            let (index, result, tool) = execute::run_in_place(p, env);
             self.collector.fill_with(index, result, &tool.metrics);
         }
     }

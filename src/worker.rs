@@ -88,8 +88,7 @@ impl Message<RunStage> for Worker {
                     span: &span,
                     scope: &scope,
                 };
-                let (index, tool) = (planned.index, Arc::clone(&planned.tool));
-                done.push((index, execute::run_in_place(planned, env), tool));
+                done.push(execute::run_in_place(planned, env));
             } else {
                 waiting.push(planned);
             }
@@ -111,8 +110,7 @@ impl Message<RunStage> for Worker {
             let runs = waiting.into_iter().map(|p| {
                 let progress = progress.clone();
                 async move {
-                    let (index, tool) = (p.index, Arc::clone(&p.tool));
-                    let answer = (index, execute::run(p, env).await, tool);
+                    let answer = execute::run(p, env).await;
                     match progress {
                         Some(tx) => tx.send(answer).err().map(|unsent| unsent.0),
                         None => Some(answer),

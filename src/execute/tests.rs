@@ -268,7 +268,7 @@ async fn the_stack_runs_a_call_end_to_end_and_releases_its_places() {
             }
         }),
     ));
-    let result = run(planned(&t), env.env()).await;
+    let (_, result, _) = run(planned(&t), env.env()).await;
     assert_eq!(result.content, "work in s-test");
     assert!(ran.load(Ordering::SeqCst) && result.timing.ran);
     assert_eq!(env.limiter.available(), 4);
@@ -279,6 +279,6 @@ async fn a_cancelled_turn_answers_inline_calls_without_running_them() {
     let env = Env::new();
     env.cancel.cancel();
     let t = tool(spec("inl", Handler::inline(|_, _| panic!("must not run"))));
-    let result = run_in_place(planned(&t), env.env());
+    let (_, result, _) = run_in_place(planned(&t), env.env());
     assert_eq!(result.error, Some(ErrorCode::Cancelled));
 }
