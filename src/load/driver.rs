@@ -81,6 +81,25 @@ pub struct Bounds {
     pub timed: bool,
 }
 
+impl Bounds {
+    /// The bounds of one round of a workload set: `turns` turns per session if given, else
+    /// `duration`; never longer than `max_time`.
+    pub fn for_rounds(turns: Option<u64>, duration: Duration, max_time: Duration) -> Bounds {
+        match turns {
+            Some(turns) => Bounds {
+                turns,
+                stop_after: max_time,
+                timed: false,
+            },
+            None => Bounds {
+                turns: u64::MAX,
+                stop_after: duration.min(max_time),
+                timed: true,
+            },
+        }
+    }
+}
+
 /// How a phase reports while it runs.
 #[derive(Debug, Clone)]
 pub struct Display {

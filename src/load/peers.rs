@@ -147,18 +147,7 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         faults: super::workload::Faults::default(),
         seed: config.seed,
     });
-    let bounds = match config.turns {
-        Some(turns) => Bounds {
-            turns,
-            stop_after: config.max_time,
-            timed: false,
-        },
-        None => Bounds {
-            turns: u64::MAX,
-            stop_after: config.duration.min(config.max_time),
-            timed: true,
-        },
-    };
+    let bounds = Bounds::for_rounds(config.turns, config.duration, config.max_time);
     let display = |side: &str| Display {
         label: side.to_string(),
         progress: config.progress,

@@ -124,18 +124,7 @@ async fn run_one(
         seed: config.seed,
         faults: Faults::default(),
     });
-    let bounds = match config.turns {
-        Some(turns) => Bounds {
-            turns,
-            stop_after: config.max_time,
-            timed: false,
-        },
-        None => Bounds {
-            turns: u64::MAX,
-            stop_after: config.duration.min(config.max_time),
-            timed: true,
-        },
-    };
+    let bounds = Bounds::for_rounds(config.turns, config.duration, config.max_time);
     let display = |side: &str| Display {
         label: side.to_string(),
         progress: config.progress,
