@@ -277,7 +277,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             .await
             {
                 Ok(report) => {
-                    print!("{report}");
+                    crate::command::out(&report);
                     match interrupt.exit_code() {
                         Some(code) => fail(code, "interrupted; the calls in flight were cancelled"),
                         None => ExitCode::SUCCESS,

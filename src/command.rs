@@ -25,6 +25,13 @@ pub struct TelemetryArgs {
     pub metrics_file: Option<PathBuf>,
 }
 
+/// Writes `text` to stdout as it is; a closed stdout (`… | head`) is ignored, never a panic.
+pub fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
 /// Says `switchboard: <message>` on stderr (a closed stderr is ignored, never a panic).
 pub fn say(message: &str) {
     let _ = writeln!(std::io::stderr(), "switchboard: {message}");

@@ -334,3 +334,32 @@ fn bad_flags_exit_2_with_a_message() {
         assert!(!out.stderr.contains("panicked"), "{args:?}: {}", out.stderr);
     }
 }
+
+#[test]
+fn a_closed_stdout_ends_the_report_quietly_instead_of_panicking() {
+    // `switchboard load … | head -1`: the reader goes away before the report is written.
+    let mut child = switchboard()
+        .args([
+            "load",
+            "--workload-set",
+            "peers",
+            "--duration",
+            "50ms",
+            "--quiet",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}

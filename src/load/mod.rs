@@ -272,9 +272,9 @@ async fn run_idle(args: &LoadArgs) -> ExitCode {
         Err(e) => return fail(1, &e),
     };
     if args.json {
-        println!("{}", report.to_json());
+        crate::command::out(&format!("{}\n", report.to_json()));
     } else {
-        print!("{}", report.text());
+        crate::command::out(&report.text());
     }
     if let Some(dir) = &args.report
         && let Err(e) = write_json(dir, "idle.json", &report.to_json())
@@ -308,7 +308,7 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
             Ok(r) => r,
             Err(e) => return fail(1, &format!("{}: {e}", w.name)),
         };
-        println!("{}", result.line);
+        crate::command::out(&format!("{}\n", result.line));
         violations += result.violations;
         for e in &result.examples {
             crate::command::say(&format!("load: {}: violation: {e}", w.name));
@@ -565,15 +565,15 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
         },
     );
     if args.json {
-        println!("{doc}");
+        crate::command::out(&format!("{doc}\n"));
     } else {
         let mut phases: Vec<(&str, &Phase)> = vec![(label, &engine)];
         if let Some(d) = &direct {
             phases.push(("direct", d));
         }
-        print!("{}", report::table(&title, &phases, ratio));
+        crate::command::out(&report::table(&title, &phases, ratio));
         if let Some(s) = &soak {
-            println!("{}", s.line());
+            crate::command::out(&format!("{}\n", s.line()));
         }
     }
     if let Some(dir) = &args.report {

@@ -87,7 +87,7 @@ pub async fn run(config: &ServeSetConfig) -> Result<(Vec<String>, u64), String> 
     for (name, sessions, calls) in WORKLOADS {
         match run_one(name, sessions, calls, &endpoint, config).await {
             Ok((line, v)) => {
-                println!("{line}");
+                crate::command::out(&format!("{line}\n"));
                 lines.push(line);
                 violations.merge_violations(&v);
             }

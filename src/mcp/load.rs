@@ -113,14 +113,12 @@ pub async fn run(args: &LoadArgs, name: &str) -> ExitCode {
             Err(e) => return fail(1, &format!("direct baseline: {e}")),
         }
     }
-    println!(
-        "{}",
-        if args.json {
-            report.to_string()
-        } else {
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        }
-    );
+    let text = if args.json {
+        report.to_string()
+    } else {
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    };
+    crate::command::out(&format!("{text}\n"));
     if engine_side.misordered > 0 {
         ExitCode::from(1)
     } else {
