@@ -288,19 +288,7 @@ async fn run_idle(args: &LoadArgs) -> ExitCode {
 }
 
 async fn run_peers(args: &LoadArgs) -> ExitCode {
-    let duration = args.duration.unwrap_or(peers::DEFAULT_DURATION);
-    let config = peers::PeersConfig {
-        duration,
-        turns: args.turns,
-        max_time: args.max_time,
-        warmup: args
-            .warmup
-            .unwrap_or_else(|| (duration / 10).min(Duration::from_millis(200))),
-        workers: workers(args),
-        progress: !args.quiet,
-        seed: args.seed,
-        rounds: args.rounds,
-    };
+    let config = set_config(args);
     let mut lines = Vec::new();
     let mut violations = 0;
     for w in &peers::WORKLOADS {
@@ -315,15 +303,35 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
         }
         lines.push(result.line);
     }
+    finish_set(args, &lines, violations, "peers.jsonl")
+}
+
+/// The settings of a workload set (`--workload-set peers|serve`) from the flags.
+fn set_config(args: &LoadArgs) -> peers::PeersConfig {
+    let duration = args.duration.unwrap_or(peers::DEFAULT_DURATION);
+    peers::PeersConfig {
+        duration,
+        turns: args.turns,
+        max_time: args.max_time,
+        warmup: args
+            .warmup
+            .unwrap_or_else(|| (duration / 10).min(Duration::from_millis(200))),
+        workers: workers(args),
+        progress: !args.quiet,
+        seed: args.seed,
+        rounds: args.rounds,
+    }
+}
+
+/// The end of a workload set: its JSON lines into `--report DIR/<file>`, and a failure if any
+/// turn was not answered exactly once, in order.
+fn finish_set(args: &LoadArgs, lines: &[String], violations: u64, file: &str) -> ExitCode {
     if let Some(dir) = &args.report {
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        if let Err(e) = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(dir.join("peers.jsonl"), text))
+        if let Err(e) =
+            std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join(file), text))
         {
-            return fail(
-                1,
-                &format!("cannot write {}/peers.jsonl: {e}", dir.display()),
-            );
+            return fail(1, &format!("cannot write {}/{file}: {e}", dir.display()));
         }
     }
     if violations > 0 {
@@ -336,41 +344,12 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
 }
 
 async fn run_serve_set(args: &LoadArgs) -> ExitCode {
-    let duration = args.duration.unwrap_or(peers::DEFAULT_DURATION);
-    let config = serve_set::ServeSetConfig {
-        duration,
-        turns: args.turns,
-        max_time: args.max_time,
-        warmup: args
-            .warmup
-            .unwrap_or_else(|| (duration / 10).min(Duration::from_millis(200))),
-        workers: workers(args),
-        progress: !args.quiet,
-        seed: args.seed,
-        rounds: args.rounds,
-    };
+    let config = set_config(args);
     let (lines, violations) = match serve_set::run(&config).await {
         Ok(r) => r,
         Err(e) => return fail(1, &e),
     };
-    if let Some(dir) = &args.report {
-        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        if let Err(e) = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(dir.join("serve.jsonl"), text))
-        {
-            return fail(
-                1,
-                &format!("cannot write {}/serve.jsonl: {e}", dir.display()),
-            );
-        }
-    }
-    if violations > 0 {
-        return fail(
-            1,
-            &format!("{violations} turns were not answered exactly once, in order"),
-        );
-    }
-    ExitCode::SUCCESS
+    finish_set(args, &lines, violations, "serve.jsonl")
 }
 
 /// The server of `--target`, with its token (`--token-file`, else `SWITCHBOARD_TOKEN`).

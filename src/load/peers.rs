@@ -101,7 +101,7 @@ pub const WORKLOADS: [PeerWorkload; 6] = [
     },
 ];
 
-/// How the set runs.
+/// How a workload set runs (the peers set and the serve set alike).
 #[derive(Debug, Clone)]
 pub struct PeersConfig {
     /// Measuring time per side (ignored when `turns` is set).

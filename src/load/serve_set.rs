@@ -23,31 +23,10 @@ use serde_json::json;
 use super::ToolKind;
 use super::driver::{Bounds, Display, Phase, ToolSet, engine_phase, http_phase};
 use super::http::Endpoint;
-use super::peers::ratio;
+use super::peers::{PeersConfig, ratio};
 use super::stats::{Percentiles, Recorder};
 use super::workload::{Faults, Workload, load_tools};
 use crate::serve::{Auth, ServeConfig, Server};
-
-/// How the set runs.
-#[derive(Debug, Clone)]
-pub struct ServeSetConfig {
-    /// Measuring time per side (ignored when `turns` is set).
-    pub duration: Duration,
-    /// Turns per session instead of a duration.
-    pub turns: Option<u64>,
-    /// Hard cap per side.
-    pub max_time: Duration,
-    /// Warm-up per side.
-    pub warmup: Duration,
-    /// Engine workers (both engines).
-    pub workers: Option<usize>,
-    /// Draw progress bars.
-    pub progress: bool,
-    /// Seed of the call generators.
-    pub seed: u64,
-    /// Alternating rounds; each side reports its best.
-    pub rounds: u32,
-}
 
 /// `(name, sessions, calls per turn)` of the two workloads.
 const WORKLOADS: [(&str, usize, usize); 2] = [
@@ -56,7 +35,7 @@ const WORKLOADS: [(&str, usize, usize); 2] = [
 ];
 
 /// Runs the set; returns the printed lines and the number of violations.
-pub async fn run(config: &ServeSetConfig) -> Result<(Vec<String>, u64), String> {
+pub async fn run(config: &PeersConfig) -> Result<(Vec<String>, u64), String> {
     let root = tempfile::Builder::new()
         .prefix("switchboard-serve-load-")
         .tempdir()
@@ -110,7 +89,7 @@ async fn run_one(
     sessions: usize,
     calls: usize,
     endpoint: &Arc<Endpoint>,
-    config: &ServeSetConfig,
+    config: &PeersConfig,
 ) -> Result<(String, Recorder), String> {
     let sleep = Duration::from_millis(10);
     let workload = Arc::new(Workload {
