@@ -1,15 +1,19 @@
 //! The Prometheus exporter and log setup of the long-running commands.
 //!
-//! `--metrics-addr ADDR` installs the Prometheus recorder and serves `GET /metrics` (text
-//! exposition format) and `GET /healthz` on `ADDR` (counting its own requests in the HTTP
-//! metrics, so the scrapes themselves show there); `--metrics-file PATH` writes the final
-//! exposition when the command ends. With neither flag no recorder is installed and every metric
-//! handle is a no-op. The recorder is installed before the engine is built, because the engine
-//! caches its metric handles at build time. Logs go to stderr, as text or JSON lines.
+//! `--metrics-addr ADDR` installs the recorder and serves `GET /metrics` (text exposition
+//! format) and `GET /healthz` on `ADDR` (counting its own requests in the HTTP metrics, so the
+//! scrapes themselves show there); `--metrics-file PATH` writes the final exposition when the
+//! command ends. With neither flag no recorder is installed and every metric handle is a no-op.
+//! The recorder is installed before the engine is built, because the engine caches its metric
+//! handles at build time.
+//!
+//! The recorder is [`crate::metrics::PreAggregated`] around the Prometheus recorder: counters and
+//! gauges live in the Prometheus recorder, histograms in pre-aggregated sharded buckets
+//! ([`crate::metrics::histograms`]); [`MetricsHandle::render`] writes both. Nothing buffers raw
+//! samples, so there is no upkeep task. Logs go to stderr, as text or JSON lines.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,37 +22,57 @@ use axum::Router;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::routing::get;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use tokio::task::JoinHandle;
 
-use crate::metrics::{
-    COUNT_BUCKETS, DURATION_BUCKETS, HttpMetrics, STAGE_CALLS, TURN_CALLS, describe_all,
-};
+use crate::metrics::{Histograms, HttpMetrics, PreAggregated, buckets, describe_all, histograms};
 
-/// How often histogram samples are folded into their buckets. The recorder buffers every raw
-/// sample until then, so the period bounds memory: at 2–3 M calls/s (two samples per call) a
-/// 5 s period held ~400 MB; 100 ms holds a few MB.
-const UPKEEP_PERIOD: Duration = Duration::from_millis(100);
+/// What `/metrics` and `--metrics-file` show: the Prometheus recorder's counters and gauges,
+/// then the pre-aggregated histograms, in the Prometheus text format.
+#[derive(Debug, Clone)]
+pub struct MetricsHandle {
+    prometheus: PrometheusHandle,
+    histograms: Arc<Histograms>,
+}
+
+impl MetricsHandle {
+    /// The exposition text now.
+    pub fn render(&self) -> String {
+        let mut text = self.prometheus.render();
+        self.histograms.render_into(&mut text);
+        text
+    }
+
+    /// Samples recorded in every series of histogram `name`.
+    pub fn histogram_count(&self, name: &str) -> u64 {
+        self.histograms.count(name)
+    }
+
+    /// Bytes held by the histogram buckets (fixed per series; see [`crate::metrics::histograms`]).
+    pub fn histogram_bytes(&self) -> usize {
+        self.histograms.memory_bytes()
+    }
+}
+
+/// The recorder the exporter installs, not installed yet, with the handle that renders it
+/// (`load --compare-metrics` builds engines under it without installing it).
+pub fn recorder() -> (PreAggregated<PrometheusRecorder>, MetricsHandle) {
+    let prometheus = PrometheusBuilder::new().build_recorder();
+    let histograms = Arc::new(Histograms::new(buckets, histograms::default_shards()));
+    let handle = MetricsHandle {
+        prometheus: prometheus.handle(),
+        histograms: Arc::clone(&histograms),
+    };
+    (PreAggregated::new(prometheus, histograms), handle)
+}
 
 /// A running exporter (or none). Call [`Telemetry::finish`] when the command ends.
 #[derive(Debug, Default)]
 pub struct Telemetry {
-    handle: Option<PrometheusHandle>,
+    handle: Option<MetricsHandle>,
     tasks: Vec<JoinHandle<()>>,
     metrics_file: Option<PathBuf>,
     local_addr: Option<SocketAddr>,
-}
-
-/// The recorder with Switchboard's buckets: real Prometheus histograms, not summaries.
-pub fn prometheus_builder() -> Result<PrometheusBuilder, String> {
-    let err = |e: metrics_exporter_prometheus::BuildError| format!("metrics buckets: {e}");
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
-        .map_err(err)?
-        .set_buckets_for_metric(Matcher::Full(TURN_CALLS.into()), COUNT_BUCKETS)
-        .map_err(err)?
-        .set_buckets_for_metric(Matcher::Full(STAGE_CALLS.into()), COUNT_BUCKETS)
-        .map_err(err)
 }
 
 impl Telemetry {
@@ -61,8 +85,8 @@ impl Telemetry {
         if metrics_addr.is_none() && metrics_file.is_none() {
             return Ok(Telemetry::default());
         }
-        let (handle, upkeep) = install_recorder()?;
-        let mut tasks = vec![upkeep];
+        let handle = install_recorder()?;
+        let mut tasks = Vec::new();
         let mut local_addr = None;
         if let Some(addr) = metrics_addr {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -122,10 +146,7 @@ impl Telemetry {
 
     /// The exposition text now (None without a recorder).
     pub fn render(&self) -> Option<String> {
-        self.handle.as_ref().map(|h| {
-            h.run_upkeep();
-            h.render()
-        })
+        self.handle.as_ref().map(MetricsHandle::render)
     }
 
     /// Writes `--metrics-file` (if set) and stops the endpoint.
@@ -142,24 +163,14 @@ impl Telemetry {
     }
 }
 
-/// Installs the Prometheus recorder process-wide, with its upkeep task, and describes every
-/// metric; for commands that serve `/metrics` themselves (`serve`). Must run inside a tokio
-/// runtime, before the engine is built.
-pub fn install_recorder() -> Result<(PrometheusHandle, JoinHandle<()>), String> {
-    let handle = prometheus_builder()?
-        .install_recorder()
+/// Installs the recorder process-wide and describes every metric; for commands that serve
+/// `/metrics` themselves (`serve`). Must run before the engine is built.
+pub fn install_recorder() -> Result<MetricsHandle, String> {
+    let (recorder, handle) = recorder();
+    metrics::set_global_recorder(recorder)
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     describe_all();
-    let upkeep = handle.clone();
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(UPKEEP_PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok((handle, task))
+    Ok(handle)
 }
 
 /// Log output format.
@@ -201,4 +212,61 @@ pub fn init_logging(format: LogFormat) {
             .with_span_list(true)
             .try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{EngineMetrics, ToolMetrics};
+    use crate::protocol::{Timing, ToolDispatchResult};
+    use std::time::Duration;
+
+    #[test]
+    fn counters_gauges_and_histograms_render_together() {
+        let (recorder, handle) = recorder();
+        metrics::with_local_recorder(&recorder, || {
+            describe_all();
+            let engine = EngineMetrics::new();
+            let tool = ToolMetrics::new("echo");
+            let timing = Timing {
+                queued: Duration::from_micros(5),
+                run: Duration::from_micros(30),
+                ran: true,
+            };
+            tool.record(&ToolDispatchResult::ok(
+                "t1".into(),
+                "echo".into(),
+                "hi".into(),
+                timing,
+            ));
+            engine.turn(3, Duration::from_millis(2));
+            engine.serial_stages(2);
+        });
+        let text = handle.render();
+        for line in [
+            "switchboard_tool_calls_total{tool=\"echo\",outcome=\"ok\"} 1",
+            "# TYPE switchboard_tool_call_duration_seconds histogram",
+            "switchboard_tool_call_duration_seconds_bucket{tool=\"echo\",le=\"0.00005\"} 1",
+            "switchboard_tool_call_duration_seconds_count{tool=\"echo\"} 1",
+            "switchboard_turn_calls_bucket{le=\"2\"} 0",
+            "switchboard_turn_calls_bucket{le=\"3\"} 1",
+            "switchboard_turn_calls_sum 3",
+            "switchboard_turn_dispatch_seconds_bucket{le=\"0.0025\"} 1",
+            "switchboard_stage_calls_count{mode=\"serial\"} 2",
+            "switchboard_stages_total{mode=\"serial\"} 2",
+            "switchboard_sessions_active 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in:\n{text}"
+            );
+        }
+        // Every histogram family is rendered once, by the pre-aggregated set only.
+        assert_eq!(
+            text.matches("# TYPE switchboard_tool_call_duration_seconds ")
+                .count(),
+            1
+        );
+        assert!(handle.histogram_bytes() > 0);
+    }
 }

@@ -9,12 +9,21 @@
 //! Handles are cached (per tool at registration, per engine at build) so the hot path does no
 //! label hashing or registry lookup: a recorder must be installed *before* the engine is built,
 //! or the engine records into the no-op recorder.
+//!
+//! Histograms are pre-aggregated here ([`histograms`]): the exporter's recorder is a
+//! [`PreAggregated`] wrapper that keeps every histogram in fixed, per-thread-sharded bucket
+//! counters ([`buckets`] gives each name's bounds) and hands counters and gauges to the
+//! Prometheus recorder. Counters and gauges stay there because they already cost one atomic add
+//! on a cached handle and need no upkeep; only its histograms buffered raw samples.
 
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Unit, counter, gauge, histogram};
 
 use crate::protocol::{ErrorCode, ToolDispatchResult};
+
+pub mod histograms;
+pub use histograms::{Histograms, PreAggregated, ShardedHistogram};
 
 /// The `tool` label value that every unknown tool name is folded into.
 pub const UNKNOWN_TOOL: &str = "_unknown";
@@ -240,6 +249,15 @@ pub const DURATION_BUCKETS: &[f64] = &[
 
 /// Buckets of the calls-per-turn and calls-per-stage histograms.
 pub const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0];
+
+/// The bucket bounds of histogram `name`: [`COUNT_BUCKETS`] for the declared count histograms
+/// (calls per turn, per stage), [`DURATION_BUCKETS`] for every other (`_seconds`) one.
+pub fn buckets(name: &str) -> &'static [f64] {
+    match METRICS.iter().find(|m| m.name == name) {
+        Some(m) if m.kind == Kind::Histogram && m.unit == Unit::Count => COUNT_BUCKETS,
+        _ => DURATION_BUCKETS,
+    }
+}
 
 /// Registers HELP text and units with the installed recorder. Call right after installing it.
 pub fn describe_all() {
@@ -532,6 +550,17 @@ mod tests {
             }
             assert!(!m.help.is_empty());
             assert!(!m.labels.iter().any(|l| l.ends_with("id")), "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn count_histograms_use_count_buckets_and_the_rest_durations() {
+        assert_eq!(buckets(TURN_CALLS), COUNT_BUCKETS);
+        assert_eq!(buckets(STAGE_CALLS), COUNT_BUCKETS);
+        for m in METRICS.iter().filter(|m| m.kind == Kind::Histogram) {
+            if m.unit == Unit::Seconds {
+                assert_eq!(buckets(m.name), DURATION_BUCKETS, "{}", m.name);
+            }
         }
     }
 

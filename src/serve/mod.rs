@@ -35,7 +35,6 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use clap::builder::TypedValueParser;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -123,7 +122,7 @@ pub struct ServeConfig {
     /// Engine workers (default: the engine's own).
     pub workers: Option<usize>,
     /// The installed Prometheus recorder, rendered at `/metrics` (empty without one).
-    pub prometheus: Option<PrometheusHandle>,
+    pub prometheus: Option<crate::exporter::MetricsHandle>,
 }
 
 impl ServeConfig {
@@ -315,7 +314,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         Ok(auth) => auth,
         Err(e) => return fail(2, &e),
     };
-    let (prometheus, upkeep) = match crate::exporter::install_recorder() {
+    let prometheus = match crate::exporter::install_recorder() {
         Ok(installed) => installed,
         Err(e) => return fail(1, &e),
     };
@@ -342,7 +341,6 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         server.local_addr()
     ));
     let result = server.run(shutdown).await;
-    upkeep.abort();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(1, &e),

@@ -18,7 +18,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
 use futures::StreamExt;
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +49,7 @@ pub struct App {
     /// Cancelled when the server starts shutting down: new work is refused `shutting_down`.
     pub stopping: CancellationToken,
     /// The Prometheus recorder's handle, if one is installed (`/metrics`).
-    pub prometheus: Option<PrometheusHandle>,
+    pub prometheus: Option<crate::exporter::MetricsHandle>,
     /// Request counters and latency.
     pub http_metrics: HttpMetrics,
 }
@@ -322,10 +321,10 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let text = app.prometheus.as_ref().map_or_else(String::new, |h| {
-        h.run_upkeep();
-        h.render()
-    });
+    let text = app
+        .prometheus
+        .as_ref()
+        .map_or_else(String::new, crate::exporter::MetricsHandle::render);
     (
         StatusCode::OK,
         [(
