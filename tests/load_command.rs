@@ -363,3 +363,67 @@ fn a_closed_stdout_ends_the_report_quietly_instead_of_panicking() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+#[test]
+fn compare_metrics_runs_both_sides_and_reports_the_cost() {
+    let doc = load_json(&[
+        "--compare-metrics",
+        "--sessions",
+        "2",
+        "--calls-per-turn",
+        "4",
+        "--turns",
+        "100",
+        "--rounds",
+        "2",
+        "--quiet",
+        "--json",
+    ]);
+    assert_eq!(doc["mode"], "compare_metrics");
+    assert_eq!(u(&doc["rounds"]), 2);
+    assert_eq!(u(&doc["violations"]), 0);
+    let on = u(&doc["metrics_on_calls_per_s"]);
+    let off = u(&doc["metrics_off_calls_per_s"]);
+    assert!(on > 0 && off > 0, "on {on}, off {off}");
+    let cost = doc["metrics_cost"]
+        .as_f64()
+        .expect("metrics_cost is a number");
+    let want = 1.0 - on as f64 / off as f64;
+    assert!(
+        (cost - want).abs() < 0.001,
+        "metrics_cost {cost}, 1 − on/off = {want}"
+    );
+    for side in ["metrics_on", "metrics_off"] {
+        assert_eq!(u(&doc[side]["calls"]), 2 * 4 * 100, "{side}");
+        assert_eq!(u(&doc[side]["ok"]), 2 * 4 * 100, "{side}");
+    }
+    // The "on" engines really recorded: every turn of both rounds is in the histogram (no
+    // warm-up in a counted run), and the buckets hold a fixed amount of memory.
+    assert_eq!(u(&doc["recorded_turns"]), 2 * 2 * 100);
+    assert!(u(&doc["histogram_bytes"]) > 0);
+}
+
+#[test]
+fn compare_metrics_prints_a_table_and_refuses_other_modes() {
+    let out = load(&[
+        "--compare-metrics",
+        "--sessions",
+        "1",
+        "--calls-per-turn",
+        "1",
+        "--turns",
+        "50",
+        "--quiet",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("metrics on") && out.stdout.contains("metrics off"));
+    assert!(out.stdout.contains("metrics cost:"), "{}", out.stdout);
+    for args in [
+        &["--compare-metrics", "--baseline", "direct"][..],
+        &["--compare-metrics", "--idle"],
+        &["--compare-metrics", "--workload-set", "peers"],
+    ] {
+        let out = load(args);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+    }
+}

@@ -283,8 +283,28 @@ pub struct ToolSet {
 }
 
 /// The engine phase: an engine with `tools` (`workers` workers), one session per simulated
-/// session, a warm-up, then the measured loops; the engine is shut down afterwards.
+/// session, a warm-up, then the measured loops; the engine is shut down afterwards. The engine
+/// records into the installed recorder (if any).
 pub async fn engine_phase(
+    tools: ToolSet,
+    workers: Option<usize>,
+    sessions: usize,
+    workload: &Arc<Workload>,
+    bounds: &Bounds,
+    display: &Display,
+    warmup: Duration,
+) -> Result<Phase, String> {
+    engine_phase_recording(
+        None, tools, workers, sessions, workload, bounds, display, warmup,
+    )
+    .await
+}
+
+/// [`engine_phase`], with the engine's metric handles taken from `recorder` instead of the
+/// installed one (`metrics::NoopRecorder` for an engine that records nothing).
+#[allow(clippy::too_many_arguments)]
+pub async fn engine_phase_recording(
+    recorder: Option<&(dyn metrics::Recorder + Sync)>,
     tools: ToolSet,
     workers: Option<usize>,
     sessions: usize,
@@ -300,9 +320,11 @@ pub async fn engine_phase(
     if let Some(w) = workers {
         builder = builder.workers(w);
     }
-    let engine = builder
-        .build()
-        .map_err(|e| format!("cannot build the engine: {e}"))?;
+    let engine = match recorder {
+        Some(r) => metrics::with_local_recorder(r, || builder.build()),
+        None => builder.build(),
+    }
+    .map_err(|e| format!("cannot build the engine: {e}"))?;
     let targets: Vec<Target> = (0..sessions)
         .map(|_| Target::Engine(engine.session()))
         .collect();

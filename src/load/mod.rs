@@ -12,9 +12,12 @@
 //! `peers.rs`); `--idle` measures memory per idle session (see `idle.rs`). `--target
 //! http://HOST:PORT` sends the same turns to a running `switchboard serve` instead, one
 //! keep-alive connection per session (see `http.rs`), and `--workload-set serve` measures the
-//! HTTP hop against the in-process engine in one run (see `serve_set.rs`). Bad flags exit 2.
+//! HTTP hop against the in-process engine in one run (see `serve_set.rs`); `--compare-metrics`
+//! runs the workload on an engine that records metrics and on one that does not, alternating
+//! rounds, and reports the cost (see `compare.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
+mod compare;
 mod driver;
 mod http;
 mod idle;
@@ -137,8 +140,14 @@ pub struct LoadArgs {
     #[arg(long, value_enum)]
     pub baseline: Option<Baseline>,
     /// Run a fixed set of workloads instead (one JSON line each, with its direct ratio).
-    #[arg(long, value_enum, conflicts_with_all = ["idle", "baseline"])]
+    #[arg(long, value_enum, conflicts_with_all = ["idle", "baseline"], group = "rounds_mode")]
     pub workload_set: Option<WorkloadSet>,
+    /// Run the workload on an engine recording metrics (the exporter's recorder) and on one
+    /// recording nothing, alternating --rounds times in this process, and report the cost
+    /// (`metrics_cost` = 1 − on ÷ off calls/s, each side's best round).
+    #[arg(long, group = "rounds_mode",
+          conflicts_with_all = ["idle", "baseline", "target", "faults", "mcp_call"])]
+    pub compare_metrics: bool,
     /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
     #[arg(long, conflicts_with_all = ["turns", "baseline"])]
     pub idle: bool,
@@ -159,8 +168,8 @@ pub struct LoadArgs {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub max_time: Duration,
     /// With --workload-set: alternate the engine and direct phases this many times per workload
-    /// and report each side's best round.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100), requires = "workload_set")]
+    /// and report each side's best round (with --compare-metrics: the metrics-on and -off phases).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100), requires = "rounds_mode")]
     pub rounds: u32,
     /// Seed of the call mix (errors, serial share, mixed tools).
     #[arg(long, default_value_t = 1)]
@@ -461,6 +470,12 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
             timed: false,
         },
     };
+    if args.compare_metrics {
+        let warmup = args.warmup.unwrap_or_else(|| {
+            duration.map_or(Duration::ZERO, |d| (d / 10).min(Duration::from_millis(200)))
+        });
+        return run_compare(args, &tools, &workload, bounds, warmup, duration).await;
+    }
     let warmup = args.warmup.unwrap_or(Duration::ZERO);
     let display = |label: &str| Display {
         label: label.to_string(),
@@ -583,6 +598,87 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+async fn run_compare(
+    args: &LoadArgs,
+    tools: &ToolSet,
+    workload: &Arc<Workload>,
+    bounds: Bounds,
+    warmup: Duration,
+    duration: Option<Duration>,
+) -> ExitCode {
+    let config = compare::CompareConfig {
+        workers: workers(args),
+        sessions: args.sessions as usize,
+        bounds,
+        warmup,
+        rounds: args.rounds,
+        progress: !args.quiet,
+    };
+    let c = match compare::run(tools, workload, &config).await {
+        Ok(c) => c,
+        Err(e) => return fail(1, &e),
+    };
+    let (on, off) = (c.on.calls_per_s(), c.off.calls_per_s());
+    let doc = json!({
+        "mode": "compare_metrics",
+        "config": config_json(args),
+        "rounds": c.rounds,
+        "metrics_on_calls_per_s": on.round() as u64,
+        "metrics_off_calls_per_s": off.round() as u64,
+        "metrics_cost": (c.cost() * 10_000.0).round() / 10_000.0,
+        "metrics_on": report::phase_json(&c.on),
+        "metrics_off": report::phase_json(&c.off),
+        "recorded_turns": c.recorded_turns,
+        "histogram_bytes": c.histogram_bytes,
+        "violations": c.violations.violations,
+    });
+    if args.json {
+        crate::command::out(&format!("{doc}\n"));
+    } else {
+        let title = format!(
+            "switchboard load --compare-metrics: {} sessions × {} calls/turn, tool {}, {}, best of {} rounds per side",
+            args.sessions,
+            args.calls_per_turn,
+            args.tool.name(),
+            match duration {
+                Some(d) => humantime::format_duration(d).to_string(),
+                None => format!("{} turns per session", config.bounds.turns),
+            },
+            c.rounds,
+        );
+        crate::command::out(&report::table(
+            &title,
+            &[("metrics on", &c.on), ("metrics off", &c.off)],
+            None,
+        ));
+        crate::command::out(&format!(
+            "metrics cost: {:.1} % (on ÷ off = {:.3}); {} turns recorded in histograms of {} bytes\n",
+            c.cost() * 100.0,
+            peers::ratio(on, off),
+            numbers::group(c.recorded_turns),
+            numbers::group(c.histogram_bytes as u64),
+        ));
+    }
+    if let Some(dir) = &args.report
+        && let Err(e) = write_json(dir, "compare-metrics.json", &doc)
+    {
+        return fail(1, &e);
+    }
+    for e in &c.violations.examples {
+        crate::command::say(&format!("load: violation: {e}"));
+    }
+    if c.violations.violations > 0 {
+        return fail(
+            1,
+            &format!(
+                "{} turns were not answered exactly once, in order",
+                c.violations.violations
+            ),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
 fn builtin_workspace(sessions: usize) -> Result<(tempfile::TempDir, Workspace), String> {
     let dir = tempfile::Builder::new()
         .prefix("switchboard-load-")
@@ -606,7 +702,21 @@ fn load_json(
 ) -> Value {
     json!({
         "mode": "load",
-        "config": {
+        "config": config_json(args),
+        "calls": engine.stats.calls,
+        "violations": engine.stats.violations + direct.map_or(0, |d| d.stats.violations),
+        "engine": report::phase_json(engine),
+        "direct": direct.map(report::phase_json),
+        "direct_ratio": ratio.map(|r| (r * 1000.0).round() / 1000.0),
+        "soak": soak.map(rss::SoakVerdict::to_json),
+        "rss_samples_bytes": engine.rss_samples,
+        "peak_rss_bytes": engine.peak_rss.max(direct.and_then(|d| d.peak_rss)),
+    })
+}
+
+/// The run's settings, as every JSON report gives them.
+fn config_json(args: &LoadArgs) -> Value {
+    json!({
             "sessions": args.sessions,
             "turns": args.turns,
             "duration_ms": match args.turns {
@@ -620,19 +730,10 @@ fn load_json(
             "serial_ratio": args.serial_ratio,
             "error_rate": args.error_rate,
             "workers": args.workers,
-            "baseline": direct.map(|_| "direct"),
+            "baseline": args.baseline.map(|_| "direct"),
             "seed": args.seed,
             "target": args.target,
             "faults": args.faults.map(|f| json!({"panic": f.panic, "hang": f.hang, "cancel": f.cancel})),
-        },
-        "calls": engine.stats.calls,
-        "violations": engine.stats.violations + direct.map_or(0, |d| d.stats.violations),
-        "engine": report::phase_json(engine),
-        "direct": direct.map(report::phase_json),
-        "direct_ratio": ratio.map(|r| (r * 1000.0).round() / 1000.0),
-        "soak": soak.map(rss::SoakVerdict::to_json),
-        "rss_samples_bytes": engine.rss_samples,
-        "peak_rss_bytes": engine.peak_rss.max(direct.and_then(|d| d.peak_rss)),
     })
 }
 
