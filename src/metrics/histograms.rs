@@ -188,6 +188,9 @@ impl HistogramFn for ShardedHistogram {
     }
 }
 
+/// A series' labels (in the order given) and its histogram.
+type LabelledSeries = (Vec<(String, String)>, Arc<ShardedHistogram>);
+
 /// Every pre-aggregated histogram series of one recorder, with the HELP text of their names.
 #[derive(Debug)]
 pub struct Histograms {
@@ -249,8 +252,7 @@ impl Histograms {
     /// Appends every series in the Prometheus text format (0.0.4), one family per name, names
     /// in order, each family followed by a blank line as the Prometheus exporter does.
     pub fn render_into(&self, out: &mut String) {
-        let mut families: BTreeMap<String, Vec<(Vec<(String, String)>, Arc<ShardedHistogram>)>> =
-            BTreeMap::new();
+        let mut families: BTreeMap<String, Vec<LabelledSeries>> = BTreeMap::new();
         for (key, h) in self
             .series
             .lock()
