@@ -1,8 +1,8 @@
 //! The `Engine`: builds the actors, and is the library's front door.
 //!
 //! `Engine::builder()` → register tools, set pool size and caps → `build()`. The engine owns the
-//! Registry actor, a worker pool, and a few shared Scheduler actors for session-less dispatch;
-//! [`Engine::session`] gives a session its own scheduler. Everything is reached through the
+//! Registry actor, a worker pool, and a few shared Scheduler actors (session-less dispatch round robin; each session pinned to one);
+//! [`Engine::session`] gives a session its own cancellation and pins it to one scheduler. Everything is reached through the
 //! `Engine` value (cheap to clone); there are no globals.
 //!
 //! MCP servers ([`EngineBuilder::mcp_config`], [`EngineBuilder::mcp_server`]) start with the
@@ -357,8 +357,9 @@ impl Engine {
         &self.inner.workers
     }
 
-    /// A new session in the engine's workspace ([`EngineBuilder::workspace`]): its own scheduler
-    /// and its own cancellation. The scheduler stops when the last clone of the session is dropped.
+    /// A new session in the engine's workspace ([`EngineBuilder::workspace`]): its own
+    /// cancellation, and one of the engine's shared schedulers for all its turns (no actor of
+    /// its own).
     pub fn session(&self) -> Session {
         self.open_session(self.inner.workspace.clone())
     }
@@ -375,13 +376,11 @@ impl Engine {
             SessionScope::new(format!("s{n}"), workspace)
                 .with_sandbox(Arc::clone(&self.inner.sandbox)),
         );
-        let snapshot = Arc::new(crate::registry::Snapshot::default());
-        let scheduler = Scheduler::spawn(Scheduler::new(
-            self.inner.registry.clone(),
-            Arc::clone(&self.inner.version),
-            snapshot,
-            self.inner.workers.clone(),
-        ));
+        // The session's turns all go through one of the engine's schedulers (the same one for the
+        // session's whole life, so they are planned in the order they are dispatched); no actor
+        // per session.
+        let i = (n as usize) % self.inner.schedulers.len();
+        let scheduler = self.inner.schedulers[i].clone();
         self.inner.metrics.sessions(1.0);
         Session::new(
             self.clone(),

@@ -1,10 +1,12 @@
-//! A [`Session`]: one agent conversation's handle on the engine — its own scheduler actor, its own
-//! cancellation, and its [`SessionScope`] (id and workspace) that every call of the session sees
-//! in its [`crate::ToolContext`].
+//! A [`Session`]: one agent conversation's handle on the engine — its own cancellation and its
+//! [`SessionScope`] (id and workspace) that every call of the session sees in its
+//! [`crate::ToolContext`]. It has no actor of its own: its turns all go through one of the
+//! engine's shared schedulers, the same one for the session's whole life (picked round robin when
+//! it opens), which keeps an idle session to a few hundred bytes.
 //!
-//! Turns of one session run in the order they are dispatched through its scheduler; turns of
-//! different sessions never wait on each other's scheduler. The scheduler stops when the last
-//! clone of the session is dropped.
+//! Turns of one session are planned in the order they are dispatched (one scheduler, one
+//! mailbox); a turn that must wait runs on its own task, so turns of other sessions on the same
+//! scheduler do not wait for it. Cancelling a session cancels only its own turns.
 
 use std::sync::Arc;
 

@@ -33,7 +33,7 @@ const FLUSH_CALLS: u64 = 512;
 /// Where a session's turns go.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// The engine, through this session's own scheduler.
+    /// The engine, through this session.
     Engine(Session),
     /// The direct in-process baseline (shared by all sessions).
     Direct(Arc<DirectDispatcher>),

@@ -105,7 +105,7 @@ pub enum WorkloadSet {
 /// Flags of `switchboard load`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
-    /// Concurrent sessions, each with its own scheduler actor and its own task.
+    /// Concurrent sessions, each with its own task.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub sessions: u32,
     /// Turns per session (instead of --duration).
