@@ -228,21 +228,21 @@ mod tests {
                 "boom",
                 "d",
                 schema(),
-                Handler::inline(|_, _| panic!("boom")),
+                Handler::inline::<_, String>(|_, _| panic!("boom")),
             )
             .concurrency_safe(true),
             ToolSpec::new(
                 "boom_async",
                 "d",
                 schema(),
-                Handler::future(|_: Value, _| async move { panic!("async boom") }),
+                Handler::future::<_, _, String>(|_: Value, _| async move { panic!("async boom") }),
             )
             .concurrency_safe(true),
             ToolSpec::new(
                 "fails",
                 "d",
                 schema(),
-                Handler::inline(|_, _| Err(ToolError::permission("not here"))),
+                Handler::inline::<_, String>(|_, _| Err(ToolError::permission("not here"))),
             ),
             ToolSpec::new(
                 "long",

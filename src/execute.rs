@@ -36,7 +36,7 @@ use crate::plan::Planned;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::RegisteredTool;
 use crate::tool::{
-    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, cap_output,
+    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolOutput, cap_output,
 };
 
 /// How long a handler that was told to stop (deadline passed, turn cancelled) may take to answer
@@ -322,7 +322,10 @@ where
     if committing && let Ok(outcome) = tokio::time::timeout(COMMIT_GRACE, running.as_mut()).await {
         return outcome;
     }
-    let late = tokio::time::timeout(STOP_GRACE, running).await;
+    // Partial output is text (an image in it is its note).
+    let late = tokio::time::timeout(STOP_GRACE, running)
+        .await
+        .map(|outcome| outcome.map(ToolOutput::into_text));
     let what = match code {
         ErrorCode::Timeout => format!("timed out after {}", human_duration(s.timeout)),
         _ => "cancelled while running".to_string(),
@@ -355,8 +358,8 @@ pub fn to_result(
     timing: Timing,
 ) -> ToolDispatchResult {
     match outcome {
-        Ok(text) => {
-            ToolDispatchResult::ok(call.id, call.name, cap_output(text, output_cap), timing)
+        Ok(output) => {
+            ToolDispatchResult::from_output(call.id, call.name, output.capped(output_cap), timing)
         }
         Err(e) => ToolDispatchResult::error(
             call.id,

@@ -50,6 +50,7 @@ pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};
 pub use session::Session;
 pub use tool::{
-    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
+    Block, CommitGate, Handler, Image, SessionScope, ToolContext, ToolError, ToolOutcome,
+    ToolOutput, ToolPolicy, ToolSpec,
 };
 pub use workspace::Workspace;

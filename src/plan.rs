@@ -288,13 +288,8 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
                             "required": ["n"], "additionalProperties": false});
         let tool = |name: &str, safe: bool| {
-            ToolSpec::new(
-                name,
-                "t",
-                schema.clone(),
-                Handler::inline(|_, _| Ok("x".into())),
-            )
-            .concurrency_safe(safe)
+            ToolSpec::new(name, "t", schema.clone(), Handler::inline(|_, _| Ok("x")))
+                .concurrency_safe(safe)
         };
         Snapshot::from_specs([tool("safe", true), tool("serial", false)]).unwrap()
     }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::TryFutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -27,8 +28,11 @@ use crate::protocol::ErrorCode;
 use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 
-/// What a handler returns: the content the model reads, or a typed error.
-pub type ToolOutcome = Result<String, ToolError>;
+pub use crate::protocol::{Block, Image, ToolOutput};
+
+/// What a handler returns: the content the model reads — text (`Ok(text.into())`), or text and
+/// images ([`ToolOutput::blocks`]) — or a typed error (always text).
+pub type ToolOutcome = Result<ToolOutput, ToolError>;
 
 /// A handler's failure: a stable code and a human-readable detail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,29 +254,35 @@ pub enum Handler {
 }
 
 impl Handler {
-    /// Wraps a cheap synchronous function.
-    pub fn inline<F>(f: F) -> Self
+    /// Wraps a cheap synchronous function. It may answer `Ok` with a `String` (text) or a
+    /// [`ToolOutput`] (text and images); anything `Into<ToolOutput>`.
+    pub fn inline<F, O>(f: F) -> Self
     where
-        F: Fn(&Value, &ToolContext) -> ToolOutcome + Send + Sync + 'static,
+        F: Fn(&Value, &ToolContext) -> Result<O, ToolError> + Send + Sync + 'static,
+        O: Into<ToolOutput>,
     {
-        Handler::Inline(Arc::new(f))
+        Handler::Inline(Arc::new(move |args, ctx| f(args, ctx).map(Into::into)))
     }
 
-    /// Wraps an async function.
-    pub fn future<F, Fut>(f: F) -> Self
+    /// Wraps an async function (answering as [`Handler::inline`]'s does).
+    pub fn future<F, Fut, O>(f: F) -> Self
     where
         F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ToolOutcome> + Send + 'static,
+        Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
+        O: Into<ToolOutput> + 'static,
     {
-        Handler::Async(Arc::new(move |args, ctx| Box::pin(f(args, ctx))))
+        Handler::Async(Arc::new(move |args, ctx| {
+            Box::pin(f(args, ctx).map_ok(Into::into))
+        }))
     }
 
-    /// Wraps a synchronous function that may block.
-    pub fn blocking<F>(f: F) -> Self
+    /// Wraps a synchronous function that may block (answering as [`Handler::inline`]'s does).
+    pub fn blocking<F, O>(f: F) -> Self
     where
-        F: Fn(&Value, &ToolContext) -> ToolOutcome + Send + Sync + 'static,
+        F: Fn(&Value, &ToolContext) -> Result<O, ToolError> + Send + Sync + 'static,
+        O: Into<ToolOutput>,
     {
-        Handler::Blocking(Arc::new(f))
+        Handler::Blocking(Arc::new(move |args, ctx| f(args, ctx).map(Into::into)))
     }
 }
 

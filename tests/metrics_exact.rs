@@ -146,12 +146,12 @@ fn test_tools() -> Vec<ToolSpec> {
             "echo",
             "Echoes its text.",
             text_schema(),
-            Handler::inline(|args, _ctx| Ok(args["text"].as_str().unwrap_or_default().into())),
+            Handler::inline(|args, _ctx| Ok(args["text"].as_str().unwrap_or_default().to_string())),
         )
         .concurrency_safe(true),
         tool(
             "fails",
-            Handler::inline(|_args, _ctx| Err(ToolError::execution("it fails"))),
+            Handler::inline::<_, String>(|_args, _ctx| Err(ToolError::execution("it fails"))),
         )
         .concurrency_safe(true),
         tool("panics", Handler::inline(|_args, _ctx| explode())).concurrency_safe(true),
@@ -159,7 +159,7 @@ fn test_tools() -> Vec<ToolSpec> {
             "slow",
             Handler::future(|_args, _ctx| async move {
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok("too late".into())
+                Ok("too late")
             }),
         )
         .timeout(Duration::from_millis(50)),
@@ -167,7 +167,7 @@ fn test_tools() -> Vec<ToolSpec> {
             "waits",
             Handler::future(|_args, _ctx| async move {
                 tokio::time::sleep(Duration::from_secs(30)).await;
-                Ok("never".into())
+                Ok("never")
             }),
         )
         .timeout(Duration::from_secs(60)),
@@ -362,7 +362,7 @@ async fn metrics_record_exactly_what_happened() {
 
     // ---- registry size follows register / unregister.
     engine
-        .register(tool("extra", Handler::inline(|_a, _c| Ok("x".into()))))
+        .register(tool("extra", Handler::inline(|_a, _c| Ok("x"))))
         .await
         .expect("extra registers");
     let delta = take(&mut totals);

@@ -172,9 +172,9 @@ impl Fixture {
     fn engine(&self) -> Engine {
         let boom = |name: &str, kind: bool| {
             let handler = if kind {
-                Handler::blocking(|_a, _c| panic!("boom"))
+                Handler::blocking::<_, String>(|_a, _c| panic!("boom"))
             } else {
-                Handler::future(|_a: Value, _c| async move {
+                Handler::future::<_, _, String>(|_a: Value, _c| async move {
                     tokio::task::yield_now().await;
                     panic!("boom async")
                 })

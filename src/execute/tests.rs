@@ -117,15 +117,15 @@ async fn the_handler_layer_runs_each_kind_and_catches_panics() {
         (None, l.acquire(&CancellationToken::new()).await.unwrap())
     };
     let kinds = [
-        Handler::inline(|_, _| Ok("inline".into())),
-        Handler::future(|_, _| async { Ok("async".into()) }),
-        Handler::blocking(|_, _| Ok("blocking".into())),
+        Handler::inline(|_, _| Ok("inline")),
+        Handler::future(|_, _| async { Ok("async") }),
+        Handler::blocking(|_, _| Ok("blocking")),
     ];
     for h in &kinds {
         let out = start_handler(h, Value::Null, ctx(), places().await, &Span::none()).await;
         assert_eq!(out.unwrap().unwrap(), kind_name(h));
     }
-    let boom = Handler::blocking(|_, _| panic!("boom"));
+    let boom = Handler::blocking::<_, String>(|_, _| panic!("boom"));
     let joined = start_handler(&boom, Value::Null, ctx(), places().await, &Span::none()).await;
     assert_eq!(
         panicked(&*joined.unwrap_err()).detail,
@@ -158,7 +158,7 @@ async fn the_deadline_layer_answers_timeout_with_partial_output_within_the_grace
     let told = stop.clone();
     let handler = async move {
         told.cancelled().await;
-        Ok("half done".to_string())
+        Ok("half done".into())
     };
     let deadline = Instant::now() + Duration::from_secs(1);
     let out = supervise(
@@ -206,7 +206,7 @@ async fn a_handler_that_began_committing_keeps_its_own_answer() {
         assert!(handler_gate.begin());
         // The commit outlasts the stop grace: it is still waited for.
         tokio::time::sleep(STOP_GRACE * 4).await;
-        Ok("Wrote 2 bytes".to_string())
+        Ok("Wrote 2 bytes".into())
     };
     let later = cancel.clone();
     tokio::spawn(async move {
@@ -241,7 +241,7 @@ fn a_closed_gate_refuses_a_late_commit() {
 #[test]
 fn the_output_cap_applies_to_content_and_error_details() {
     let call = || ToolCall::new("c", "t", json!({}));
-    let ok = to_result(call(), 100, Ok("x".repeat(1_000)), Timing::default());
+    let ok = to_result(call(), 100, Ok("x".repeat(1_000).into()), Timing::default());
     assert!(ok.content.len() <= 100 && ok.error.is_none());
     let err = to_result(
         call(),
@@ -278,7 +278,10 @@ async fn the_stack_runs_a_call_end_to_end_and_releases_its_places() {
 async fn a_cancelled_turn_answers_inline_calls_without_running_them() {
     let env = Env::new();
     env.cancel.cancel();
-    let t = tool(spec("inl", Handler::inline(|_, _| panic!("must not run"))));
+    let t = tool(spec(
+        "inl",
+        Handler::inline::<_, String>(|_, _| panic!("must not run")),
+    ));
     let (_, result, _) = run_in_place(planned(&t), env.env());
     assert_eq!(result.error, Some(ErrorCode::Cancelled));
 }

@@ -87,7 +87,7 @@ pub fn fault_tools() -> Vec<ToolSpec> {
             FAULT_NAMES[0],
             "Panics (load fault injection).",
             schema(),
-            Handler::inline(|_, _| panic!("{INJECTED_PANIC}")),
+            Handler::inline::<_, String>(|_, _| panic!("{INJECTED_PANIC}")),
         )
         .concurrency_safe(true),
         ToolSpec::new(

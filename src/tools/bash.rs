@@ -471,7 +471,7 @@ impl Bash {
                 if let Some(code) = status.code().filter(|&code| code != 0) {
                     text.push_str(&format!("\n[exit code: {code}]"));
                 }
-                Ok(text)
+                Ok(text.into())
             }
         }
     }

@@ -126,7 +126,7 @@ pub fn failing_tool(name: &str, code: ErrorCode, detail: &str) -> ToolSpec {
         name,
         "Always fails.",
         any_object(),
-        Handler::inline(move |_args, _ctx| Err(ToolError::new(code, detail.clone()))),
+        Handler::inline::<_, String>(move |_args, _ctx| Err(ToolError::new(code, detail.clone()))),
     )
     .concurrency_safe(true)
 }
