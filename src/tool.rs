@@ -30,8 +30,9 @@ use crate::workspace::Workspace;
 
 pub use crate::protocol::{Block, Image, ToolOutput};
 
-/// What a handler returns: the content the model reads — text (`Ok(text.into())`), or text and
-/// images ([`ToolOutput::blocks`]) — or a typed error (always text).
+/// What a handler returns: the content the model reads — text, or text and images
+/// ([`ToolOutput::blocks`]) — or a typed error (always text). The [`Handler`] constructors also
+/// take closures answering `Ok(String)`.
 pub type ToolOutcome = Result<ToolOutput, ToolError>;
 
 /// A handler's failure: a stable code and a human-readable detail.

@@ -1,12 +1,17 @@
 //! A custom tool that answers with an image, through the engine: the Anthropic answer carries an
 //! `image` block in the `tool_result`'s content array, the OpenAI answer carries the image's note,
 //! text-only results beside it stay plain strings, and an image over the output cap becomes its
-//! note on every wire.
+//! note on every wire; in an agent loop, the request body sent to each provider carries the
+//! same (an image block to Anthropic, the note to OpenAI).
 
 mod common;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use common::EventLog;
+use common::mock_server::MockServer;
+use common::model::{BOUND, agent};
+use common::wire::{Call, Stop, Wire};
 use common::{TURN_BOUND, any_object, echo_tool};
 use serde_json::{Value, json};
 use switchboard::document::dispatch_document;
@@ -144,4 +149,49 @@ async fn the_dispatch_result_holds_the_text_rendering_and_the_blocks() {
     );
     assert_eq!(results[1].blocks, None);
     engine.shutdown(std::time::Duration::from_secs(1)).await;
+}
+
+/// One loop turn calling `shot`, against the mock server speaking `wire`: the second request's
+/// history, after the assistant message.
+async fn results_sent_back(wire: Wire) -> Vec<Value> {
+    let calls: [Call; 1] = [("t1", "shot", "{}")];
+    let server = MockServer::start(
+        vec![
+            wire.turn(None, &calls, Stop::ToolUse),
+            wire.final_answer("Seen."),
+        ],
+        EventLog::default(),
+    )
+    .await;
+    let engine = engine();
+    let mut agent = agent(&engine, wire.provider(&server), false, false);
+    let r = tokio::time::timeout(BOUND, agent.run("look"))
+        .await
+        .expect("the loop ended within the bound")
+        .unwrap();
+    assert_eq!(r.final_text, "Seen.");
+    let history = wire.conversation(&server.requests()[1].body);
+    // Exactly what dispatch encodes for the wire.
+    assert_eq!(history[2..], wire.result_messages(&r.dispatches[0])[..]);
+    engine.shutdown(std::time::Duration::from_secs(1)).await;
+    history[2..].to_vec()
+}
+
+#[tokio::test]
+async fn the_anthropic_request_body_carries_the_image_block() {
+    let sent = results_sent_back(Wire::Anthropic).await;
+    assert_eq!(
+        sent[0]["content"][0]["content"][1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
+    );
+}
+
+#[tokio::test]
+async fn the_openai_request_body_carries_the_images_note() {
+    let sent = results_sent_back(Wire::OpenAi).await;
+    assert_eq!(
+        sent[0],
+        json!({"role": "tool", "tool_call_id": "t1",
+               "content": format!("Here is the screen:\n{}\n(1×1)", note(""))})
+    );
 }
