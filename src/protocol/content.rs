@@ -230,7 +230,9 @@ impl ToolOutput {
         if shown == 0 {
             return ToolOutput::text(text);
         }
-        // Within the cap as a whole, so only overlong lines are clamped.
+        // Within the cap as a whole, so only overlong lines are clamped. The Messages API
+        // refuses a text block of only whitespace: such a block is left out.
+        kept.retain(|b| !matches!(b, Block::Text(t) if t.trim().is_empty()));
         for block in &mut kept {
             if let Block::Text(t) = block {
                 *t = cap_output(std::mem::take(t), cap);
@@ -433,6 +435,13 @@ mod tests {
             "{}",
             lines[1]
         );
+    }
+
+    #[test]
+    fn whitespace_only_text_is_left_out_of_the_blocks() {
+        let out =
+            ToolOutput::blocks([Block::text(" \n"), Block::image("image/png", PNG)]).capped(50_000);
+        assert_eq!(out.images().unwrap(), &[Block::image("image/png", PNG)]);
     }
 
     #[test]
