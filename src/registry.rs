@@ -47,6 +47,8 @@ pub struct RegisteredTool {
     pub limiter: Option<Limiter>,
     /// Restart intensity: trips the tool after repeated panics.
     pub breaker: Breaker,
+    /// What a call touches, for permission rules.
+    pub subject: Option<crate::tool::SubjectOf>,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
@@ -218,6 +220,7 @@ impl Registry {
             handler: spec.handler,
             policy: spec.policy,
             validator,
+            subject: spec.subject,
         })
     }
 
