@@ -255,7 +255,8 @@ fn refusal(refusal: Refusal, whose: &str) -> (ErrorCode, String) {
 /// `PostToolUse` hooks and the audit line).
 pub struct Decided {
     ticket: policy::Ticket,
-    args: serde_json::Value,
+    /// Kept only when the policy reads them afterwards (an audit log, a PostToolUse hook).
+    args: Option<serde_json::Value>,
 }
 
 impl Decided {
@@ -267,7 +268,7 @@ impl Decided {
         scope: &SessionScope,
         result: &mut ToolDispatchResult,
     ) {
-        policy.finish(&self.ticket, scope, tool, &self.args, result);
+        policy.finish(&self.ticket, scope, tool, self.args.as_ref(), result);
     }
 }
 
@@ -306,13 +307,13 @@ fn admitted(
 ) -> Result<(ToolCall, Decided), ToolDispatchResult> {
     match decided {
         Ok(ticket) => {
-            let args = call.arguments.clone();
+            let args = policy.reads_args().then(|| call.arguments.clone());
             Ok((call, Decided { ticket, args }))
         }
         Err(policy::Refused { ticket, error }) => {
-            let args = call.arguments.clone();
+            let args = policy.reads_args().then(|| call.arguments.clone());
             let mut result = to_result(call, tool.policy.output_cap, Err(error), Timing::default());
-            policy.finish(&ticket, scope, tool, &args, &mut result);
+            policy.finish(&ticket, scope, tool, args.as_ref(), &mut result);
             Err(result)
         }
     }

@@ -110,19 +110,19 @@ pub enum Hook {
 impl fmt::Debug for Hook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Hook::Pre(name, _) => write!(f, "Hook::Pre({name})"),
-            Hook::Post(name, _) => write!(f, "Hook::Post({name})"),
+            Hook::Pre(label, _) => write!(f, "Hook::Pre({label})"),
+            Hook::Post(label, _) => write!(f, "Hook::Post({label})"),
         }
     }
 }
 
 impl Hook {
-    /// A `PreToolUse` closure named `name` (the audit log says `hook:NAME`).
+    /// A `PreToolUse` closure named `name` (the audit log and denials say `hook:NAME`).
     pub fn pre<F>(name: &str, f: F) -> Hook
     where
         F: Fn(&PreToolUse<'_>) -> PreDecision + Send + Sync + 'static,
     {
-        Hook::Pre(Arc::from(name), Arc::new(f))
+        Hook::Pre(Arc::from(format!("hook:{name}")), Arc::new(f))
     }
 
     /// A `PostToolUse` closure named `name`.
@@ -130,7 +130,7 @@ impl Hook {
     where
         F: Fn(&PostToolUse<'_>) -> PostAction + Send + Sync + 'static,
     {
-        Hook::Post(Arc::from(name), Arc::new(f))
+        Hook::Post(Arc::from(format!("hook:{name}")), Arc::new(f))
     }
 }
 
@@ -153,8 +153,10 @@ pub fn apply_post(result: &mut ToolDispatchResult, action: PostAction) {
 #[derive(Debug)]
 pub struct External {
     matcher: Option<Regex>,
-    /// The command as written (the audit log says `hook:COMMAND`).
+    /// The command as written.
     pub command: String,
+    /// `hook:COMMAND`, as the audit log and denials name it.
+    pub label: Arc<str>,
     timeout: Duration,
     persistent: Option<Persistent>,
 }
@@ -225,6 +227,7 @@ impl ExternalHooks {
                     out.pre.push(External {
                         matcher: matcher.clone(),
                         command: command.to_string(),
+                        label: Arc::from(format!("hook:{command}")),
                         timeout,
                         persistent,
                     });

@@ -150,6 +150,12 @@ impl Policy {
         self
     }
 
+    /// True when [`Policy::finish`] reads a call's arguments (an audit log, a PostToolUse
+    /// hook); otherwise they are not kept.
+    pub fn reads_args(&self) -> bool {
+        self.audit.is_some() || self.hooks.iter().any(|h| matches!(h, Hook::Post(..)))
+    }
+
     /// The audit log, if any.
     pub fn audit_log(&self) -> Option<&AuditLog> {
         self.audit.as_ref()
@@ -216,13 +222,7 @@ impl Policy {
                     return Err(self.refuse(ticket, ToolError::new(ErrorCode::Cancelled, "cancelled while a hook was deciding"), "refused"));
                 }
             };
-            self.apply_pre(
-                call,
-                tool,
-                &mut ticket,
-                &format!("hook:{}", hook.command),
-                decision,
-            )?;
+            self.apply_pre(call, tool, &mut ticket, &hook.label, decision)?;
         }
         self.judge(call, tool, scope, &mut ticket)?;
         let Some(rule) = ticket.pending_ask.take() else {
@@ -247,7 +247,7 @@ impl Policy {
                 return Err(self.refuse(ticket, ToolError::new(ErrorCode::Cancelled, "cancelled while waiting for approval"), "refused"));
             }
         };
-        ticket.by = "approver".into();
+        ticket.by = By::Approver;
         match answer {
             Ok(()) => {
                 ticket.decision = "approved";
@@ -276,7 +276,7 @@ impl Policy {
         let mut ticket = Ticket {
             started,
             decision: "allow",
-            by: "default".into(),
+            by: By::Default,
             subject: None,
             hook_allowed: false,
             pending_ask: None,
@@ -289,7 +289,7 @@ impl Policy {
                 tool_use_id: &call.id,
                 tool_input: &call.arguments,
             });
-            self.apply_pre(call, tool, &mut ticket, &format!("hook:{name}"), decision)?;
+            self.apply_pre(call, tool, &mut ticket, name, decision)?;
         }
         Ok(ticket)
     }
@@ -299,18 +299,18 @@ impl Policy {
         call: &mut ToolCall,
         tool: &RegisteredTool,
         ticket: &mut Ticket,
-        by: &str,
+        by: &Arc<str>,
         decision: PreDecision,
     ) -> Result<(), Refused> {
         match decision {
             PreDecision::Continue => Ok(()),
             PreDecision::Allow => {
                 ticket.hook_allowed = true;
-                ticket.by = by.to_string();
+                ticket.by = By::Label(Arc::clone(by));
                 Ok(())
             }
             PreDecision::Deny(reason) => {
-                ticket.by = by.to_string();
+                ticket.by = By::Label(Arc::clone(by));
                 let t = std::mem::replace(ticket, Ticket::placeholder());
                 Err(self.refuse(
                     t,
@@ -320,7 +320,7 @@ impl Policy {
             }
             PreDecision::Rewrite(args) => {
                 if let Err(detail) = crate::validation::check(&tool.validator, &args) {
-                    ticket.by = by.to_string();
+                    ticket.by = By::Label(Arc::clone(by));
                     let t = std::mem::replace(ticket, Ticket::placeholder());
                     return Err(self.refuse(
                         t,
@@ -329,7 +329,7 @@ impl Policy {
                     ));
                 }
                 call.arguments = args;
-                ticket.by = by.to_string();
+                ticket.by = By::Label(Arc::clone(by));
                 Ok(())
             }
         }
@@ -349,7 +349,7 @@ impl Policy {
             Some(Subject::Path(p)) => match confine(scope.workspace(), &p) {
                 Ok(path) => Some(Confined::Path(path)),
                 Err(e) => {
-                    ticket.by = "workspace".into();
+                    ticket.by = By::Workspace;
                     ticket.subject = Some(audit::truncate(&p, audit::SUBJECT_CAP));
                     let t = std::mem::replace(ticket, Ticket::placeholder());
                     return Err(self.refuse(t, e, "deny"));
@@ -363,7 +363,7 @@ impl Policy {
             return Ok(());
         }
         let (action, rule) = self.rules.decide(&tool.name, subject.as_ref());
-        let by = rule.map_or_else(|| "default".to_string(), |r| format!("rule:{}", r.text()));
+        let by = rule.map_or(By::Default, |r| By::Label(Arc::clone(r.label())));
         match action {
             Action::Allow => {
                 if !ticket.hook_allowed {
@@ -400,9 +400,10 @@ impl Policy {
         ticket: &Ticket,
         scope: &SessionScope,
         tool: &RegisteredTool,
-        args: &Value,
+        args: Option<&Value>,
         result: &mut ToolDispatchResult,
     ) {
+        let args = args.unwrap_or(&Value::Null);
         if matches!(ticket.decision, "allow" | "approved") {
             for hook in &self.hooks {
                 let Hook::Post(_, f) = hook else { continue };
@@ -425,7 +426,7 @@ impl Policy {
                 tool: tool.name.to_string(),
                 subject: ticket.subject.clone(),
                 decision: ticket.decision,
-                by: ticket.by.clone(),
+                by: ticket.by.as_str().to_string(),
                 outcome: result.error.map_or("ok", |c| c.as_str()),
                 duration_ms: ticket.started.elapsed().as_secs_f64() * 1e3,
                 args_sha256: audit::sha256_hex(args),
@@ -442,7 +443,7 @@ pub struct Ticket {
     /// `allow`, `deny`, `approved`, `refused`.
     pub decision: &'static str,
     /// What decided: `rule:…`, `hook:…`, `approver`, `default`, `workspace`.
-    pub by: String,
+    pub by: By,
     /// The confined subject, truncated for the audit log.
     pub subject: Option<String>,
     hook_allowed: bool,
@@ -455,10 +456,35 @@ impl Ticket {
         Ticket {
             started: Instant::now(),
             decision: "deny",
-            by: String::new(),
+            by: By::Default,
             subject: None,
             hook_allowed: false,
             pending_ask: None,
+        }
+    }
+}
+
+/// What made a decision (the audit line's `by`).
+#[derive(Debug, Clone)]
+pub enum By {
+    /// The rules' default.
+    Default,
+    /// The approver's answer.
+    Approver,
+    /// The workspace refused the path (as the tool would).
+    Workspace,
+    /// A rule (`rule:TEXT`) or a hook (`hook:NAME`).
+    Label(Arc<str>),
+}
+
+impl By {
+    /// As written in the audit log.
+    pub fn as_str(&self) -> &str {
+        match self {
+            By::Default => "default",
+            By::Approver => "approver",
+            By::Workspace => "workspace",
+            By::Label(l) => l,
         }
     }
 }

@@ -61,6 +61,7 @@ pub struct PolicyError(pub String);
 #[derive(Debug)]
 pub struct Rule {
     text: String,
+    label: std::sync::Arc<str>,
     tools: Vec<NameMatch>,
     pattern: Option<Pattern>,
 }
@@ -68,6 +69,8 @@ pub struct Rule {
 #[derive(Debug)]
 enum NameMatch {
     Exact(String),
+    /// `PREFIX*` (the common MCP form), matched without a regex.
+    Prefix(String),
     Glob(GlobMatcher),
 }
 
@@ -109,7 +112,9 @@ impl Rule {
         let tools = aliases(tool)
             .into_iter()
             .map(|name| {
-                if name.contains('*') {
+                if let Some(prefix) = name.strip_suffix('*').filter(|p| !p.contains('*')) {
+                    Ok(NameMatch::Prefix(prefix.to_string()))
+                } else if name.contains('*') {
                     GlobBuilder::new(&name)
                         .build()
                         .map(|g| NameMatch::Glob(g.compile_matcher()))
@@ -122,6 +127,7 @@ impl Rule {
         let pattern = pattern.map(Pattern::parse).transpose()?;
         Ok(Rule {
             text: text.to_string(),
+            label: std::sync::Arc::from(format!("rule:{text}")),
             tools,
             pattern,
         })
@@ -132,10 +138,16 @@ impl Rule {
         &self.text
     }
 
+    /// `rule:TEXT`, as the audit log names it.
+    pub fn label(&self) -> &std::sync::Arc<str> {
+        &self.label
+    }
+
     /// True when the rule names this tool (whatever its pattern).
     pub fn names(&self, tool: &str) -> bool {
         self.tools.iter().any(|m| match m {
             NameMatch::Exact(name) => name == tool,
+            NameMatch::Prefix(prefix) => tool.starts_with(prefix.as_str()),
             NameMatch::Glob(g) => g.is_match(tool),
         })
     }
