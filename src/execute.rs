@@ -303,14 +303,15 @@ fn admitted(
     call: ToolCall,
     tool: &RegisteredTool,
     scope: &SessionScope,
-    decided: Result<policy::Ticket, policy::Refused>,
+    decided: Result<policy::Ticket, Box<policy::Refused>>,
 ) -> Result<(ToolCall, Decided), ToolDispatchResult> {
     match decided {
         Ok(ticket) => {
             let args = policy.reads_args().then(|| call.arguments.clone());
             Ok((call, Decided { ticket, args }))
         }
-        Err(policy::Refused { ticket, error }) => {
+        Err(refused) => {
+            let policy::Refused { ticket, error } = *refused;
             let args = policy.reads_args().then(|| call.arguments.clone());
             let mut result = to_result(call, tool.policy.output_cap, Err(error), Timing::default());
             policy.finish(&ticket, scope, tool, args.as_ref(), &mut result);

@@ -179,7 +179,7 @@ impl Policy {
         call: &mut ToolCall,
         tool: &RegisteredTool,
         scope: &SessionScope,
-    ) -> Result<Ticket, Refused> {
+    ) -> Result<Ticket, Box<Refused>> {
         let started = Instant::now();
         let mut ticket = self.pre_hooks(call, tool, scope, started)?;
         self.judge(call, tool, scope, &mut ticket)?;
@@ -201,7 +201,7 @@ impl Policy {
         tool: &RegisteredTool,
         scope: &SessionScope,
         cancel: &CancellationToken,
-    ) -> Result<Ticket, Refused> {
+    ) -> Result<Ticket, Box<Refused>> {
         let started = Instant::now();
         let mut ticket = self.pre_hooks(call, tool, scope, started)?;
         for hook in self.external.pre.iter().filter(|h| h.matches(&tool.name)) {
@@ -272,7 +272,7 @@ impl Policy {
         tool: &RegisteredTool,
         scope: &SessionScope,
         started: Instant,
-    ) -> Result<Ticket, Refused> {
+    ) -> Result<Ticket, Box<Refused>> {
         let mut ticket = Ticket {
             started,
             decision: "allow",
@@ -301,7 +301,7 @@ impl Policy {
         ticket: &mut Ticket,
         by: &Arc<str>,
         decision: PreDecision,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), Box<Refused>> {
         match decision {
             PreDecision::Continue => Ok(()),
             PreDecision::Allow => {
@@ -342,7 +342,7 @@ impl Policy {
         tool: &RegisteredTool,
         scope: &SessionScope,
         ticket: &mut Ticket,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), Box<Refused>> {
         let subject = match tool.subject.as_ref().and_then(|f| f.of(&call.arguments)) {
             None => None,
             Some(Subject::Command(c)) => Some(Confined::Command(c)),
@@ -389,9 +389,9 @@ impl Policy {
         }
     }
 
-    fn refuse(&self, mut ticket: Ticket, error: ToolError, decision: &'static str) -> Refused {
+    fn refuse(&self, mut ticket: Ticket, error: ToolError, decision: &'static str) -> Box<Refused> {
         ticket.decision = decision;
-        Refused { ticket, error }
+        Box::new(Refused { ticket, error })
     }
 
     /// After the call: `PostToolUse` hooks, then the audit line and the decision metric.
