@@ -17,7 +17,7 @@ use switchboard::{Engine, ToolCall};
 
 const SESSIONS: usize = 64;
 const CALLS: usize = 8;
-const ROUNDS: usize = 4;
+const ROUNDS: usize = 6;
 
 fn twenty_rules() -> Value {
     json!({"permissions": {
@@ -109,12 +109,12 @@ async fn what_rules_and_hooks_cost_per_call() {
         Config {
             name: "no policy",
             engine: build(None, None),
-            turns: 40,
+            turns: 400,
         },
         Config {
             name: "20-rule policy",
             engine: build(Some(Policy::from_json(&twenty_rules()).unwrap()), None),
-            turns: 40,
+            turns: 400,
         },
         Config {
             name: "in-process PreToolUse hook",
@@ -128,12 +128,12 @@ async fn what_rules_and_hooks_cost_per_call() {
                     }
                 })),
             ),
-            turns: 40,
+            turns: 400,
         },
         Config {
             name: "persistent external hook",
             engine: build(Some(Policy::from_json(&persistent).unwrap()), None),
-            turns: 10,
+            turns: 60,
         },
         Config {
             name: "per-call external hook",
@@ -168,6 +168,35 @@ async fn what_rules_and_hooks_cost_per_call() {
             (1.0 / rate - 1.0 / base) * 1e6,
             p99(lat).as_secs_f64() * 1e3
         );
+    }
+    // Latency of one call alone (1 session, 1 call per turn): what a hook adds to a call's wait.
+    println!();
+    println!("| configuration | one call alone, mean | added |");
+    println!("| --- | ---: | ---: |");
+    let mut alone = Vec::new();
+    for c in &configs {
+        let session = c.engine.session();
+        let n = if c.name.starts_with("per-call") {
+            50
+        } else {
+            2_000
+        };
+        let mut total = Duration::ZERO;
+        for t in 0..n {
+            let calls = vec![ToolCall::new(
+                format!("a{t}"),
+                "noop",
+                json!({"text": TEXT, "n": 0}),
+            )];
+            let begun = Instant::now();
+            let r = session.dispatch(calls).await.unwrap();
+            total += begun.elapsed();
+            assert!(r[0].error.is_none());
+        }
+        alone.push(total.as_secs_f64() * 1e6 / n as f64);
+    }
+    for (c, us) in configs.iter().zip(&alone) {
+        println!("| {} | {:.1} µs | {:.1} µs |", c.name, us, us - alone[0]);
     }
     for c in configs {
         c.engine.shutdown(Duration::from_secs(5)).await;
