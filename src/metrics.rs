@@ -526,12 +526,15 @@ impl McpServerMetrics {
     }
 }
 
-/// Cached handles of the policy layer: decision counters per tool (made on a tool's first
-/// decision; tool names come from the registry, so the label stays bounded) and the audit drop
-/// counter.
+/// One tool's `switchboard_permission_decisions_total` handles (one per decision), made on the
+/// tool's first decision and read without a lock afterwards.
+pub type DecisionCounters = std::sync::OnceLock<[Counter; 4]>;
+
+/// Cached handles of the policy layer: the audit drop counter (the decision counters live with
+/// each registered tool, [`DecisionCounters`]; tool names come from the registry, so the label
+/// stays bounded).
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
-    decisions: std::sync::Arc<std::sync::RwLock<std::collections::HashMap<String, [Counter; 4]>>>,
     audit_dropped: Counter,
 }
 
@@ -549,30 +552,20 @@ impl PolicyMetrics {
     pub fn new() -> Self {
         let audit_dropped = counter!(AUDIT_DROPPED_TOTAL);
         audit_dropped.increment(0);
-        PolicyMetrics {
-            decisions: Default::default(),
-            audit_dropped,
-        }
+        PolicyMetrics { audit_dropped }
     }
 
-    /// One decision about a call of `tool`.
-    pub fn decision(&self, tool: &str, decision: &str) {
+    /// One decision about a call of `tool`, counted in its cached handles.
+    pub fn decision(&self, handles: &DecisionCounters, tool: &str, decision: &str) {
         let Some(i) = Self::DECISIONS.iter().position(|d| *d == decision) else {
             return;
         };
-        if let Ok(map) = self.decisions.read()
-            && let Some(handles) = map.get(tool)
-        {
-            handles[i].increment(1);
-            return;
-        }
-        let handles = Self::DECISIONS.map(
-            |d| counter!(PERMISSION_DECISIONS_TOTAL, "tool" => tool.to_string(), "decision" => d),
-        );
-        handles[i].increment(1);
-        if let Ok(mut map) = self.decisions.write() {
-            map.entry(tool.to_string()).or_insert(handles);
-        }
+        handles.get_or_init(|| {
+            Self::DECISIONS.map(|d| {
+                counter!(PERMISSION_DECISIONS_TOTAL, "tool" => tool.to_string(), "decision" => d)
+            })
+        })[i]
+            .increment(1);
     }
 
     /// One audit line dropped.

@@ -49,6 +49,8 @@ pub struct RegisteredTool {
     pub breaker: Breaker,
     /// What a call touches, for permission rules.
     pub subject: Option<crate::tool::SubjectOf>,
+    /// The policy's decision counters of this tool, made on its first decision.
+    pub policy_decisions: crate::metrics::DecisionCounters,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
@@ -221,6 +223,7 @@ impl Registry {
             policy: spec.policy,
             validator,
             subject: spec.subject,
+            policy_decisions: Default::default(),
         })
     }
 

@@ -363,7 +363,13 @@ impl Policy {
             return Ok(());
         }
         let (action, rule) = self.rules.decide(&tool.name, subject.as_ref());
-        let by = rule.map_or(By::Default, |r| By::Label(Arc::clone(r.label())));
+        // The label (a shared Arc) only when an audit line will name it: cloning it on every call
+        // would make every core write the same cache line.
+        let by = match rule {
+            None => By::Default,
+            Some(r) if self.audit.is_some() => By::Label(Arc::clone(r.label())),
+            Some(_) => By::Rule,
+        };
         match action {
             Action::Allow => {
                 if !ticket.hook_allowed {
@@ -417,7 +423,8 @@ impl Policy {
                 hooks::apply_post(result, action);
             }
         }
-        self.metrics.decision(&tool.name, ticket.decision);
+        self.metrics
+            .decision(&tool.policy_decisions, &tool.name, ticket.decision);
         if let Some(log) = &self.audit {
             log.record(&audit::AuditLine {
                 time: audit::now_rfc3339(),
@@ -473,6 +480,8 @@ pub enum By {
     Approver,
     /// The workspace refused the path (as the tool would).
     Workspace,
+    /// A rule, not named (nothing records it: the policy has no audit log).
+    Rule,
     /// A rule (`rule:TEXT`) or a hook (`hook:NAME`).
     Label(Arc<str>),
 }
@@ -484,6 +493,7 @@ impl By {
             By::Default => "default",
             By::Approver => "approver",
             By::Workspace => "workspace",
+            By::Rule => "rule",
             By::Label(l) => l,
         }
     }
