@@ -151,7 +151,7 @@ impl DirectDispatcher {
                 StageMode::Concurrent => {
                     let mut waiting = Vec::new();
                     for p in calls {
-                        if execute::runs_in_place(&p.tool.handler) {
+                        if execute::runs_in_place(&p.tool, env.scope) {
                             let (index, result, _) = execute::run_in_place(p, env);
                             slots[index] = Some(result);
                         } else {

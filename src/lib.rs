@@ -24,6 +24,7 @@ pub mod mcp;
 pub mod metrics;
 pub(crate) mod observe;
 pub mod plan;
+pub mod policy;
 pub mod process_guard;
 pub mod protocol;
 pub mod provider;

@@ -61,6 +61,10 @@ pub const HTTP_REQUESTS_TOTAL: &str = "switchboard_http_requests_total";
 pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
 /// Always 1; `mode` is the sandbox mode of bash commands, `landlock_abi` the kernel's Landlock ABI.
 pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
+/// Policy decisions, by tool and decision (`allow`, `deny`, `approved`, `refused`).
+pub const PERMISSION_DECISIONS_TOTAL: &str = "switchboard_permission_decisions_total";
+/// Audit lines dropped because the audit log's buffer was full.
+pub const AUDIT_DROPPED_TOTAL: &str = "switchboard_audit_dropped_total";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +233,20 @@ pub const METRICS: &[MetricDef] = &[
         unit: Unit::Count,
         labels: &["mode", "landlock_abi"],
         help: "Always 1; mode is the sandbox mode of process-running tools (workspace-write, read-only, best-effort, off), landlock_abi the kernel's Landlock ABI (0: none).",
+    },
+    MetricDef {
+        name: PERMISSION_DECISIONS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["tool", "decision"],
+        help: "Calls decided by the policy layer, by tool and decision (allow, deny, approved, refused).",
+    },
+    MetricDef {
+        name: AUDIT_DROPPED_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Audit log lines dropped because the writer could not keep up (the calls themselves were answered).",
     },
 ];
 
@@ -505,6 +523,54 @@ impl McpServerMetrics {
     /// One `tools/call` round trip took `elapsed`.
     pub fn request(&self, elapsed: Duration) {
         self.request.record(elapsed);
+    }
+}
+
+/// One tool's `switchboard_permission_decisions_total` handles (one per decision), made on the
+/// tool's first decision and read without a lock afterwards.
+pub type DecisionCounters = std::sync::OnceLock<[Counter; 4]>;
+
+/// Cached handles of the policy layer: the audit drop counter (the decision counters live with
+/// each registered tool, [`DecisionCounters`]; tool names come from the registry, so the label
+/// stays bounded).
+#[derive(Debug, Clone)]
+pub struct PolicyMetrics {
+    audit_dropped: Counter,
+}
+
+impl Default for PolicyMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PolicyMetrics {
+    /// The decision values, in the order of the cached handles.
+    pub const DECISIONS: [&'static str; 4] = ["allow", "deny", "approved", "refused"];
+
+    /// Handles from the recorder installed now.
+    pub fn new() -> Self {
+        let audit_dropped = counter!(AUDIT_DROPPED_TOTAL);
+        audit_dropped.increment(0);
+        PolicyMetrics { audit_dropped }
+    }
+
+    /// One decision about a call of `tool`, counted in its cached handles.
+    pub fn decision(&self, handles: &DecisionCounters, tool: &str, decision: &str) {
+        let Some(i) = Self::DECISIONS.iter().position(|d| *d == decision) else {
+            return;
+        };
+        handles.get_or_init(|| {
+            Self::DECISIONS.map(|d| {
+                counter!(PERMISSION_DECISIONS_TOTAL, "tool" => tool.to_string(), "decision" => d)
+            })
+        })[i]
+            .increment(1);
+    }
+
+    /// One audit line dropped.
+    pub fn audit_dropped(&self) {
+        self.audit_dropped.increment(1);
     }
 }
 

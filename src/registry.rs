@@ -47,6 +47,10 @@ pub struct RegisteredTool {
     pub limiter: Option<Limiter>,
     /// Restart intensity: trips the tool after repeated panics.
     pub breaker: Breaker,
+    /// What a call touches, for permission rules.
+    pub subject: Option<crate::tool::SubjectOf>,
+    /// The policy's decision counters of this tool, made on its first decision.
+    pub policy_decisions: crate::metrics::DecisionCounters,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
@@ -218,6 +222,8 @@ impl Registry {
             handler: spec.handler,
             policy: spec.policy,
             validator,
+            subject: spec.subject,
+            policy_decisions: Default::default(),
         })
     }
 

@@ -94,7 +94,7 @@ impl TurnPlan {
     pub fn all_inline(&self) -> bool {
         self.runnable
             .iter()
-            .all(|p| execute::runs_in_place(&p.tool.handler))
+            .all(|p| execute::runs_in_place(&p.tool, &self.scope))
     }
 
     /// Runs an all-inline plan in place.
@@ -153,7 +153,7 @@ impl TurnPlan {
             observe::stage_started(stage.mode, calls.len(), &self.snapshot.metrics);
             if calls
                 .iter()
-                .all(|p| execute::runs_in_place(&p.tool.handler))
+                .all(|p| execute::runs_in_place(&p.tool, &self.scope))
             {
                 self.run_in_place(calls, workers, cancel);
                 continue;

@@ -151,6 +151,7 @@ pub struct SessionScope {
     workspace: Option<Workspace>,
     files: FileStamps,
     sandbox: Option<Arc<Sandbox>>,
+    policy: Option<Arc<crate::policy::Policy>>,
 }
 
 impl SessionScope {
@@ -161,7 +162,19 @@ impl SessionScope {
             workspace,
             files: FileStamps::default(),
             sandbox: None,
+            policy: None,
         }
+    }
+
+    /// The same scope under the engine's `policy` (the engine sets it on every scope it makes).
+    pub fn with_policy(mut self, policy: Option<Arc<crate::policy::Policy>>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The engine's policy, if it has one.
+    pub fn policy(&self) -> Option<&crate::policy::Policy> {
+        self.policy.as_deref()
     }
 
     /// The same scope with the engine's `sandbox` (the engine sets it on every scope it makes).
@@ -335,6 +348,30 @@ pub struct ToolSpec {
     pub handler: Handler,
     /// Concurrency safety, timeout, output cap.
     pub policy: ToolPolicy,
+    /// What a call touches (a path or a command), for permission rules' `TOOL(PATTERN)` form;
+    /// `None`: only bare `TOOL` rules apply to it.
+    pub subject: Option<SubjectOf>,
+}
+
+/// A tool's subject function: the path or command a call with these (validated) arguments
+/// touches.
+pub type SubjectFn = dyn Fn(&Value) -> Option<crate::policy::Subject> + Send + Sync;
+
+/// A tool's [`SubjectFn`], shared.
+#[derive(Clone)]
+pub struct SubjectOf(pub Arc<SubjectFn>);
+
+impl SubjectOf {
+    /// The subject of a call with these arguments.
+    pub fn of(&self, args: &Value) -> Option<crate::policy::Subject> {
+        (self.0)(args)
+    }
+}
+
+impl fmt::Debug for SubjectOf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SubjectOf(..)")
+    }
 }
 
 impl ToolSpec {
@@ -351,7 +388,27 @@ impl ToolSpec {
             input_schema,
             handler,
             policy: ToolPolicy::default(),
+            subject: None,
         }
+    }
+
+    /// Declares what a call touches, for permission rules (`TOOL(PATTERN)`): a path inside the
+    /// workspace (matched as a gitignore-style glob after confinement) or a command.
+    pub fn subject<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Value) -> Option<crate::policy::Subject> + Send + Sync + 'static,
+    {
+        self.subject = Some(SubjectOf(Arc::new(f)));
+        self
+    }
+
+    /// The subject is the string argument `field`, as a path.
+    pub fn path_subject(self, field: &'static str) -> Self {
+        self.subject(move |args| {
+            args.get(field)
+                .and_then(Value::as_str)
+                .map(|p| crate::policy::Subject::Path(p.to_string()))
+        })
     }
 
     /// Marks the tool concurrency-safe (read-only, no shared effects).

@@ -79,7 +79,7 @@ impl Message<RunStage> for Worker {
         let mut done = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for planned in calls {
-            if execute::runs_in_place(&planned.tool.handler) {
+            if execute::runs_in_place(&planned.tool, &scope) {
                 let env = CallEnv {
                     arrived,
                     cancel: &cancel,

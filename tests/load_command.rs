@@ -363,3 +363,46 @@ fn a_closed_stdout_ends_the_report_quietly_instead_of_panicking() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+#[test]
+fn a_policy_runs_the_engine_under_its_rules_and_a_bad_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let deny = dir.path().join("deny.json");
+    std::fs::write(
+        &deny,
+        r#"{"permissions": {"deny": ["noop"], "default": "allow"}}"#,
+    )
+    .unwrap();
+    let p = deny.to_str().unwrap();
+    let doc = load_json(&[
+        "--sessions",
+        "2",
+        "--turns",
+        "5",
+        "--calls-per-turn",
+        "4",
+        "--tool",
+        "noop",
+        "--policy",
+        p,
+        "--json",
+    ]);
+    assert_eq!(u(&doc["violations"]), 0);
+    assert_eq!(
+        u(&doc["engine"]["ok"]),
+        0,
+        "every noop call is denied by the rule"
+    );
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"permissions": {"deny": ["noop("]}}"#).unwrap();
+    let out = load(&[
+        "--sessions",
+        "1",
+        "--turns",
+        "1",
+        "--policy",
+        bad.to_str().unwrap(),
+    ]);
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("bad rule \"noop(\""), "{}", out.stderr);
+}

@@ -87,18 +87,65 @@ async fn caps_refuse_with_overloaded_when_the_waiting_line_is_full() {
 }
 
 #[test]
-fn the_policy_layer_allows_every_call_today() {
-    let t = tool(spec("any", Handler::inline(|_, _| Ok(String::new()))));
-    let ctx = context(
-        &ToolCall::new("c", "any", json!({})),
-        &t,
-        &Arc::new(SessionScope::new("s", None)),
-        Instant::now(),
-        CancellationToken::new(),
+fn the_policy_layer_denies_by_rule_and_lets_the_rest_through() {
+    let policy = crate::policy::Policy::from_json(&json!({
+        "permissions": {"deny": ["any"], "default": "allow"}
+    }))
+    .unwrap();
+    let mut env = Env::new();
+    env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
+    let denied = tool(spec("any", Handler::inline(|_, _| Ok("ran".into()))));
+    let other = tool(spec("other", Handler::inline(|_, _| Ok("ran".into()))));
+    let (_, result, _) = run_in_place(planned(&denied), env.env());
+    assert_eq!(result.error, Some(ErrorCode::PermissionDenied));
+    assert_eq!(
+        result.content,
+        "Error [permission_denied]: denied by rule \"any\""
     );
-    assert!(check_policy(&ToolCall::new("c", "any", json!({})), &t, &ctx).is_ok());
-    assert_eq!(ctx.session_id(), "s");
-    assert_eq!(&*ctx.tool_name, "any");
+    let (_, result, _) = run_in_place(planned(&other), env.env());
+    assert_eq!(result.content, "ran");
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_approval_holds_no_concurrency_place() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::policy::ApprovalRequest>();
+    let approver = move |req: crate::policy::ApprovalRequest| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(req);
+            futures::future::pending::<crate::policy::Approval>().await
+        }
+        .boxed()
+    };
+    let policy = crate::policy::Policy::from_json(&json!({
+        "permissions": {"ask": ["asked"], "default": "allow"}
+    }))
+    .unwrap()
+    .approver(Arc::new(approver));
+    let mut env = Env::new();
+    env.limiter = Limiter::new(1, 0); // one place, nobody may wait for it
+    env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
+    let asked = tool(spec(
+        "asked",
+        Handler::future(|_, _| async { Ok("asked ran".into()) }),
+    ));
+    let free = tool(spec(
+        "free",
+        Handler::future(|_, _| async { Ok("free ran".into()) }),
+    ));
+    let waiting = run(planned(&asked), env.env());
+    tokio::pin!(waiting);
+    // The asked call is parked at the approver…
+    tokio::select! {
+        _ = &mut waiting => panic!("answered without an approval"),
+        req = rx.recv() => assert_eq!(req.unwrap().tool_name, "asked"),
+    }
+    // …and the only place is still free for another call.
+    let (_, result, _) = run(planned(&free), env.env()).await;
+    assert_eq!(result.content, "free ran");
+    env.cancel.cancel();
+    let (_, result, _) = waiting.await;
+    assert_eq!(result.error, Some(ErrorCode::Cancelled));
 }
 
 #[tokio::test]

@@ -142,6 +142,10 @@ pub struct LoadArgs {
     /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
     #[arg(long, conflicts_with_all = ["turns", "baseline"])]
     pub idle: bool,
+    /// Run the engine under this permission policy (rules and hooks; ask is deny); with
+    /// `--baseline direct` the ratio shows what the policy adds (the direct loop has none).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["workload_set", "target", "idle"])]
+    pub policy: Option<PathBuf>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -444,7 +448,11 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     } else {
         tools
     };
-    let tools = ToolSet { specs, workspace };
+    let tools = ToolSet {
+        specs,
+        workspace,
+        policy: args.policy.clone(),
+    };
     let duration = match (args.turns, args.duration) {
         (Some(_), _) => None,
         (None, d) => Some(d.unwrap_or(DEFAULT_DURATION)),

@@ -156,6 +156,7 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
     let tools = ToolSet {
         specs: load_tools(sleep),
         workspace: None,
+        policy: None,
     };
     let mut best: Option<(Phase, Phase)> = None;
     let mut violations = Recorder::default();

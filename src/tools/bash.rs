@@ -197,6 +197,11 @@ pub fn spec_with(isolation: Isolation) -> ToolSpec {
             async move { tool.run(args, ctx).await }
         }),
     )
+    .subject(|args| {
+        args.get("command")
+            .and_then(serde_json::Value::as_str)
+            .map(|c| crate::policy::Subject::Command(c.to_string()))
+    })
     .concurrency_safe(false)
     .timeout(MAX_TIMEOUT)
     .output_cap(OUTPUT_CAP)

@@ -46,6 +46,7 @@ pub fn spec() -> ToolSpec {
         }),
         Handler::blocking(|args, ctx| run(ctx.workspace()?, args, ctx)),
     )
+    .path_subject("path")
     .concurrency_safe(true)
     .output_cap(OUTPUT_CAP)
 }

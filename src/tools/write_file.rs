@@ -29,6 +29,7 @@ pub fn spec() -> ToolSpec {
         }),
         Handler::blocking(|args, ctx| run(super::writable_workspace(ctx)?, args, ctx)),
     )
+    .path_subject("path")
     .concurrency_safe(false)
 }
 
