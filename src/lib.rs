@@ -50,6 +50,7 @@ pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};
 pub use session::Session;
 pub use tool::{
-    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
+    Access, CommitGate, Handler, Mode, Resource, SessionScope, ToolContext, ToolError, ToolOutcome,
+    ToolPolicy, ToolSpec,
 };
 pub use workspace::Workspace;

@@ -27,6 +27,9 @@ use crate::protocol::ErrorCode;
 use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 
+mod access;
+pub use access::{Access, AccessFn, AccessFnSig, Mode, Resource, access_of};
+
 /// What a handler returns: the content the model reads, or a typed error.
 pub type ToolOutcome = Result<String, ToolError>;
 
@@ -324,6 +327,9 @@ pub struct ToolSpec {
     pub handler: Handler,
     /// Concurrency safety, timeout, output cap.
     pub policy: ToolPolicy,
+    /// What a call reads and writes ([`ToolSpec::access`]); `None`: the policy's
+    /// `concurrency_safe` decides (safe → conflicts only with exclusive calls, else exclusive).
+    pub access: Option<AccessFn>,
 }
 
 impl ToolSpec {
@@ -340,6 +346,7 @@ impl ToolSpec {
             input_schema,
             handler,
             policy: ToolPolicy::default(),
+            access: None,
         }
     }
 
@@ -358,6 +365,28 @@ impl ToolSpec {
     /// Sets the output cap in bytes.
     pub fn output_cap(mut self, bytes: usize) -> Self {
         self.policy.output_cap = bytes;
+        self
+    }
+
+    /// Declares what a call reads and writes: `f` maps the call's validated arguments (and the
+    /// session's workspace, if any) to an [`Access`]. Calls of a turn that do not conflict run at
+    /// the same time; a call starts once every earlier call it conflicts with has finished. An
+    /// `Err` or a panic makes the call [`Access::Exclusive`]. Overrides `concurrency_safe` for
+    /// planning.
+    ///
+    /// ```
+    /// use switchboard::{Access, Handler, Mode, Resource, ToolSpec};
+    /// let spec = ToolSpec::new("add_user", "d", serde_json::json!({"type": "object"}),
+    ///                          Handler::inline(|_, _| Ok("ok".into())))
+    ///     .access(|_args, _ws| Ok(Access::write(Resource::named("db:users"))
+    ///         .and(Resource::named("db:audit"), Mode::Write)));
+    /// # let _ = spec;
+    /// ```
+    pub fn access<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Value, Option<&Workspace>) -> Result<Access, ToolError> + Send + Sync + 'static,
+    {
+        self.access = Some(AccessFn::new(f));
         self
     }
 
