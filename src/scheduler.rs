@@ -208,7 +208,10 @@ impl TurnPlan {
         } else {
             (None, None)
         };
-        let (slot, ask) = self.send(calls, workers, cancel, progress);
+        let (slot, worker) = workers.pick();
+        let ask = worker
+            .ask(self.message(calls, cancel, progress))
+            .into_future();
         let reply = match answers.as_mut() {
             None => ask.await,
             Some(rx) => {
@@ -239,6 +242,23 @@ impl TurnPlan {
         }
     }
 
+    /// The message that runs `calls` on a worker.
+    fn message(
+        &self,
+        calls: Vec<Planned>,
+        cancel: &CancellationToken,
+        progress: Option<crate::worker::StageProgress>,
+    ) -> RunStage {
+        RunStage {
+            calls,
+            arrived: self.arrived,
+            cancel: cancel.clone(),
+            span: self.span.clone(),
+            scope: Arc::clone(&self.scope),
+            progress,
+        }
+    }
+
     /// Sends calls to the next worker as one message; returns the worker's slot and the reply.
     fn send(
         &self,
@@ -248,14 +268,7 @@ impl TurnPlan {
         progress: Option<crate::worker::StageProgress>,
     ) -> (usize, BatchReply) {
         let (slot, worker) = workers.pick();
-        let msg = RunStage {
-            calls,
-            arrived: self.arrived,
-            cancel: cancel.clone(),
-            span: self.span.clone(),
-            scope: Arc::clone(&self.scope),
-            progress,
-        };
+        let msg = self.message(calls, cancel, progress);
         let reply: BatchReply =
             Box::pin(async move { worker.ask(msg).await.map_err(|e| e.to_string()) });
         (slot, reply)

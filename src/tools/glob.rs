@@ -42,7 +42,7 @@ pub fn spec() -> ToolSpec {
         |args: GlobArgs, ctx| run(ctx.workspace()?, &args.pattern),
     )
     .concurrency_safe(true)
-    .access(|args, ws| access(args, ws))
+    .access(access)
     .output_cap(OUTPUT_CAP)
 }
 
