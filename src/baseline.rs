@@ -452,7 +452,13 @@ mod tests {
                     async move {
                         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                         peak.fetch_max(now, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        // Stay until all eight are inside (or 100 ms pass, as a serial call
+                        // must): a loaded machine cannot make overlapping calls look serial.
+                        let until = tokio::time::Instant::now() + Duration::from_millis(100);
+                        while peak.load(Ordering::SeqCst) < 8 && tokio::time::Instant::now() < until
+                        {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
                         running.fetch_sub(1, Ordering::SeqCst);
                         Ok(String::new())
                     }
