@@ -51,7 +51,7 @@ pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};
 pub use session::Session;
 pub use tool::{
-    Block, CommitGate, Handler, Image, SessionScope, ToolContext, ToolError, ToolOutcome,
-    ToolOutput, ToolPolicy, ToolSpec,
+    Access, Block, CommitGate, Handler, Image, Mode, Resource, SessionScope, ToolContext,
+    ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolSpec,
 };
 pub use workspace::Workspace;

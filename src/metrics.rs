@@ -33,6 +33,9 @@ pub const TURN_CALLS: &str = "switchboard_turn_calls";
 pub const STAGES_TOTAL: &str = "switchboard_stages_total";
 /// Calls per stage, by mode.
 pub const STAGE_CALLS: &str = "switchboard_stage_calls";
+/// From a call's turn arriving to the last earlier conflicting call finishing, by tool (calls
+/// that waited for at least one conflicting call only).
+pub const CALL_CONFLICT_WAIT_SECONDS: &str = "switchboard_call_conflict_wait_seconds";
 /// Async and blocking calls running now.
 pub const CALLS_IN_FLIGHT: &str = "switchboard_calls_in_flight";
 /// Sessions open now.
@@ -134,14 +137,21 @@ pub const METRICS: &[MetricDef] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &["mode"],
-        help: "Stages run, by mode (concurrent or serial).",
+        help: "Stages of the dispatched turns' plans, by mode: the calls at one depth of a turn's dependency graph, which never conflict with each other (serial: one exclusive call).",
     },
     MetricDef {
         name: STAGE_CALLS,
         kind: Kind::Histogram,
         unit: Unit::Count,
         labels: &["mode"],
-        help: "Calls per stage, by mode.",
+        help: "Calls per stage of a turn's plan, by mode.",
+    },
+    MetricDef {
+        name: CALL_CONFLICT_WAIT_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["tool"],
+        help: "How long calls waited for earlier conflicting calls of their turn (from the turn arriving to the last of them finishing), by tool. Only calls that had to wait are recorded.",
     },
     MetricDef {
         name: CALLS_IN_FLIGHT,
@@ -278,6 +288,7 @@ pub struct ToolMetrics {
     errors: [Counter; ErrorCode::ALL.len()],
     duration: Histogram,
     queue: Histogram,
+    conflict_wait: Histogram,
 }
 
 impl ToolMetrics {
@@ -290,7 +301,8 @@ impl ToolMetrics {
             ok: outcome("ok"),
             errors: ErrorCode::ALL.map(|c| outcome(c.as_str())),
             duration: histogram!(TOOL_CALL_DURATION_SECONDS, "tool" => tool.clone()),
-            queue: histogram!(TOOL_CALL_QUEUE_SECONDS, "tool" => tool),
+            queue: histogram!(TOOL_CALL_QUEUE_SECONDS, "tool" => tool.clone()),
+            conflict_wait: histogram!(CALL_CONFLICT_WAIT_SECONDS, "tool" => tool),
         }
     }
 
@@ -305,6 +317,14 @@ impl ToolMetrics {
             self.duration.record(result.timing.run);
             self.queue.record(result.timing.queued);
         }
+    }
+}
+
+impl ToolMetrics {
+    /// A call of this tool waited `waited` (since its turn arrived) for earlier conflicting calls.
+    #[inline]
+    pub fn conflict_waited(&self, waited: Duration) {
+        self.conflict_wait.record(waited);
     }
 }
 

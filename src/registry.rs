@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::breaker::Breaker;
 use crate::limiter::Limiter;
 use crate::metrics::{EngineMetrics, ToolMetrics};
-use crate::tool::{Handler, ToolPolicy, ToolSpec};
+use crate::tool::{AccessFn, Handler, ToolPolicy, ToolSpec};
 use crate::validation;
 
 /// A registered tool: the spec as registered (the registry's own deep copy of the schema) plus its
@@ -39,6 +39,8 @@ pub struct RegisteredTool {
     pub handler: Handler,
     /// Concurrency safety, timeout, output cap.
     pub policy: ToolPolicy,
+    /// What a call reads and writes, if the tool declares it.
+    pub access: Option<AccessFn>,
     /// Compiled once at registration.
     pub validator: Validator,
     /// Metric handles of this tool's label, created once at registration.
@@ -221,6 +223,7 @@ impl Registry {
             input_schema: spec.input_schema,
             handler: spec.handler,
             policy: spec.policy,
+            access: spec.access,
             validator,
             subject: spec.subject,
             policy_decisions: Default::default(),

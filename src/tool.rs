@@ -35,6 +35,9 @@ pub use crate::protocol::{Block, Image, ToolOutput};
 /// take closures answering `Ok(String)`.
 pub type ToolOutcome = Result<ToolOutput, ToolError>;
 
+mod access;
+pub use access::{Access, AccessFn, AccessFnSig, Mode, Resource, access_of};
+
 /// A handler's failure: a stable code and a human-readable detail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolError {
@@ -351,6 +354,9 @@ pub struct ToolSpec {
     /// What a call touches (a path or a command), for permission rules' `TOOL(PATTERN)` form;
     /// `None`: only bare `TOOL` rules apply to it.
     pub subject: Option<SubjectOf>,
+    /// What a call reads and writes ([`ToolSpec::access`]); `None`: the policy's
+    /// `concurrency_safe` decides (safe → conflicts only with exclusive calls, else exclusive).
+    pub access: Option<AccessFn>,
 }
 
 /// A tool's subject function: the path or command a call with these (validated) arguments
@@ -389,6 +395,7 @@ impl ToolSpec {
             handler,
             policy: ToolPolicy::default(),
             subject: None,
+            access: None,
         }
     }
 
@@ -426,6 +433,28 @@ impl ToolSpec {
     /// Sets the output cap in bytes.
     pub fn output_cap(mut self, bytes: usize) -> Self {
         self.policy.output_cap = bytes;
+        self
+    }
+
+    /// Declares what a call reads and writes: `f` maps the call's validated arguments (and the
+    /// session's workspace, if any) to an [`Access`]. Calls of a turn that do not conflict run at
+    /// the same time; a call starts once every earlier call it conflicts with has finished. An
+    /// `Err` or a panic makes the call [`Access::Exclusive`]. Overrides `concurrency_safe` for
+    /// planning.
+    ///
+    /// ```
+    /// use switchboard::{Access, Handler, Mode, Resource, ToolSpec};
+    /// let spec = ToolSpec::new("add_user", "d", serde_json::json!({"type": "object"}),
+    ///                          Handler::inline(|_, _| Ok("ok".to_string())))
+    ///     .access(|_args, _ws| Ok(Access::write(Resource::named("db:users"))
+    ///         .and(Resource::named("db:audit"), Mode::Write)));
+    /// # let _ = spec;
+    /// ```
+    pub fn access<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Value, Option<&Workspace>) -> Result<Access, ToolError> + Send + Sync + 'static,
+    {
+        self.access = Some(AccessFn::new(f));
         self
     }
 

@@ -16,9 +16,9 @@ use common::{TURN_BOUND, call, outcomes, text_schema};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
 use switchboard::metrics::{
-    CALLS_IN_FLIGHT, REGISTRY_TOOLS, SESSIONS_ACTIVE, STAGE_CALLS, STAGES_TOTAL,
-    TOOL_CALL_DURATION_SECONDS, TOOL_CALL_QUEUE_SECONDS, TOOL_CALLS_TOTAL, TURN_CALLS,
-    TURN_DISPATCH_SECONDS, UNKNOWN_TOOL,
+    CALL_CONFLICT_WAIT_SECONDS, CALLS_IN_FLIGHT, REGISTRY_TOOLS, SESSIONS_ACTIVE, STAGE_CALLS,
+    STAGES_TOTAL, TOOL_CALL_DURATION_SECONDS, TOOL_CALL_QUEUE_SECONDS, TOOL_CALLS_TOTAL,
+    TURN_CALLS, TURN_DISPATCH_SECONDS, UNKNOWN_TOOL,
 };
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolError, ToolOutcome, ToolSpec};
 
@@ -327,6 +327,16 @@ async fn metrics_record_exactly_what_happened() {
                 "{h}{{tool={t}}}"
             );
         }
+    }
+    // No call of these turns waited for a conflicting call (turn A's calls conflict with nothing,
+    // B and C hold one call each).
+    for t in ran.keys() {
+        assert!(
+            delta
+                .samples(CALL_CONFLICT_WAIT_SECONDS, &[("tool", t)])
+                .is_empty(),
+            "{CALL_CONFLICT_WAIT_SECONDS}{{tool={t}}}"
+        );
     }
     let slow = delta.samples(TOOL_CALL_DURATION_SECONDS, &[("tool", "slow")])[0];
     assert!(

@@ -94,8 +94,8 @@ fn the_policy_layer_denies_by_rule_and_lets_the_rest_through() {
     .unwrap();
     let mut env = Env::new();
     env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
-    let denied = tool(spec("any", Handler::inline(|_, _| Ok("ran".into()))));
-    let other = tool(spec("other", Handler::inline(|_, _| Ok("ran".into()))));
+    let denied = tool(spec("any", Handler::inline(|_, _| Ok("ran".to_string()))));
+    let other = tool(spec("other", Handler::inline(|_, _| Ok("ran".to_string()))));
     let (_, result, _) = run_in_place(planned(&denied), env.env());
     assert_eq!(result.error, Some(ErrorCode::PermissionDenied));
     assert_eq!(
@@ -127,11 +127,11 @@ async fn a_call_waiting_for_approval_holds_no_concurrency_place() {
     env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
     let asked = tool(spec(
         "asked",
-        Handler::future(|_, _| async { Ok("asked ran".into()) }),
+        Handler::future(|_, _| async { Ok("asked ran".to_string()) }),
     ));
     let free = tool(spec(
         "free",
-        Handler::future(|_, _| async { Ok("free ran".into()) }),
+        Handler::future(|_, _| async { Ok("free ran".to_string()) }),
     ));
     let waiting = run(planned(&asked), env.env());
     tokio::pin!(waiting);

@@ -159,7 +159,8 @@ pub enum Launcher {
     Direct,
 }
 
-/// The `bash` spec: async, not concurrency-safe, policy timeout [`MAX_TIMEOUT`] (each call is
+/// The `bash` spec: async, not concurrency-safe and **exclusive** (a command may touch anything:
+/// it runs after every earlier call of its turn and before every later one), policy timeout [`MAX_TIMEOUT`] (each call is
 /// bounded by its own `timeout_ms`, default 120 s), 50,000 bytes. Namespaces are used when they
 /// work ([`Isolation::Auto`]).
 pub fn spec() -> ToolSpec {
