@@ -8,8 +8,10 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+mod common;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -17,17 +19,6 @@ use switchboard::tools::{bash, edit_file, glob, read_file, write_file};
 use switchboard::{
     Access, Engine, Handler, Resource, ToolCall, ToolDispatchResult, ToolSpec, Workspace,
 };
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    })
-}
 
 const PATHS: [&str; 6] = [
     "a.txt",
@@ -252,7 +243,7 @@ fn run(kinds: &[Kind], delays: &[u64], together: bool) -> Outcome {
         .map(|(i, d)| (format!("c{i}"), *d))
         .collect();
     let calls: Vec<ToolCall> = kinds.iter().enumerate().map(|(i, k)| call(i, k)).collect();
-    let results = runtime().block_on(async {
+    let results = common::proptest_runtime().block_on(async {
         let engine = engine(&ws, &shared);
         let results = tokio::time::timeout(Duration::from_secs(60), async {
             if together {

@@ -300,3 +300,16 @@ pub fn ids(results: &[ToolDispatchResult]) -> Vec<String> {
 pub fn outcomes(results: &[ToolDispatchResult]) -> Vec<&'static str> {
     results.iter().map(ToolDispatchResult::outcome).collect()
 }
+
+/// One shared two-thread runtime for a property test's cases (a proptest body is synchronous;
+/// building a runtime per case would dominate its time).
+pub fn proptest_runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
