@@ -102,8 +102,11 @@ cat >"$tmp/mcp.json" <<EOF
 {"mcpServers": {"probe": {"command": "python3",
   "args": ["$PWD/tests/mcp_servers/misbehaving.py", "$tmp/mcp-state"]}}}
 EOF
+# A policy (allow by default, one deny rule) and an audit log so the permissions row's series exist.
+echo '{"permissions": {"deny": ["read_file(**/.env)"], "default": "allow"}}' >"$tmp/policy.json"
 "$bin" demo --sessions 8 --duration "${demo_seconds}s" --metrics-addr "$target" \
-  --mcp-config "$tmp/mcp.json" >"$tmp/demo.out" 2>"$tmp/demo.err" &
+  --mcp-config "$tmp/mcp.json" --policy "$tmp/policy.json" --audit-log "$tmp/audit.jsonl" \
+  >"$tmp/demo.out" 2>"$tmp/demo.err" &
 demo_pid=$!
 
 cat >"$tmp/prometheus.yml" <<EOF

@@ -22,14 +22,16 @@ use criterion::{
 use serde_json::json;
 use switchboard::baseline::DirectDispatcher;
 use switchboard::protocol::{WireFormat, write_json};
-use switchboard::testing::{TEXT, load_tools, noop_async};
+use switchboard::testing::{TEXT, load_tools, noop_async, write_tools};
 use switchboard::{Engine, ToolCall, ToolDispatchResult, ToolSpec};
 use tokio::runtime::Runtime;
 
-/// The load generator's workload tools (`sleep` sleeps 10 ms) plus `noop_async`.
+/// The load generator's workload tools (`sleep` sleeps 10 ms) plus `noop_async` and the write
+/// workload tools (`write` writes file `n`, `write_same_file` file 0; 10 ms each).
 fn tools() -> Vec<ToolSpec> {
     let mut tools = load_tools(Duration::from_millis(10));
     tools.push(noop_async());
+    tools.extend(write_tools(Duration::from_millis(10)));
     tools
 }
 
@@ -263,6 +265,33 @@ fn bench_sleep_batch8(c: &mut Criterion) {
     rt.block_on(engine.shutdown(Duration::from_secs(1)));
 }
 
+/// Issue #14: eight writes declaring eight different files overlap (like `sleep_batch8`); eight
+/// writes of one file run one after another (≈ 80 ms).
+fn bench_write_batch8(c: &mut Criterion) {
+    let rt = runtime();
+    let (engine, direct) = (engine(&rt, 2), direct());
+    let mut group = c.benchmark_group("write_batch8");
+    group.sample_size(10).sampling_mode(SamplingMode::Flat);
+    pair(
+        &mut group,
+        &rt,
+        &engine,
+        &direct,
+        "writes_distinct_10ms",
+        turn("write", 8),
+    );
+    pair(
+        &mut group,
+        &rt,
+        &engine,
+        &direct,
+        "writes_same_file_10ms",
+        turn("write_same_file", 8),
+    );
+    group.finish();
+    rt.block_on(engine.shutdown(Duration::from_secs(1)));
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
@@ -270,6 +299,6 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3))
         .sample_size(30);
     targets = bench_single_call, bench_batch8, bench_error_paths, bench_sessions, bench_workers,
-        bench_sleep_batch8
+        bench_sleep_batch8, bench_write_batch8
 }
 criterion_main!(benches);

@@ -7,13 +7,15 @@
 //! nothing about any tool: schemas, handlers and policies all live in the registry.
 //!
 //! **Eager dispatch.** With streaming on ([`StreamOptions`]), a `tool_use` block is looked up in
-//! the registry as soon as the provider reports it complete. If its tool is concurrency-safe and
-//! every earlier call of the same answer was also started this way, it starts at once, as a
-//! one-call turn of the session, while the rest of the answer is still streaming. The other
-//! calls (from the first one that did not qualify to the end) run as one ordinary turn after the
-//! stream ended and every eager call finished, so a serial call still waits for everything
-//! before it. Results are merged in call order and the user message carries every result, in
-//! order, exactly as without eager dispatch.
+//! the registry as soon as the provider reports it complete. It starts at once, as a one-call turn
+//! of the session, while the rest of the answer is still streaming, when its tool is
+//! concurrency-safe (a call with effects never starts before the answer is complete) and every
+//! earlier call of the same answer it conflicts with ([`crate::plan`]'s rule: the calls'
+//! accesses) has already finished. The other calls run as one ordinary turn after the stream
+//! ended and every eager call finished, so a serial call still waits for everything before it,
+//! and an eager call never overtakes an earlier call it conflicts with. Results are merged in
+//! call order and the user message carries every result, in order, exactly as without eager
+//! dispatch.
 //!
 //! A duplicate `tool_use_id` cannot un-run a call that already started. So eager dispatch stops
 //! at the first block whose id is empty or repeats an earlier one; calls already started keep
@@ -33,6 +35,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::engine::EngineError;
+use crate::plan;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, encode_anthropic};
 use crate::provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, StreamEvent, history_content,
@@ -40,6 +43,7 @@ use crate::provider::{
 };
 use crate::registry::CatalogFormat;
 use crate::session::Session;
+use crate::tool::Access;
 
 /// The seed's default turn limit.
 pub const DEFAULT_MAX_TURNS: usize = 8;
@@ -134,8 +138,8 @@ pub struct LoopResult {
     pub provider_stop_reason: Option<String>,
     /// Each dispatched turn's results, in order.
     pub dispatches: Vec<Vec<ToolDispatchResult>>,
-    /// For each dispatched turn, how many of its calls (a prefix) were started eagerly, while
-    /// the answer was still streaming.
+    /// For each dispatched turn, how many of its calls were started eagerly, while the answer
+    /// was still streaming.
     pub eager: Vec<usize>,
 }
 
@@ -302,13 +306,16 @@ impl AgentLoop {
 /// The calls of one answer started while it was still streaming.
 struct Eager {
     open: bool,
-    seen: usize,
     ids: HashSet<Arc<str>>,
+    /// The access of every call seen so far, in order (`none` for a call the engine answers
+    /// without running it).
+    seen: Vec<Access>,
     started: Vec<Started>,
 }
 
-/// One call started eagerly: its identity and its one-call turn.
+/// One call started eagerly: its position in the answer, its identity and its one-call turn.
 struct Started {
+    position: usize,
     id: Arc<str>,
     name: Arc<str>,
     turn: JoinHandle<Result<Vec<ToolDispatchResult>, EngineError>>,
@@ -318,8 +325,8 @@ impl Eager {
     fn new(enabled: bool) -> Self {
         Eager {
             open: enabled,
-            seen: 0,
             ids: HashSet::new(),
+            seen: Vec::new(),
             started: Vec::new(),
         }
     }
@@ -329,33 +336,49 @@ impl Eager {
         let Some(call) = tool_call_of(block) else {
             return;
         };
-        self.seen += 1;
+        let position = self.seen.len();
         if !self.open {
+            self.seen.push(Access::Exclusive);
             return;
         }
-        if self.seen != self.started.len() + 1
-            || call.id.is_empty()
-            || !self.ids.insert(Arc::clone(&call.id))
-            || session.is_cancelled()
-        {
+        if call.id.is_empty() || !self.ids.insert(Arc::clone(&call.id)) || session.is_cancelled() {
             self.open = false;
+            self.seen.push(Access::Exclusive);
             return;
         }
-        let safe = match session.engine().resolve(vec![Arc::clone(&call.name)]).await {
-            Ok(tools) => tools
-                .first()
-                .and_then(Option::as_ref)
-                .is_some_and(|tool| tool.policy.concurrency_safe),
-            Err(_) => false,
+        let tool = match session.engine().resolve(vec![Arc::clone(&call.name)]).await {
+            Ok(mut tools) => tools.pop().flatten(),
+            Err(_) => None,
         };
-        if !safe {
-            self.open = false;
+        let Some(tool) = tool else {
+            // Unknown: answered at once with the rest of the turn, touching nothing.
+            self.seen.push(Access::none());
+            return;
+        };
+        if call.malformed.is_some()
+            || crate::validation::check(&tool.validator, &call.arguments).is_err()
+        {
+            // Invalid: answered without running, touching nothing.
+            self.seen.push(Access::none());
+            return;
+        }
+        let access = plan::access(&tool, &call, session.workspace());
+        let free = self.seen.iter().enumerate().all(|(i, earlier)| {
+            !earlier.conflicts(&access)
+                || self
+                    .started
+                    .iter()
+                    .any(|s| s.position == i && s.turn.is_finished())
+        });
+        self.seen.push(access);
+        if !tool.policy.concurrency_safe || !free {
             return;
         }
         tracing::debug!(tool = %call.name, id = %call.id, "started while the answer streams");
         let (id, name) = (Arc::clone(&call.id), Arc::clone(&call.name));
         let session = session.clone();
         self.started.push(Started {
+            position,
             id,
             name,
             turn: tokio::spawn(async move { session.dispatch(vec![call]).await }),
@@ -364,23 +387,32 @@ impl Eager {
 
     /// Waits for every eager call; one result each, in call order (an engine fault is the
     /// loop's error).
-    async fn join(self) -> Result<Vec<ToolDispatchResult>, EngineError> {
+    async fn join(self) -> Result<Vec<(usize, ToolDispatchResult)>, EngineError> {
         let mut results = Vec::with_capacity(self.started.len());
-        for Started { id, name, turn } in self.started {
+        for Started {
+            position,
+            id,
+            name,
+            turn,
+        } in self.started
+        {
             let result = match turn.await {
                 Ok(Ok(mut r)) if r.len() == 1 => r.pop(),
                 Ok(Err(e)) => return Err(e),
                 _ => None,
             };
-            results.push(result.unwrap_or_else(|| {
-                ToolDispatchResult::error(
-                    id,
-                    name,
-                    ErrorCode::ExecutionError,
-                    "the call's dispatch task failed",
-                    Timing::default(),
-                )
-            }));
+            results.push((
+                position,
+                result.unwrap_or_else(|| {
+                    ToolDispatchResult::error(
+                        id,
+                        name,
+                        ErrorCode::ExecutionError,
+                        "the call's dispatch task failed",
+                        Timing::default(),
+                    )
+                }),
+            ));
         }
         Ok(results)
     }
@@ -395,21 +427,28 @@ impl Eager {
         if self.started.is_empty() {
             return Ok((session.dispatch(calls).await?, 0));
         }
-        let mut results = self.join().await?;
-        // Keep only eager results that answer the final answer's calls, position by position; if
-        // the streamed blocks and the final answer disagree, the calls after the agreeing prefix
-        // run now (results of eager calls the answer does not hold are dropped).
-        let agreeing = results
-            .iter()
-            .zip(&calls)
-            .take_while(|(r, c)| r.tool_use_id == c.id)
-            .count();
-        if agreeing < results.len() {
-            tracing::warn!("the streamed blocks and the final answer disagree on the tool calls");
-            results.truncate(agreeing);
+        let eager = self.join().await?;
+        // Keep only eager results that answer the final answer's call at their position; if the
+        // streamed blocks and the final answer disagree, those calls run now (results of eager
+        // calls the answer does not hold are dropped).
+        let mut slots: Vec<Option<ToolDispatchResult>> = calls.iter().map(|_| None).collect();
+        let mut disagree = false;
+        for (position, result) in eager {
+            match calls.get(position) {
+                Some(c) if c.id == result.tool_use_id => slots[position] = Some(result),
+                _ => disagree = true,
+            }
         }
-        let n = results.len();
-        let rest: Vec<ToolCall> = calls.iter().skip(n).cloned().collect();
+        if disagree {
+            tracing::warn!("the streamed blocks and the final answer disagree on the tool calls");
+        }
+        let n = slots.iter().filter(|s| s.is_some()).count();
+        let rest: Vec<ToolCall> = calls
+            .iter()
+            .zip(&slots)
+            .filter(|(_, s)| s.is_none())
+            .map(|(c, _)| c.clone())
+            .collect();
         let duplicate = {
             let mut seen = HashSet::new();
             calls
@@ -434,7 +473,22 @@ impl Eager {
                 .collect(),
             None => session.dispatch(rest).await?,
         };
-        results.extend(rest_results);
+        let mut rest_results = rest_results.into_iter();
+        let results = slots
+            .into_iter()
+            .zip(&calls)
+            .map(|(slot, c)| {
+                slot.or_else(|| rest_results.next()).unwrap_or_else(|| {
+                    ToolDispatchResult::error(
+                        Arc::clone(&c.id),
+                        Arc::clone(&c.name),
+                        ErrorCode::ExecutionError,
+                        "the call's dispatch returned no result",
+                        Timing::default(),
+                    )
+                })
+            })
+            .collect();
         Ok((results, n))
     }
 }

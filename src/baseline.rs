@@ -8,11 +8,11 @@
 //! * the same plan, from the same code: [`crate::plan::plan`] over a registry [`Snapshot`] built
 //!   with the registry's own checks — duplicate ids, missing ids, unknown tools, tripped breakers,
 //!   undecodable arguments and schema violations become results without running anything, and
-//!   the admitted calls are split into the same stages, run in model order;
+//!   each admitted call waits for the same earlier conflicting calls (the same dependency graph);
 //! * the same per-call layer stack, from the same code: [`crate::execute`] (caps, policy,
-//!   deadline and cancellation, handler, output cap); inline handlers run in place; a concurrent
-//!   stage's waiting calls are polled together (`futures::future::join_all`), a serial stage's
-//!   one after the other; blocking handlers go to tokio's blocking pool;
+//!   deadline and cancellation, handler, output cap); inline handlers run in place; a call
+//!   starts as soon as the calls it waits for have finished, and running calls are polled
+//!   together (`FuturesUnordered`); blocking handlers go to tokio's blocking pool;
 //! * one result per call, in call order.
 //!
 //! What it leaves out, so that it is a lower bound on the engine's cost: the actors (registry,
@@ -35,14 +35,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
 use crate::execute::{self, CallEnv};
 use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
-use crate::plan::{self, StageMode};
+use crate::plan::{self, Planned};
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{RegistryError, Snapshot};
 use crate::tool::{SessionScope, ToolSpec};
@@ -118,7 +120,7 @@ impl DirectDispatcher {
             .iter()
             .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
             .collect();
-        let plan = plan::plan(&self.snapshot, calls);
+        let plan = plan::plan(&self.snapshot, calls, self.scope.workspace());
         let mut slots: Vec<Option<ToolDispatchResult>> = Vec::new();
         slots.resize_with(identities.len(), || None);
         for r in plan.rejected {
@@ -138,36 +140,84 @@ impl DirectDispatcher {
             span: &span,
             scope: &self.scope,
         };
-        let mut admitted = plan.admitted.into_iter();
-        for stage in plan.stages {
-            let calls = admitted.by_ref().take(stage.calls.len());
-            match stage.mode {
-                StageMode::Serial => {
-                    for p in calls {
-                        let (index, result, _) = execute::run(p, env).await;
-                        slots[index] = Some(result);
-                    }
-                }
-                StageMode::Concurrent => {
-                    let mut waiting = Vec::new();
-                    for p in calls {
-                        if execute::runs_in_place(&p.tool.handler) {
-                            let (index, result, _) = execute::run_in_place(p, env);
-                            slots[index] = Some(result);
-                        } else {
-                            waiting.push(p);
-                        }
-                    }
-                    if !waiting.is_empty() {
-                        let runs = waiting.into_iter().map(|p| execute::run(p, env));
-                        for (index, result, _) in join_all(runs).await {
-                            slots[index] = Some(result);
-                        }
-                    }
+        if plan.graph.is_free() {
+            // Nothing waits for anything: inline calls in place, the rest polled together.
+            let mut waiting = Vec::new();
+            for p in plan.admitted {
+                if execute::runs_in_place(&p.tool, env.scope) {
+                    let (index, result, _) = execute::run_in_place(p, env);
+                    slots[index] = Some(result);
+                } else {
+                    waiting.push(p);
                 }
             }
+            if !waiting.is_empty() {
+                let runs = waiting.into_iter().map(|p| execute::run(p, env));
+                for (index, result, _) in join_all(runs).await {
+                    slots[index] = Some(result);
+                }
+            }
+        } else {
+            run_graph(plan.admitted, &plan.graph, env, &mut slots).await;
         }
         slots.into_iter().flatten().collect()
+    }
+}
+
+/// Runs calls that wait for each other: each starts once the calls it waits for have finished.
+async fn run_graph(
+    admitted: Vec<Planned>,
+    graph: &plan::Graph,
+    env: CallEnv<'_>,
+    slots: &mut [Option<ToolDispatchResult>],
+) {
+    let mut pending = graph.pending_counts();
+    let (offsets, dependants) = graph.dependants();
+    let mut position = vec![0usize; slots.len()];
+    for (k, p) in admitted.iter().enumerate() {
+        position[p.index] = k;
+    }
+    let mut waiting: Vec<Option<Planned>> = admitted.into_iter().map(Some).collect();
+    let mut ready: Vec<usize> = (0..waiting.len()).filter(|&k| pending[k] == 0).collect();
+    let mut running = FuturesUnordered::new();
+    loop {
+        while let Some(k) = ready.pop() {
+            let Some(p) = waiting[k].take() else { continue };
+            if execute::runs_in_place(&p.tool, env.scope) {
+                let (index, result, _) = execute::run_in_place(p, env);
+                slots[index] = Some(result);
+                release(k, &offsets, &dependants, &mut pending, &mut ready);
+            } else {
+                running.push(execute::run(p, env));
+            }
+        }
+        let Some((index, result, _)) = running.next().await else {
+            break;
+        };
+        slots[index] = Some(result);
+        release(
+            position[index],
+            &offsets,
+            &dependants,
+            &mut pending,
+            &mut ready,
+        );
+    }
+}
+
+/// Call `k` finished: queues the calls that waited only for it.
+fn release(
+    k: usize,
+    offsets: &[u32],
+    dependants: &[u32],
+    pending: &mut [u32],
+    ready: &mut Vec<usize>,
+) {
+    for &j in &dependants[offsets[k] as usize..offsets[k + 1] as usize] {
+        pending[j as usize] -= 1;
+        if pending[j as usize] == 0 {
+            ready.push(j as usize);
+        }
     }
 }
 
@@ -228,21 +278,21 @@ mod tests {
                 "boom",
                 "d",
                 schema(),
-                Handler::inline(|_, _| panic!("boom")),
+                Handler::inline::<_, String>(|_, _| panic!("boom")),
             )
             .concurrency_safe(true),
             ToolSpec::new(
                 "boom_async",
                 "d",
                 schema(),
-                Handler::future(|_: Value, _| async move { panic!("async boom") }),
+                Handler::future::<_, _, String>(|_: Value, _| async move { panic!("async boom") }),
             )
             .concurrency_safe(true),
             ToolSpec::new(
                 "fails",
                 "d",
                 schema(),
-                Handler::inline(|_, _| Err(ToolError::permission("not here"))),
+                Handler::inline::<_, String>(|_, _| Err(ToolError::permission("not here"))),
             ),
             ToolSpec::new(
                 "long",
@@ -402,7 +452,13 @@ mod tests {
                     async move {
                         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                         peak.fetch_max(now, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        // Stay until all eight are inside (or 100 ms pass, as a serial call
+                        // must): a loaded machine cannot make overlapping calls look serial.
+                        let until = tokio::time::Instant::now() + Duration::from_millis(100);
+                        while peak.load(Ordering::SeqCst) < 8 && tokio::time::Instant::now() < until
+                        {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
                         running.fetch_sub(1, Ordering::SeqCst);
                         Ok(String::new())
                     }

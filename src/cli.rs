@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
 use crate::command::{
-    INTERRUPTED, Interrupt, SandboxArgs, TelemetryArgs, fail, remove_stale_temps, say,
+    INTERRUPTED, Interrupt, PolicyArgs, SandboxArgs, TelemetryArgs, fail, remove_stale_temps, say,
 };
 use crate::demo;
 use crate::document::dispatch_document;
@@ -66,6 +66,9 @@ pub enum Command {
         /// Sandbox.
         #[command(flatten)]
         sandbox: SandboxArgs,
+        /// Permission policy and audit log.
+        #[command(flatten)]
+        policy: PolicyArgs,
         /// MCP servers.
         #[command(flatten)]
         mcp: McpArgs,
@@ -103,6 +106,9 @@ pub enum Command {
         /// Sandbox.
         #[command(flatten)]
         sandbox: SandboxArgs,
+        /// Permission policy and audit log.
+        #[command(flatten)]
+        policy: PolicyArgs,
         /// MCP servers (started with the engine; their tools join the catalog).
         #[command(flatten)]
         mcp: McpArgs,
@@ -206,6 +212,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             lines,
             allow_hard_links,
             sandbox,
+            policy,
             mcp,
             telemetry,
         } => {
@@ -213,7 +220,16 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 Ok(t) => t,
                 Err(code) => return code,
             };
-            let engine = match engine_for(workspace, allow_hard_links, true, &sandbox, &mcp).await {
+            let engine = match engine_for(
+                workspace,
+                allow_hard_links,
+                true,
+                &sandbox,
+                &policy,
+                &mcp,
+            )
+            .await
+            {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -231,7 +247,16 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             sandbox,
             mcp,
         } => {
-            let engine = match engine_for(None, false, false, &sandbox, &mcp).await {
+            let engine = match engine_for(
+                None,
+                false,
+                false,
+                &sandbox,
+                &PolicyArgs::default(),
+                &mcp,
+            )
+            .await
+            {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
@@ -258,6 +283,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             workspace,
             duration,
             sandbox,
+            policy,
             mcp,
             telemetry,
         } => {
@@ -272,6 +298,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 duration,
                 stop,
                 sandbox.config(),
+                &policy,
                 &mcp,
             )
             .await
@@ -323,6 +350,7 @@ async fn engine_for(
     allow_hard_links: bool,
     clean: bool,
     sandbox: &SandboxArgs,
+    policy: &PolicyArgs,
     mcp: &McpArgs,
 ) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
@@ -336,6 +364,8 @@ async fn engine_for(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(sandbox.config());
+    // A bad policy file is a usage error (2), named with its rule.
+    let builder = policy.apply(builder).map_err(|e| fail(2, &e))?;
     // A bad MCP configuration is a usage error (2); an engine that cannot start (a sandbox the
     // kernel cannot enforce, a refused tool) is an internal one (1).
     mcp.config().map_err(|e| fail(2, &e))?;

@@ -99,3 +99,75 @@ impl SandboxArgs {
             })
     }
 }
+
+/// Policy flags of every command that runs tools (see the README's "Permissions and hooks").
+#[derive(Debug, Clone, clap::Args)]
+pub struct PolicyArgs {
+    /// Permission rules and external hooks for every call: a JSON file in Claude Code's settings
+    /// shape (`{"permissions": {"allow", "ask", "deny", "default"}, "hooks": {…}}`).
+    #[arg(long = "policy", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Write one JSON line per call (decision, outcome, duration, SHA-256 of the arguments).
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+    /// Also write each call's arguments into the audit log.
+    #[arg(long, requires = "audit_log")]
+    pub audit_args: bool,
+    /// How long a call that needs approval waits for one before it is denied.
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub approval_timeout: std::time::Duration,
+}
+
+impl Default for PolicyArgs {
+    fn default() -> Self {
+        PolicyArgs {
+            file: None,
+            audit_log: None,
+            audit_args: false,
+            approval_timeout: crate::policy::DEFAULT_APPROVAL_TIMEOUT,
+        }
+    }
+}
+
+impl PolicyArgs {
+    /// The policy the flags ask for (`None`: no `--policy` and no `--audit-log`), with
+    /// `approver` answering `ask`. The error names the file and the rule at fault.
+    pub fn policy(
+        &self,
+        approver: std::sync::Arc<dyn crate::policy::Approver>,
+    ) -> Result<Option<crate::policy::Policy>, String> {
+        if self.file.is_none() && self.audit_log.is_none() {
+            return Ok(None);
+        }
+        let mut policy = match &self.file {
+            Some(path) => crate::policy::Policy::load(path).map_err(|e| e.to_string())?,
+            None => crate::policy::Policy::allow_all(),
+        };
+        policy = policy
+            .approver(approver)
+            .approval_timeout(self.approval_timeout);
+        if let Some(path) = &self.audit_log {
+            let log = crate::policy::AuditLog::open(path, self.audit_args)
+                .map_err(|e| format!("cannot open audit log {}: {e}", path.display()))?;
+            policy = policy.audit(log);
+        }
+        Ok(Some(policy))
+    }
+
+    /// `builder` under the flags' policy (non-interactive: `ask` is denied, and says so).
+    pub fn apply(&self, builder: crate::EngineBuilder) -> Result<crate::EngineBuilder, String> {
+        self.apply_with(builder, std::sync::Arc::new(crate::policy::RefuseAll))
+    }
+
+    /// `builder` under the flags' policy, `approver` answering `ask`.
+    pub fn apply_with(
+        &self,
+        builder: crate::EngineBuilder,
+        approver: std::sync::Arc<dyn crate::policy::Approver>,
+    ) -> Result<crate::EngineBuilder, String> {
+        Ok(match self.policy(approver)? {
+            Some(policy) => builder.policy(policy),
+            None => builder,
+        })
+    }
+}

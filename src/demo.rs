@@ -115,6 +115,7 @@ pub async fn run(
     duration: Option<Duration>,
     stop: CancellationToken,
     sandbox: crate::sandbox::SandboxConfig,
+    policy: &crate::command::PolicyArgs,
     mcp: &crate::mcp::command::McpArgs,
 ) -> Result<String, String> {
     let temp = match &workspace {
@@ -133,6 +134,7 @@ pub async fn run(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(sandbox);
+    let builder = policy.apply(builder)?;
     let engine = crate::mcp::command::start_engine(builder, mcp).await?;
     let on_stop = {
         let (engine, stop) = (engine.clone(), stop.clone());

@@ -53,6 +53,8 @@ pub struct EngineBuilder {
     workspace: Option<Workspace>,
     sandbox: Option<SandboxConfig>,
     mcp: crate::mcp::McpConfig,
+    policy: Option<crate::policy::Policy>,
+    hooks: Vec<crate::policy::Hook>,
 }
 
 impl EngineBuilder {
@@ -106,6 +108,21 @@ impl EngineBuilder {
         self
     }
 
+    /// The permission policy of every call: rules, approver, external hooks, audit log (see
+    /// [`crate::policy`]). Default: none, and a call pays one `Option` check for it.
+    pub fn policy(mut self, policy: crate::policy::Policy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Adds an in-process `PreToolUse` or `PostToolUse` hook ([`crate::policy::Hook`]); hooks run
+    /// in the order added, before the policy's external hooks. Without a policy, one that allows
+    /// every call is made for them.
+    pub fn hook(mut self, hook: crate::policy::Hook) -> Self {
+        self.hooks.push(hook);
+        self
+    }
+
     /// Number of worker actors (default: the number of CPUs, at least 2).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(n.max(1));
@@ -149,6 +166,14 @@ impl EngineBuilder {
             registry.register(spec)?;
         }
         let snapshot = registry.snapshot();
+        let policy = match (self.policy, self.hooks.is_empty()) {
+            (None, true) => None,
+            (policy, _) => Some(Arc::new(
+                self.hooks
+                    .into_iter()
+                    .fold(policy.unwrap_or_default(), |p, h| p.hook(h)),
+            )),
+        };
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let workers_n = self.workers.unwrap_or(cpus.max(2));
         let limiter = Arc::new(Limiter::new(
@@ -183,8 +208,10 @@ impl EngineBuilder {
                 metrics,
                 scope: Arc::new(
                     SessionScope::new("engine", self.workspace.clone())
-                        .with_sandbox(Arc::clone(&sandbox)),
+                        .with_sandbox(Arc::clone(&sandbox))
+                        .with_policy(policy.clone()),
                 ),
+                policy,
                 sandbox,
                 workspace: self.workspace,
                 sessions_opened: AtomicU64::new(0),
@@ -214,6 +241,8 @@ struct Inner {
     /// The OS sandbox every scope of this engine carries.
     sandbox: Arc<Sandbox>,
     mcp: crate::mcp::McpServers,
+    /// The permission policy every scope of this engine carries.
+    policy: Option<Arc<crate::policy::Policy>>,
 }
 
 /// The dispatch engine. Clone it freely: clones share the same actors.
@@ -337,6 +366,11 @@ impl Engine {
         self.inner.root.child_token()
     }
 
+    /// The permission policy, if the engine has one.
+    pub fn policy(&self) -> Option<&crate::policy::Policy> {
+        self.inner.policy.as_deref()
+    }
+
     /// The OS sandbox in force for process-running tools.
     pub fn sandbox(&self) -> &Sandbox {
         &self.inner.sandbox
@@ -374,7 +408,8 @@ impl Engine {
         let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
         let scope = Arc::new(
             SessionScope::new(format!("s{n}"), workspace)
-                .with_sandbox(Arc::clone(&self.inner.sandbox)),
+                .with_sandbox(Arc::clone(&self.inner.sandbox))
+                .with_policy(self.inner.policy.clone()),
         );
         // The session's turns all go through one of the engine's schedulers (the same one for the
         // session's whole life, so they are planned in the order they are dispatched); no actor
@@ -440,6 +475,10 @@ impl Engine {
         self.inner.workers.stop().await;
         let _ = self.inner.registry.stop_gracefully().await;
         self.inner.limiter.close();
+        // The audit lines of every answered call reach the file (unless its disk is stuck).
+        if let Some(log) = self.policy().and_then(|p| p.audit_log()).cloned() {
+            let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
+        }
     }
 
     async fn wait_idle(&self) {

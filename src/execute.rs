@@ -4,14 +4,18 @@
 //! [`run`] (or [`run_in_place`] for a turn of inline handlers). The stack, outermost first:
 //!
 //! ```text
-//! per-tool cap ─► global cap ─► policy ─► deadline & cancellation ─► handler ─► output cap
-//! (caps: bounded waiting lines, full → `overloaded`)   (seam)   (stop grace, commit gate)   (panic caught)
+//! policy ─► per-tool cap ─► global cap ─► deadline & cancellation ─► handler ─► output cap ─► policy (after)
+//! (rules, hooks,  (bounded waiting lines,   (stop grace, commit gate)   (panic caught)         (PostToolUse hooks,
+//!  approvals)      full → `overloaded`)                                                          audit line)
 //! ```
 //!
-//! Each layer is one small function below with its own unit test: [`acquire_places`],
-//! [`check_policy`], [`supervise`], [`start_handler`], [`to_result`]. Inline handlers are cheap
+//! Each layer is one small function below with its own unit test: [`check_policy`],
+//! [`acquire_places`], [`supervise`], [`start_handler`], [`to_result`]. The policy layer
+//! ([`crate::policy`]) comes first, so a call waiting for an approval or an external hook holds
+//! no concurrency place; without a policy it costs one `Option` check. Inline handlers are cheap
 //! and cannot be interrupted, so they skip the caps and the deadline: policy → handler → cap, in
-//! place. The in-flight gauge is held by a guard for as long as a handler may run.
+//! place — unless the policy may make them wait ([`runs_in_place`]), and then they take the
+//! waiting stack. The in-flight gauge is held by a guard for as long as a handler may run.
 //!
 //! Where each kind runs: inline in place (no task, no spawn); async on the caller's task (a
 //! worker's stage task polls a stage's async calls together); blocking on tokio's blocking pool,
@@ -33,10 +37,11 @@ use crate::limiter::{Limiter, Refusal};
 use crate::metrics::EngineMetrics;
 use crate::observe;
 use crate::plan::Planned;
+use crate::policy::{self, Policy};
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::RegisteredTool;
 use crate::tool::{
-    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, cap_output,
+    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolOutput, cap_output,
 };
 
 /// How long a handler that was told to stop (deadline passed, turn cancelled) may take to answer
@@ -65,9 +70,11 @@ pub struct CallEnv<'a> {
     pub scope: &'a Arc<SessionScope>,
 }
 
-/// True when the handler runs in place (inline): a turn of such calls needs no task and no worker.
-pub fn runs_in_place(handler: &Handler) -> bool {
-    matches!(handler, Handler::Inline(_))
+/// True when the call runs in place (an inline handler the session's policy never makes wait):
+/// a turn of such calls needs no task and no worker.
+pub fn runs_in_place(tool: &RegisteredTool, scope: &SessionScope) -> bool {
+    matches!(tool.handler, Handler::Inline(_))
+        && scope.policy().is_none_or(|p| !p.waits_for(&tool.name))
 }
 
 /// The kind's name, for logs: `inline`, `async` or `blocking`.
@@ -86,11 +93,21 @@ pub type Answered = (usize, ToolDispatchResult, Arc<RegisteredTool>);
 
 /// Runs one call through the stack. Never fails: every outcome is a result.
 pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
-    if runs_in_place(&planned.tool.handler) {
+    if runs_in_place(&planned.tool, env.scope) {
         return run_in_place(planned, env);
     }
     let Planned { index, call, tool } = planned;
-    let result = waiting(call, &tool, env).await;
+    let result = match env.scope.policy() {
+        None => waiting(call, &tool, env).await,
+        Some(policy) => match check_policy(policy, call, &tool, env).await {
+            Ok((call, decided)) => {
+                let mut result = waiting(call, &tool, env).await;
+                decided.finish(policy, &tool, env.scope, &mut result);
+                result
+            }
+            Err(refused) => refused,
+        },
+    };
     (index, result, tool)
 }
 
@@ -109,9 +126,6 @@ async fn waiting(
     let mut ctx = context(&call, tool, env.scope, started, stop.clone());
     ctx.commit = CommitGate::guarded();
     let gate = ctx.commit.clone();
-    if let Err(e) = check_policy(&call, tool, &ctx) {
-        return to_result(call, tool.policy.output_cap, Err(e), Timing::default());
-    }
     let span = observe::call_span(env.span, &call);
     let deadline = ctx.deadline;
     let args = std::mem::take(&mut call.arguments);
@@ -136,7 +150,17 @@ async fn waiting(
 /// answered `execution_error` — callers check [`runs_in_place`] first.
 pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> Answered {
     let Planned { index, call, tool } = planned;
-    let result = inline(call, &tool, env);
+    let result = match env.scope.policy() {
+        None => inline(call, &tool, env),
+        Some(policy) => match check_policy_now(policy, call, &tool, env) {
+            Ok((call, decided)) => {
+                let mut result = inline(call, &tool, env);
+                decided.finish(policy, &tool, env.scope, &mut result);
+                result
+            }
+            Err(refused) => refused,
+        },
+    };
     (index, result, tool)
 }
 
@@ -150,9 +174,6 @@ fn inline(call: ToolCall, tool: &RegisteredTool, env: CallEnv<'_>) -> ToolDispat
     }
     let started = Instant::now();
     let ctx = context(&call, tool, env.scope, started, env.cancel.clone());
-    if let Err(e) = check_policy(&call, tool, &ctx) {
-        return to_result(call, tool.policy.output_cap, Err(e), Timing::default());
-    }
     let span = observe::call_span(env.span, &call);
     let outcome = span
         .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
@@ -195,7 +216,7 @@ fn context(
 /// The places a running call holds: in its tool's own cap (if it has one) and in the global cap.
 pub type Places = (Option<OwnedSemaphorePermit>, OwnedSemaphorePermit);
 
-/// Layer 1 — caps: a place in the tool's own cap, then in the global cap, each behind a bounded
+/// Layer 2 — caps: a place in the tool's own cap, then in the global cap, each behind a bounded
 /// waiting line. `Err` is the call's answer (`overloaded` when a line is full, `cancelled` when
 /// the turn is cancelled while waiting or the engine is shut down); nothing ran.
 pub async fn acquire_places(
@@ -230,14 +251,73 @@ fn refusal(refusal: Refusal, whose: &str) -> (ErrorCode, String) {
     }
 }
 
-/// Layer 2 — policy: whether this validated call may run. The seam where permission rules,
-/// approvals and hooks go; today every call is allowed.
-pub fn check_policy(
-    _call: &ToolCall,
-    _tool: &RegisteredTool,
-    _ctx: &ToolContext,
-) -> Result<(), ToolError> {
-    Ok(())
+/// A call the policy let through: its ticket and the arguments it runs with (for the
+/// `PostToolUse` hooks and the audit line).
+pub struct Decided {
+    ticket: policy::Ticket,
+    /// Kept only when the policy reads them afterwards (an audit log, a PostToolUse hook).
+    args: Option<serde_json::Value>,
+}
+
+impl Decided {
+    /// The after-layer: `PostToolUse` hooks, the audit line, the decision metric.
+    fn finish(
+        self,
+        policy: &Policy,
+        tool: &RegisteredTool,
+        scope: &SessionScope,
+        result: &mut ToolDispatchResult,
+    ) {
+        policy.finish(&self.ticket, scope, tool, self.args.as_ref(), result);
+    }
+}
+
+/// Layer 1 — policy: whether this validated call runs, and with which arguments (hooks may
+/// replace them). Waits for approvals and external hooks before any concurrency place is taken;
+/// the turn's cancellation answers a waiting call `cancelled`. `Err` is the call's answer
+/// (`permission_denied`, `invalid_arguments` for rewritten arguments that do not fit the schema,
+/// `cancelled`), already audited.
+pub async fn check_policy(
+    policy: &Policy,
+    mut call: ToolCall,
+    tool: &RegisteredTool,
+    env: CallEnv<'_>,
+) -> Result<(ToolCall, Decided), ToolDispatchResult> {
+    let decided = policy.decide(&mut call, tool, env.scope, env.cancel).await;
+    admitted(policy, call, tool, env.scope, decided)
+}
+
+/// [`check_policy`] for a call that runs in place (its policy never makes it wait).
+pub fn check_policy_now(
+    policy: &Policy,
+    mut call: ToolCall,
+    tool: &RegisteredTool,
+    env: CallEnv<'_>,
+) -> Result<(ToolCall, Decided), ToolDispatchResult> {
+    let decided = policy.decide_now(&mut call, tool, env.scope);
+    admitted(policy, call, tool, env.scope, decided)
+}
+
+fn admitted(
+    policy: &Policy,
+    call: ToolCall,
+    tool: &RegisteredTool,
+    scope: &SessionScope,
+    decided: Result<policy::Ticket, Box<policy::Refused>>,
+) -> Result<(ToolCall, Decided), ToolDispatchResult> {
+    match decided {
+        Ok(ticket) => {
+            let args = policy.reads_args().then(|| call.arguments.clone());
+            Ok((call, Decided { ticket, args }))
+        }
+        Err(refused) => {
+            let policy::Refused { ticket, error } = *refused;
+            let args = policy.reads_args().then(|| call.arguments.clone());
+            let mut result = to_result(call, tool.policy.output_cap, Err(error), Timing::default());
+            policy.finish(&ticket, scope, tool, args.as_ref(), &mut result);
+            Err(result)
+        }
+    }
 }
 
 /// A handler's end: its outcome, or the payload of its panic.
@@ -322,7 +402,10 @@ where
     if committing && let Ok(outcome) = tokio::time::timeout(COMMIT_GRACE, running.as_mut()).await {
         return outcome;
     }
-    let late = tokio::time::timeout(STOP_GRACE, running).await;
+    // Partial output is text (an image in it is its note).
+    let late = tokio::time::timeout(STOP_GRACE, running)
+        .await
+        .map(|outcome| outcome.map(ToolOutput::into_text));
     let what = match code {
         ErrorCode::Timeout => format!("timed out after {}", human_duration(s.timeout)),
         _ => "cancelled while running".to_string(),
@@ -355,8 +438,8 @@ pub fn to_result(
     timing: Timing,
 ) -> ToolDispatchResult {
     match outcome {
-        Ok(text) => {
-            ToolDispatchResult::ok(call.id, call.name, cap_output(text, output_cap), timing)
+        Ok(output) => {
+            ToolDispatchResult::from_output(call.id, call.name, output.capped(output_cap), timing)
         }
         Err(e) => ToolDispatchResult::error(
             call.id,

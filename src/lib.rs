@@ -24,6 +24,7 @@ pub mod mcp;
 pub mod metrics;
 pub(crate) mod observe;
 pub mod plan;
+pub mod policy;
 pub mod process_guard;
 pub mod protocol;
 pub mod provider;
@@ -50,6 +51,7 @@ pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};
 pub use session::Session;
 pub use tool::{
-    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolPolicy, ToolSpec,
+    Access, Block, CommitGate, Handler, Image, Mode, Resource, SessionScope, ToolContext,
+    ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolSpec,
 };
 pub use workspace::Workspace;

@@ -42,6 +42,9 @@ pub const TURN_CALLS: &str = "switchboard_turn_calls";
 pub const STAGES_TOTAL: &str = "switchboard_stages_total";
 /// Calls per stage, by mode.
 pub const STAGE_CALLS: &str = "switchboard_stage_calls";
+/// From a call's turn arriving to the last earlier conflicting call finishing, by tool (calls
+/// that waited for at least one conflicting call only).
+pub const CALL_CONFLICT_WAIT_SECONDS: &str = "switchboard_call_conflict_wait_seconds";
 /// Async and blocking calls running now.
 pub const CALLS_IN_FLIGHT: &str = "switchboard_calls_in_flight";
 /// Sessions open now.
@@ -70,6 +73,10 @@ pub const HTTP_REQUESTS_TOTAL: &str = "switchboard_http_requests_total";
 pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
 /// Always 1; `mode` is the sandbox mode of bash commands, `landlock_abi` the kernel's Landlock ABI.
 pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
+/// Policy decisions, by tool and decision (`allow`, `deny`, `approved`, `refused`).
+pub const PERMISSION_DECISIONS_TOTAL: &str = "switchboard_permission_decisions_total";
+/// Audit lines dropped because the audit log's buffer was full.
+pub const AUDIT_DROPPED_TOTAL: &str = "switchboard_audit_dropped_total";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,14 +146,21 @@ pub const METRICS: &[MetricDef] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &["mode"],
-        help: "Stages run, by mode (concurrent or serial).",
+        help: "Stages of the dispatched turns' plans, by mode: the calls at one depth of a turn's dependency graph, which never conflict with each other (serial: one exclusive call).",
     },
     MetricDef {
         name: STAGE_CALLS,
         kind: Kind::Histogram,
         unit: Unit::Count,
         labels: &["mode"],
-        help: "Calls per stage, by mode.",
+        help: "Calls per stage of a turn's plan, by mode.",
+    },
+    MetricDef {
+        name: CALL_CONFLICT_WAIT_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &["tool"],
+        help: "How long calls waited for earlier conflicting calls of their turn (from the turn arriving to the last of them finishing), by tool. Only calls that had to wait are recorded.",
     },
     MetricDef {
         name: CALLS_IN_FLIGHT,
@@ -239,6 +253,20 @@ pub const METRICS: &[MetricDef] = &[
         labels: &["mode", "landlock_abi"],
         help: "Always 1; mode is the sandbox mode of process-running tools (workspace-write, read-only, best-effort, off), landlock_abi the kernel's Landlock ABI (0: none).",
     },
+    MetricDef {
+        name: PERMISSION_DECISIONS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["tool", "decision"],
+        help: "Calls decided by the policy layer, by tool and decision (allow, deny, approved, refused).",
+    },
+    MetricDef {
+        name: AUDIT_DROPPED_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Audit log lines dropped because the writer could not keep up (the calls themselves were answered).",
+    },
 ];
 
 /// Buckets of every `_seconds` histogram: 50 µs to 120 s.
@@ -278,6 +306,7 @@ pub struct ToolMetrics {
     errors: [Counter; ErrorCode::ALL.len()],
     duration: Histogram,
     queue: Histogram,
+    conflict_wait: Histogram,
 }
 
 impl ToolMetrics {
@@ -290,7 +319,8 @@ impl ToolMetrics {
             ok: outcome("ok"),
             errors: ErrorCode::ALL.map(|c| outcome(c.as_str())),
             duration: histogram!(TOOL_CALL_DURATION_SECONDS, "tool" => tool.clone()),
-            queue: histogram!(TOOL_CALL_QUEUE_SECONDS, "tool" => tool),
+            queue: histogram!(TOOL_CALL_QUEUE_SECONDS, "tool" => tool.clone()),
+            conflict_wait: histogram!(CALL_CONFLICT_WAIT_SECONDS, "tool" => tool),
         }
     }
 
@@ -305,6 +335,14 @@ impl ToolMetrics {
             self.duration.record(result.timing.run);
             self.queue.record(result.timing.queued);
         }
+    }
+}
+
+impl ToolMetrics {
+    /// A call of this tool waited `waited` (since its turn arrived) for earlier conflicting calls.
+    #[inline]
+    pub fn conflict_waited(&self, waited: Duration) {
+        self.conflict_wait.record(waited);
     }
 }
 
@@ -523,6 +561,54 @@ impl McpServerMetrics {
     /// One `tools/call` round trip took `elapsed`.
     pub fn request(&self, elapsed: Duration) {
         self.request.record(elapsed);
+    }
+}
+
+/// One tool's `switchboard_permission_decisions_total` handles (one per decision), made on the
+/// tool's first decision and read without a lock afterwards.
+pub type DecisionCounters = std::sync::OnceLock<[Counter; 4]>;
+
+/// Cached handles of the policy layer: the audit drop counter (the decision counters live with
+/// each registered tool, [`DecisionCounters`]; tool names come from the registry, so the label
+/// stays bounded).
+#[derive(Debug, Clone)]
+pub struct PolicyMetrics {
+    audit_dropped: Counter,
+}
+
+impl Default for PolicyMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PolicyMetrics {
+    /// The decision values, in the order of the cached handles.
+    pub const DECISIONS: [&'static str; 4] = ["allow", "deny", "approved", "refused"];
+
+    /// Handles from the recorder installed now.
+    pub fn new() -> Self {
+        let audit_dropped = counter!(AUDIT_DROPPED_TOTAL);
+        audit_dropped.increment(0);
+        PolicyMetrics { audit_dropped }
+    }
+
+    /// One decision about a call of `tool`, counted in its cached handles.
+    pub fn decision(&self, handles: &DecisionCounters, tool: &str, decision: &str) {
+        let Some(i) = Self::DECISIONS.iter().position(|d| *d == decision) else {
+            return;
+        };
+        handles.get_or_init(|| {
+            Self::DECISIONS.map(|d| {
+                counter!(PERMISSION_DECISIONS_TOTAL, "tool" => tool.to_string(), "decision" => d)
+            })
+        })[i]
+            .increment(1);
+    }
+
+    /// One audit line dropped.
+    pub fn audit_dropped(&self) {
+        self.audit_dropped.increment(1);
     }
 }
 

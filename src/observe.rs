@@ -1,7 +1,7 @@
 //! The one place where a call's timing and outcome, a stage and a turn are recorded.
 //!
 //! The collector calls [`call_answered`] for every result it accepts; the scheduler calls
-//! [`stage_started`] and [`turn_dispatched`]; the worker opens a [`call_span`] around every
+//! [`stages_started`] and [`turn_dispatched`]; the worker opens a [`call_span`] around every
 //! handler. Each records into the cached metric handles of [`crate::metrics`] and into `tracing`
 //! (spans and events named after the OpenTelemetry GenAI conventions: `gen_ai.operation.name =
 //! "execute_tool"`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `error.type` on failure). Disabled
@@ -43,21 +43,15 @@ pub fn late_reply_dropped(result: &ToolDispatchResult) {
     );
 }
 
-/// A stage is about to run.
-#[inline]
-pub fn stage_started(mode: StageMode, calls: usize, metrics: &EngineMetrics) {
-    metrics.stage(mode == StageMode::Concurrent, calls);
-    tracing::trace!(mode = mode.as_str(), calls, "stage started");
-}
-
-/// The stages of a turn that runs in place, recorded in one go.
+/// The stages of a turn's plan (its calls grouped by depth in the dependency graph), recorded in
+/// one go when the turn starts running.
 #[inline]
 pub fn stages_started(stages: &[crate::plan::Stage], metrics: &EngineMetrics) {
     let mut serial = 0;
     for stage in stages {
         match stage.mode {
             StageMode::Serial => serial += 1,
-            StageMode::Concurrent => metrics.stage(true, stage.calls.len()),
+            StageMode::Concurrent => metrics.stage(true, stage.calls),
         }
     }
     metrics.serial_stages(serial);

@@ -1,34 +1,46 @@
 //! The planner: pure functions that decide, for one turn and one registry [`Snapshot`], which
-//! calls run and in which stages. No I/O, no actors, no metrics; the scheduler and the direct
-//! baseline both call [`plan`], so they cannot disagree on what a turn means.
+//! calls run and which earlier calls each must wait for. No I/O of its own, no actors, no
+//! metrics; the scheduler and the direct baseline both call [`plan`], so they cannot disagree on
+//! what a turn means.
 //!
 //! Three steps, in this order:
 //! 1. **Turn checks** ([`check_turn`]): a `tool_use_id` that occurs twice refuses the whole turn
 //!    (every call `invalid_arguments`, nothing runs).
 //! 2. **Admission** ([`admit`]), per call: a missing id, an unknown tool, a tool switched off by
 //!    its breaker, undecodable arguments and schema violations answer the call at once.
-//! 3. **Partition** ([`partition`]) of the admitted calls: a maximal run of consecutive
-//!    concurrency-safe calls is one concurrent stage; every other call is a serial stage of its
-//!    own; stages run in model order.
+//! 3. **Dependencies** ([`Graph::build`]) of the admitted calls, from each call's [`Access`]
+//!    (its tool's access function, or the `concurrency_safe` fallback; see
+//!    [`crate::tool::access_of`]): call *j* waits for every earlier call it conflicts with, and
+//!    for nothing else. Read/read never conflicts; an exclusive call conflicts with everything.
+//!    Running the calls this way gives the same outcome as running them one by one in model
+//!    order: two calls that may be reordered or overlapped touch nothing in common that either
+//!    writes.
 //!
-//! Import note: the planner depends on the registry's snapshot and the protocol's types only;
-//! the scheduler, the baseline and telemetry depend on it (the stage types live here so that
-//! telemetry does not import the scheduler).
+//! The plan's **stages** ([`stages`]) describe the graph for metrics: the calls at the same depth
+//! of the graph (longest chain of waits before them) never conflict with each other. For tools
+//! without declarations they are exactly the old partition — a run of consecutive
+//! concurrency-safe calls is one concurrent stage, every other call a serial stage of its own.
+//!
+//! Import note: the planner depends on the registry's snapshot, the protocol's types and the
+//! access types of [`crate::tool`] only; the scheduler, the baseline and telemetry depend on it
+//! (the stage types live here so that telemetry does not import the scheduler).
 
 use std::collections::HashSet;
-use std::ops::Range;
 use std::sync::Arc;
 
 use crate::protocol::{ErrorCode, ToolCall};
 use crate::registry::{RegisteredTool, Snapshot};
+use crate::tool::{Access, access_of};
 use crate::validation;
+use crate::workspace::Workspace;
 
 /// How a stage runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StageMode {
-    /// Calls of the stage run at the same time.
+    /// Calls that may run at the same time as each other (and as other calls they do not
+    /// conflict with).
     Concurrent,
-    /// A single call that runs alone.
+    /// A single exclusive call, which runs alone.
     Serial,
 }
 
@@ -42,13 +54,13 @@ impl StageMode {
     }
 }
 
-/// A contiguous slice of a turn's admitted calls.
+/// The admitted calls at one depth of the dependency graph: they never conflict with each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
-    /// Concurrent or serial.
+    /// Concurrent, or serial for one exclusive call.
     pub mode: StageMode,
-    /// Positions in the admitted-call list.
-    pub calls: Range<usize>,
+    /// How many calls.
+    pub calls: usize,
 }
 
 /// A call that passed the turn checks and admission, ready to run.
@@ -80,12 +92,16 @@ pub struct Plan {
     pub admitted: Vec<Planned>,
     /// Calls answered without running, in model order.
     pub rejected: Vec<Rejected>,
-    /// How the admitted calls run, in order.
+    /// For each admitted call (by position in `admitted`), the earlier admitted calls it waits
+    /// for.
+    pub graph: Graph,
+    /// The graph's stages, by depth (for metrics).
     pub stages: Vec<Stage>,
 }
 
-/// Plans one turn against a snapshot: turn checks, admission, partition.
-pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>) -> Plan {
+/// Plans one turn against a snapshot: turn checks, admission, dependencies. `workspace` is the
+/// session's, handed to the tools' access functions.
+pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, workspace: Option<&Workspace>) -> Plan {
     if let Err(detail) = check_turn(&calls) {
         let rejected = (0..calls.len())
             .map(|index| Rejected {
@@ -117,13 +133,24 @@ pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>) -> Plan {
             }),
         }
     }
-    let safe: Vec<bool> = plan
+    let accesses: Vec<Access> = plan
         .admitted
         .iter()
-        .map(|p| p.tool.policy.concurrency_safe)
+        .map(|p| access(&p.tool, &p.call, workspace))
         .collect();
-    plan.stages = partition(&safe);
+    plan.graph = Graph::build(&accesses);
+    plan.stages = stages(&plan.graph, &accesses);
     plan
+}
+
+/// The access of an admitted call (arguments already validated).
+pub fn access(tool: &RegisteredTool, call: &ToolCall, workspace: Option<&Workspace>) -> Access {
+    access_of(
+        tool.access.as_ref(),
+        tool.policy.concurrency_safe,
+        &call.arguments,
+        workspace,
+    )
 }
 
 /// The turn-level check: `Err(detail)` when a `tool_use_id` occurs twice (empty ids are not
@@ -211,28 +238,146 @@ pub fn check_id(id: &str) -> Result<(), String> {
     }
 }
 
-/// Splits calls into stages from their concurrency safety, in model order: a maximal run of
-/// consecutive safe calls becomes one concurrent stage; every unsafe call is a serial stage of its
-/// own. The order of stages is the order of the calls.
-pub fn partition(safe: &[bool]) -> Vec<Stage> {
-    let mut stages = Vec::new();
-    let mut i = 0;
-    while i < safe.len() {
-        if safe[i] {
-            let start = i;
-            while i < safe.len() && safe[i] {
-                i += 1;
+/// Which earlier calls each call of a turn waits for: the dependency graph of one turn.
+///
+/// Stored flat (one list of edges, one offset per call), and with no allocation at all when no
+/// call waits for another (a turn of concurrency-safe calls, or a single call).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Graph {
+    /// `starts[j]..starts[j + 1]` are call j's edges; empty when there are no edges at all.
+    starts: Vec<u32>,
+    /// Positions of the calls waited for, each call's list in descending order.
+    edges: Vec<u32>,
+    len: usize,
+}
+
+impl Graph {
+    /// The graph of calls with these accesses, in model order: call j waits for every earlier
+    /// call it conflicts with. Edges a wait already implies are left out in one common case: a
+    /// call that waits for an exclusive call waits for nothing before it (the exclusive call
+    /// itself waited for all of those).
+    pub fn build(accesses: &[Access]) -> Graph {
+        let n = accesses.len();
+        let mut edges: Vec<u32> = Vec::new();
+        let mut starts: Vec<u32> = Vec::new();
+        for (j, aj) in accesses.iter().enumerate() {
+            for i in (0..j).rev() {
+                let ai = &accesses[i];
+                if ai.conflicts(aj) {
+                    edges.push(i as u32);
+                    if ai.is_exclusive() {
+                        break;
+                    }
+                }
             }
-            stages.push(Stage {
-                mode: StageMode::Concurrent,
-                calls: start..i,
-            });
+            if !edges.is_empty() {
+                if starts.is_empty() {
+                    // The first edge belongs to call j: every call up to j starts at offset 0.
+                    starts.reserve(n + 1);
+                    starts.resize(j + 1, 0);
+                }
+                starts.push(edges.len() as u32);
+            }
+        }
+        Graph {
+            starts,
+            edges,
+            len: n,
+        }
+    }
+
+    /// The earlier calls call `j` waits for (descending).
+    pub fn waits_for(&self, j: usize) -> &[u32] {
+        if self.starts.is_empty() {
+            return &[];
+        }
+        &self.edges[self.starts[j] as usize..self.starts[j + 1] as usize]
+    }
+
+    /// True when no call waits for another: every call may start at once.
+    pub fn is_free(&self) -> bool {
+        self.edges.is_empty()
+    }
+
+    /// How many calls.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a graph of no calls.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// For each call, how many earlier calls it waits for (the scheduler's countdown).
+    pub fn pending_counts(&self) -> Vec<u32> {
+        (0..self.len)
+            .map(|j| self.waits_for(j).len() as u32)
+            .collect()
+    }
+
+    /// For each call, the later calls that wait for it, flat: `(offsets, list)` where call i's
+    /// dependants are `list[offsets[i]..offsets[i + 1]]`, ascending.
+    pub fn dependants(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut offsets = vec![0u32; self.len + 1];
+        for &i in &self.edges {
+            offsets[i as usize + 1] += 1;
+        }
+        for k in 0..self.len {
+            offsets[k + 1] += offsets[k];
+        }
+        let mut fill = offsets.clone();
+        let mut list = vec![0u32; self.edges.len()];
+        for j in 0..self.len {
+            for &i in self.waits_for(j) {
+                list[fill[i as usize] as usize] = j as u32;
+                fill[i as usize] += 1;
+            }
+        }
+        (offsets, list)
+    }
+}
+
+/// The graph's stages: the calls grouped by depth (the longest chain of waits before them), in
+/// depth order. Calls of one depth never conflict with each other. A stage is `Serial` when it is
+/// one exclusive call, `Concurrent` otherwise.
+pub fn stages(graph: &Graph, accesses: &[Access]) -> Vec<Stage> {
+    let n = graph.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    if graph.is_free() {
+        let mode = if n == 1 && accesses[0].is_exclusive() {
+            StageMode::Serial
         } else {
-            stages.push(Stage {
-                mode: StageMode::Serial,
-                calls: i..i + 1,
-            });
-            i += 1;
+            StageMode::Concurrent
+        };
+        return vec![Stage { mode, calls: n }];
+    }
+    let mut depth = vec![0u32; n];
+    let mut deepest = 0;
+    for j in 0..n {
+        let d = graph
+            .waits_for(j)
+            .iter()
+            .map(|&i| depth[i as usize] + 1)
+            .max()
+            .unwrap_or(0);
+        depth[j] = d;
+        deepest = deepest.max(d);
+    }
+    let mut stages = vec![
+        Stage {
+            mode: StageMode::Concurrent,
+            calls: 0
+        };
+        deepest as usize + 1
+    ];
+    for (j, &d) in depth.iter().enumerate() {
+        let stage = &mut stages[d as usize];
+        stage.calls += 1;
+        if accesses[j].is_exclusive() {
+            stage.mode = StageMode::Serial;
         }
     }
     stages
@@ -275,26 +420,136 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::tool::{Handler, ToolSpec};
+    use crate::tool::{Handler, Resource, ToolSpec};
 
-    fn modes(safe: &[bool]) -> Vec<(StageMode, Range<usize>)> {
-        partition(safe)
-            .into_iter()
-            .map(|s| (s.mode, s.calls))
+    /// The pre-graph rule, kept here as the reference for undeclared tools: a maximal run of
+    /// consecutive safe calls is one concurrent stage, every unsafe call a serial stage.
+    fn old_partition(safe: &[bool]) -> Vec<Stage> {
+        let mut stages = Vec::new();
+        let mut i = 0;
+        while i < safe.len() {
+            let start = i;
+            if safe[i] {
+                while i < safe.len() && safe[i] {
+                    i += 1;
+                }
+                stages.push(Stage {
+                    mode: StageMode::Concurrent,
+                    calls: i - start,
+                });
+            } else {
+                stages.push(Stage {
+                    mode: StageMode::Serial,
+                    calls: 1,
+                });
+                i += 1;
+            }
+        }
+        stages
+    }
+
+    fn fallback(safe: &[bool]) -> Vec<Access> {
+        safe.iter()
+            .map(|&s| access_of(None, s, &json!({}), None))
             .collect()
+    }
+
+    fn p(path: &str) -> Resource {
+        Resource::Path(path.into())
+    }
+
+    #[test]
+    fn undeclared_tools_get_exactly_the_old_stages() {
+        for len in 0..=8 {
+            for mask in 0u32..(1 << len) {
+                let safe: Vec<bool> = (0..len).map(|i| mask & (1 << i) != 0).collect();
+                let accesses = fallback(&safe);
+                let graph = Graph::build(&accesses);
+                assert_eq!(stages(&graph, &accesses), old_partition(&safe), "{safe:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn safe_calls_wait_only_for_the_exclusive_call_before_them() {
+        let accesses = fallback(&[true, true, false, true, false, false]);
+        let g = Graph::build(&accesses);
+        let waits: Vec<&[u32]> = (0..6).map(|j| g.waits_for(j)).collect();
+        assert_eq!(waits, [&[][..], &[], &[1, 0], &[2], &[3, 2], &[4]]);
+    }
+
+    #[test]
+    fn a_turn_with_nothing_to_wait_for_allocates_no_graph() {
+        let g = Graph::build(&fallback(&[true; 24]));
+        assert!(g.is_free() && g.starts.capacity() == 0 && g.edges.capacity() == 0);
+        assert!(Graph::build(&fallback(&[false])).is_free());
+        assert_eq!(g.waits_for(23), &[] as &[u32]);
+    }
+
+    #[test]
+    fn declared_calls_wait_for_every_earlier_conflicting_call_and_nothing_else() {
+        let accesses = vec![
+            Access::write(p("a.txt")),            // 0
+            Access::write(p("b.txt")),            // 1
+            Access::read(p("a.txt")),             // 2: after 0
+            Access::read(p(".")),                 // 3: after 0, 1 (root overlaps both writes)
+            Access::write(p("d/e.txt")),          // 4: after 3
+            Access::read(p("d")),                 // 5: after 4
+            Access::read(p("b.txt")),             // 6: after 1
+            Access::write(Resource::named("db")), // 7
+            Access::none(),                       // 8
+            Access::Exclusive,                    // 9: after everything
+            Access::read(p("a.txt")),             // 10: after 9 only
+        ];
+        let g = Graph::build(&accesses);
+        let waits: Vec<Vec<u32>> = (0..accesses.len())
+            .map(|j| g.waits_for(j).to_vec())
+            .collect();
+        let expected: Vec<Vec<u32>> = vec![
+            vec![],
+            vec![],
+            vec![0],
+            vec![1, 0],
+            vec![3],
+            vec![4],
+            vec![1],
+            vec![],
+            vec![],
+            vec![8, 7, 6, 5, 4, 3, 2, 1, 0],
+            vec![9],
+        ];
+        assert_eq!(waits, expected);
+        let (offsets, list) = g.dependants();
+        let of = |i: usize| &list[offsets[i] as usize..offsets[i + 1] as usize];
+        assert_eq!(of(0), &[2, 3, 9]);
+        assert_eq!(of(9), &[10]);
+        let st = stages(&g, &accesses);
+        let shape: Vec<(StageMode, usize)> = st.iter().map(|s| (s.mode, s.calls)).collect();
+        // depth 0: 0 1 7 8; depth 1: 2 3 6; depth 2: 4; depth 3: 5; depth 4: 9; depth 5: 10
+        use StageMode::*;
+        assert_eq!(
+            shape,
+            [
+                (Concurrent, 4),
+                (Concurrent, 3),
+                (Concurrent, 1),
+                (Concurrent, 1),
+                (Serial, 1),
+                (Concurrent, 1)
+            ]
+        );
+        assert_eq!(
+            g.pending_counts(),
+            waits.iter().map(|w| w.len() as u32).collect::<Vec<_>>()
+        );
     }
 
     fn snapshot() -> Arc<Snapshot> {
         let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
                             "required": ["n"], "additionalProperties": false});
         let tool = |name: &str, safe: bool| {
-            ToolSpec::new(
-                name,
-                "t",
-                schema.clone(),
-                Handler::inline(|_, _| Ok("x".into())),
-            )
-            .concurrency_safe(safe)
+            ToolSpec::new(name, "t", schema.clone(), Handler::inline(|_, _| Ok("x")))
+                .concurrency_safe(safe)
         };
         Snapshot::from_specs([tool("safe", true), tool("serial", false)]).unwrap()
     }
@@ -304,51 +559,13 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_safe_calls_form_one_concurrent_stage() {
-        use StageMode::*;
-        assert_eq!(modes(&[true, true, true]), vec![(Concurrent, 0..3)]);
-        assert_eq!(
-            modes(&[true, true, false, true]),
-            vec![(Concurrent, 0..2), (Serial, 2..3), (Concurrent, 3..4)]
-        );
-    }
-
-    #[test]
-    fn every_unsafe_call_is_a_serial_stage_of_its_own() {
-        use StageMode::*;
-        assert_eq!(modes(&[false, false]), vec![(Serial, 0..1), (Serial, 1..2)]);
-        assert!(partition(&[]).is_empty());
-    }
-
-    #[test]
-    fn stages_cover_every_call_once_in_order() {
-        for mask in 0u32..256 {
-            let safe: Vec<bool> = (0..8).map(|i| mask & (1 << i) != 0).collect();
-            let stages = partition(&safe);
-            let mut next = 0;
-            for s in &stages {
-                assert_eq!(s.calls.start, next);
-                assert!(!s.calls.is_empty());
-                if s.mode == StageMode::Serial {
-                    assert_eq!(s.calls.len(), 1);
-                    assert!(!safe[s.calls.start]);
-                } else {
-                    assert!(safe[s.calls.clone()].iter().all(|&x| x));
-                }
-                next = s.calls.end;
-            }
-            assert_eq!(next, 8);
-        }
-    }
-
-    #[test]
     fn a_duplicate_id_rejects_every_call_of_the_turn() {
         let calls = vec![
             call("a", "safe", json!(1)),
             call("b", "safe", json!(1)),
             call("a", "serial", json!(1)),
         ];
-        let plan = plan(&snapshot(), calls);
+        let plan = plan(&snapshot(), calls, None);
         assert!(plan.admitted.is_empty() && plan.stages.is_empty());
         assert_eq!(plan.rejected.len(), 3);
         assert!(
@@ -368,7 +585,7 @@ mod tests {
             call("ok1", "safe", json!(1)),
             call("ok2", "serial", json!(2)),
         ];
-        let plan = plan(&snapshot(), calls);
+        let plan = plan(&snapshot(), calls, None);
         let rejected: Vec<_> = plan.rejected.iter().map(|r| (r.index, r.code)).collect();
         assert_eq!(
             rejected,

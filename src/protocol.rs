@@ -12,7 +12,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+mod content;
 mod raw;
+
+#[cfg(test)]
+pub(crate) use content::TINY_PNG;
+pub use content::{Block, Image, ToolOutput, image_note};
 
 /// Deepest nesting of a call's arguments that is decoded (serde_json's recursion limit: a
 /// document nesting deeper cannot be parsed). Deeper arguments make their call malformed.
@@ -152,8 +157,14 @@ pub struct ToolDispatchResult {
     pub tool_use_id: Arc<str>,
     /// The tool name as the model sent it.
     pub tool_name: Arc<str>,
-    /// What the model reads. On failure: `Error [<code>]: <detail>`.
+    /// What the model reads, as text. On failure: `Error [<code>]: <detail>`. With an image,
+    /// its text rendering (each image as a `[image: …, not shown]` note): what OpenAI tool
+    /// messages carry.
     pub content: String,
+    /// `Some` only for a successful result that carries an image: its text and image blocks in
+    /// order (what an Anthropic `tool_result` carries). `None` for every all-text result and
+    /// every error. See [`ToolOutput`] for how images count against the output cap.
+    pub blocks: Option<Box<[Block]>>,
     /// `None` on success; the typed code on failure.
     pub error: Option<ErrorCode>,
     /// Queue wait and run time.
@@ -167,6 +178,25 @@ impl ToolDispatchResult {
             tool_use_id: call_id,
             tool_name: name,
             content,
+            blocks: None,
+            error: None,
+            timing,
+        }
+    }
+
+    /// A successful result from a handler's (already capped) output.
+    pub fn from_output(
+        call_id: Arc<str>,
+        name: Arc<str>,
+        output: ToolOutput,
+        timing: Timing,
+    ) -> Self {
+        let (content, blocks) = output.into_parts();
+        ToolDispatchResult {
+            tool_use_id: call_id,
+            tool_name: name,
+            content,
+            blocks,
             error: None,
             timing,
         }
@@ -184,6 +214,7 @@ impl ToolDispatchResult {
             tool_use_id: call_id,
             tool_name: name,
             content: format!("Error [{}]: {}", code.as_str(), detail),
+            blocks: None,
             error: Some(code),
             timing,
         }
@@ -199,19 +230,26 @@ impl ToolDispatchResult {
         self.error.map_or("ok", ErrorCode::as_str)
     }
 
-    /// Encodes as an Anthropic `tool_result` content block (`is_error` only on failure).
+    /// Encodes as an Anthropic `tool_result` content block (`is_error` only on failure). Its
+    /// `content` is the text as a string, or, when the result carries an image, an array of
+    /// `text` and `image` blocks.
     pub fn to_anthropic_block(&self) -> Value {
         let mut block = Map::with_capacity(4);
         block.insert("type".into(), Value::from("tool_result"));
         block.insert("tool_use_id".into(), Value::from(&*self.tool_use_id));
-        block.insert("content".into(), Value::from(self.content.as_str()));
+        let content = match &self.blocks {
+            None => Value::from(self.content.as_str()),
+            Some(blocks) => blocks.iter().map(Block::to_anthropic).collect(),
+        };
+        block.insert("content".into(), content);
         if self.error.is_some() {
             block.insert("is_error".into(), Value::Bool(true));
         }
         Value::Object(block)
     }
 
-    /// Encodes as an OpenAI Chat Completions `{"role":"tool"}` message.
+    /// Encodes as an OpenAI Chat Completions `{"role":"tool"}` message: always text (tool
+    /// messages carry no images; an image is its note).
     pub fn to_openai_message(&self) -> Value {
         json!({
             "role": "tool",
@@ -428,7 +466,7 @@ struct AnthropicBlock<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     tool_use_id: &'a str,
-    content: &'a str,
+    content: content::WireContent<'a>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     is_error: bool,
 }
@@ -463,7 +501,7 @@ pub fn write_json(
                     .map(|r| AnthropicBlock {
                         kind: "tool_result",
                         tool_use_id: &r.tool_use_id,
-                        content: &r.content,
+                        content: content::WireContent::of(&r.content, r.blocks.as_deref()),
                         is_error: r.error.is_some(),
                     })
                     .collect(),
@@ -593,6 +631,71 @@ mod tests {
             let parsed: Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(parsed, encode(format, &results));
         }
+    }
+
+    fn with_image() -> ToolDispatchResult {
+        let output = ToolOutput::blocks([
+            Block::text("before"),
+            Block::image("image/png", TINY_PNG),
+            Block::text("after"),
+        ]);
+        ToolDispatchResult::from_output(
+            "i".into(),
+            "shot".into(),
+            output.capped(50_000),
+            Timing::default(),
+        )
+    }
+
+    #[test]
+    fn an_image_result_is_an_array_of_blocks_for_anthropic_and_a_note_for_openai() {
+        let r = with_image();
+        assert_eq!(
+            r.to_anthropic_block(),
+            json!({"type": "tool_result", "tool_use_id": "i", "content": [
+                {"type": "text", "text": "before"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": TINY_PNG}},
+                {"type": "text", "text": "after"}
+            ]})
+        );
+        let note = format!(
+            "[image: image/png, {} bytes base64, not shown]",
+            TINY_PNG.len()
+        );
+        assert_eq!(
+            r.to_openai_message(),
+            json!({"role": "tool", "tool_call_id": "i", "content": format!("before\n{note}\nafter")})
+        );
+        let results = [
+            r,
+            ToolDispatchResult::ok("t".into(), "x".into(), "text".into(), Timing::default()),
+        ];
+        for format in [WireFormat::Anthropic, WireFormat::OpenAi] {
+            let mut bytes = Vec::new();
+            write_json(format, &results, &mut bytes).unwrap();
+            let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(parsed, encode(format, &results));
+        }
+    }
+
+    #[test]
+    fn text_results_are_written_as_before_byte_for_byte() {
+        let results = [
+            ToolDispatchResult::ok("a".into(), "t".into(), "hi".into(), Timing::default()),
+            ToolDispatchResult::error(
+                "b".into(),
+                "t".into(),
+                ErrorCode::Timeout,
+                "slow",
+                Timing::default(),
+            ),
+        ];
+        let mut bytes = Vec::new();
+        write_json(WireFormat::Anthropic, &results, &mut bytes).unwrap();
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"hi"},{"type":"tool_result","tool_use_id":"b","content":"Error [timeout]: slow","is_error":true}]}"#
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::breaker::Breaker;
 use crate::limiter::Limiter;
 use crate::metrics::{EngineMetrics, ToolMetrics};
-use crate::tool::{Handler, ToolPolicy, ToolSpec};
+use crate::tool::{AccessFn, Handler, ToolPolicy, ToolSpec};
 use crate::validation;
 
 /// A registered tool: the spec as registered (the registry's own deep copy of the schema) plus its
@@ -39,6 +39,8 @@ pub struct RegisteredTool {
     pub handler: Handler,
     /// Concurrency safety, timeout, output cap.
     pub policy: ToolPolicy,
+    /// What a call reads and writes, if the tool declares it.
+    pub access: Option<AccessFn>,
     /// Compiled once at registration.
     pub validator: Validator,
     /// Metric handles of this tool's label, created once at registration.
@@ -47,6 +49,10 @@ pub struct RegisteredTool {
     pub limiter: Option<Limiter>,
     /// Restart intensity: trips the tool after repeated panics.
     pub breaker: Breaker,
+    /// What a call touches, for permission rules.
+    pub subject: Option<crate::tool::SubjectOf>,
+    /// The policy's decision counters of this tool, made on its first decision.
+    pub policy_decisions: crate::metrics::DecisionCounters,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
@@ -217,7 +223,10 @@ impl Registry {
             input_schema: spec.input_schema,
             handler: spec.handler,
             policy: spec.policy,
+            access: spec.access,
             validator,
+            subject: spec.subject,
+            policy_decisions: Default::default(),
         })
     }
 

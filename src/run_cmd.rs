@@ -104,6 +104,9 @@ pub struct ModelArgs {
     /// Sandbox of the tools' commands.
     #[command(flatten)]
     pub sandbox: crate::command::SandboxArgs,
+    /// Permission policy and audit log (`run`: ask is deny; `chat`: asks on the terminal).
+    #[command(flatten)]
+    pub policy: crate::command::PolicyArgs,
     /// MCP servers whose tools join the catalog.
     #[command(flatten)]
     pub mcp: crate::mcp::command::McpArgs,
@@ -126,6 +129,7 @@ impl Default for ModelArgs {
             timeout: None,
             max_attempts: 4,
             sandbox: crate::command::SandboxArgs::default(),
+            policy: Default::default(),
             mcp: Default::default(),
         }
     }
@@ -280,6 +284,7 @@ async fn setup(
     args: &ModelArgs,
     telemetry: TelemetryArgs,
     env: EnvLookup<'_>,
+    approver: std::sync::Arc<dyn crate::policy::Approver>,
 ) -> Result<Setup, ExitCode> {
     let (provider, model) = build_provider(args, env).map_err(|e| fail(2, &e.to_string()))?;
     let root = args.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
@@ -294,6 +299,10 @@ async fn setup(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(args.sandbox.config());
+    let builder = args
+        .policy
+        .apply_with(builder, approver)
+        .map_err(|e| fail(2, &e))?;
     args.mcp.config().map_err(|e| fail(2, &e))?;
     let engine = crate::mcp::command::start_engine(builder, &args.mcp)
         .await
@@ -346,7 +355,14 @@ pub async fn run_interruptible(
     out: &mut (dyn Write + Send),
     interrupt: &Interrupt,
 ) -> ExitCode {
-    let mut setup = match setup(&args.model, args.telemetry.clone(), env).await {
+    let mut setup = match setup(
+        &args.model,
+        args.telemetry.clone(),
+        env,
+        std::sync::Arc::new(crate::policy::RefuseAll),
+    )
+    .await
+    {
         Ok(setup) => setup,
         Err(code) => return code,
     };
@@ -475,7 +491,14 @@ pub async fn chat_interruptible(
     out: &mut (dyn Write + Send),
     interrupt: &Interrupt,
 ) -> ExitCode {
-    let mut setup = match setup(&args.model, args.telemetry.clone(), env).await {
+    let mut setup = match setup(
+        &args.model,
+        args.telemetry.clone(),
+        env,
+        std::sync::Arc::new(crate::policy::TerminalApprover::default()),
+    )
+    .await
+    {
         Ok(setup) => setup,
         Err(code) => return code,
     };

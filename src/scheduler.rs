@@ -1,23 +1,43 @@
-//! The Scheduler actor: turns one turn's calls into a plan and runs it, stage by stage.
+//! The Scheduler actor: turns one turn's calls into a plan and runs it as a dependency graph.
 //!
 //! For each turn (one [`DispatchTurn`] message) it:
 //! 1. refreshes its cached registry [`Snapshot`] if the registry's version moved (at most one
 //!    registry message per turn, usually none);
 //! 2. answers, without occupying a worker, every call that cannot run: duplicate or missing
 //!    `tool_use_id`s, unknown tools, undecodable or schema-invalid arguments;
-//! 3. splits the rest into stages (the pure planner, [`crate::plan`]): a run of consecutive
-//!    concurrency-safe calls is one concurrent stage, every other call a serial stage of its own;
-//!    stages run in model order;
-//! 4. runs each stage — in place when every handler is inline (one hop for a typical cheap turn),
-//!    otherwise as one message to a worker — and collects the answers in call order.
+//! 3. plans the rest (the pure planner, [`crate::plan`]): each call's access (what it reads and
+//!    writes, or exclusive) gives the earlier calls it conflicts with;
+//! 4. starts every call as soon as every earlier call it conflicts with has finished, subject to
+//!    the global and per-tool caps (taken in [`crate::execute`]), and collects the answers in
+//!    call order, exactly once each.
 //!
-//! When any stage must wait, the rest of the turn runs on a spawned task, so one scheduler can
-//! serve many sessions' turns at once and never blocks on a handler.
+//! The rule, for a turn `W(a) W(b) R(a) X R(b)` (W/R: write/read of a path, X: exclusive):
+//!
+//! ```text
+//!   call 0  W(a) ──────┐
+//!   call 1  W(b) ────┐ │      calls 0 and 1 start at once (different files)
+//!   call 2  R(a) ◄───┼─┘      waits for 0 only (reads what 0 wrote)
+//!   call 3  X    ◄───┴─ 0,1,2 waits for everything before it
+//!   call 4  R(b) ◄───── 3     waits for 3 only (3 already waited for the rest)
+//! ```
+//!
+//! Read/read never conflicts; paths conflict with their ancestors; an exclusive call conflicts
+//! with everything. So the outcome equals running the calls one by one in model order.
+//!
+//! How the calls run: a turn whose handlers are all inline runs in place, in model order (one hop
+//! for a typical cheap turn; model order satisfies every wait). A turn where no call waits for
+//! another goes to one worker as one message, as before. Otherwise the calls that may start
+//! together go to a worker as one message; each answer comes back the moment its call ends and
+//! releases the calls that waited only for it. When any call must wait, the rest of the turn runs
+//! on a spawned task, so one scheduler can serve many sessions' turns at once and never blocks on
+//! a handler.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
@@ -25,21 +45,23 @@ use tracing::Span;
 use crate::collector::{Collector, ResultSink};
 use crate::execute::{self, CallEnv};
 use crate::observe;
-use crate::plan::{self, Planned, Stage};
+use crate::plan::{self, Graph, Planned, Stage};
 use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
-use crate::registry::{GetSnapshot, Registry, Snapshot};
+use crate::registry::{GetSnapshot, RegisteredTool, Registry, Snapshot};
 use crate::tool::SessionScope;
-use crate::worker::{RunStage, WorkerPool};
+use crate::worker::{RunStage, StageResults, WorkerPool};
 
 /// A turn after planning: the collector (with rejected calls already answered), the admitted
-/// calls in model order and their stages.
+/// calls in model order and which earlier ones each waits for.
 #[derive(Debug)]
 pub struct TurnPlan {
     /// One slot per call of the turn.
     pub collector: Collector,
     /// Calls that will run, in model order.
     pub runnable: Vec<Planned>,
-    /// How they run.
+    /// For each runnable call, the earlier runnable calls it waits for.
+    pub graph: Graph,
+    /// The graph's stages (recorded in the stage metrics).
     pub stages: Vec<Stage>,
     /// When the turn arrived.
     pub arrived: Instant,
@@ -64,7 +86,7 @@ pub fn prepare(
         .collect();
     let span = observe::turn_span(calls.len());
     let mut collector = Collector::new(identities);
-    let plan = plan::plan(snapshot, calls);
+    let plan = plan::plan(snapshot, calls, scope.workspace());
     for r in &plan.rejected {
         let metrics = collector_metrics(snapshot, &collector, r.index);
         collector.fill_error(r.index, r.code, &r.detail, metrics);
@@ -72,6 +94,7 @@ pub fn prepare(
     TurnPlan {
         collector,
         runnable: plan.admitted,
+        graph: plan.graph,
         stages: plan.stages,
         arrived,
         span,
@@ -94,7 +117,7 @@ impl TurnPlan {
     pub fn all_inline(&self) -> bool {
         self.runnable
             .iter()
-            .all(|p| execute::runs_in_place(&p.tool.handler))
+            .all(|p| execute::runs_in_place(&p.tool, &self.scope))
     }
 
     /// Runs an all-inline plan in place.
@@ -130,98 +153,280 @@ impl TurnPlan {
         }
     }
 
-    /// Runs the plan stage by stage, sending each stage that must wait to a worker.
+    /// Runs the plan: each call starts once every earlier call it conflicts with has finished.
     pub async fn run(
         mut self,
         workers: &WorkerPool,
         cancel: &CancellationToken,
     ) -> Vec<ToolDispatchResult> {
-        let mut runnable = std::mem::take(&mut self.runnable).into_iter();
-        for stage in std::mem::take(&mut self.stages) {
-            let calls: Vec<Planned> = runnable.by_ref().take(stage.calls.len()).collect();
-            if cancel.is_cancelled() {
-                for p in &calls {
-                    self.collector.fill_error(
-                        p.index,
-                        ErrorCode::Cancelled,
-                        "cancelled before it started",
-                        &p.tool.metrics,
-                    );
+        observe::stages_started(&self.stages, &self.snapshot.metrics);
+        let runnable = std::mem::take(&mut self.runnable);
+        if self.graph.is_free() {
+            // Nothing waits for anything: one batch, as one message.
+            if !runnable.is_empty() {
+                self.run_batch(runnable, workers, cancel).await;
+            }
+            return self.finish();
+        }
+        self.run_graph(runnable, workers, cancel).await;
+        self.finish()
+    }
+
+    /// Runs calls that may all start now and waits for every answer (the free case).
+    async fn run_batch(
+        &mut self,
+        calls: Vec<Planned>,
+        workers: &WorkerPool,
+        cancel: &CancellationToken,
+    ) {
+        if cancel.is_cancelled() {
+            for p in &calls {
+                self.collector.fill_error(
+                    p.index,
+                    ErrorCode::Cancelled,
+                    "cancelled before it started",
+                    &p.tool.metrics,
+                );
+            }
+            return;
+        }
+        if calls
+            .iter()
+            .all(|p| execute::runs_in_place(&p.tool, &self.scope))
+        {
+            self.run_in_place(calls, workers, cancel);
+            return;
+        }
+        let answering: Vec<_> = calls
+            .iter()
+            .map(|p| (p.index, Arc::clone(&p.tool)))
+            .collect();
+        // A streamed turn fills each slot as its call answers, not when the batch ends.
+        let (progress, mut answers) = if self.collector.streams() {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let (slot, worker) = workers.pick();
+        let ask = worker
+            .ask(self.message(calls, cancel, progress))
+            .into_future();
+        let reply = match answers.as_mut() {
+            None => ask.await,
+            Some(rx) => {
+                tokio::pin!(ask);
+                loop {
+                    tokio::select! {
+                        reply = &mut ask => break reply,
+                        Some((index, result, tool)) = rx.recv() => {
+                            self.collector.fill_with(index, result, &tool.metrics);
+                        }
+                    }
                 }
-                continue;
             }
-            observe::stage_started(stage.mode, calls.len(), &self.snapshot.metrics);
-            if calls
-                .iter()
-                .all(|p| execute::runs_in_place(&p.tool.handler))
-            {
-                self.run_in_place(calls, workers, cancel);
-                continue;
+        };
+        // Answers sent before the reply are all in the channel by now.
+        if let Some(rx) = answers.as_mut() {
+            while let Ok((index, result, tool)) = rx.try_recv() {
+                self.collector.fill_with(index, result, &tool.metrics);
             }
-            let answering: Vec<_> = calls
-                .iter()
-                .map(|p| (p.index, Arc::clone(&p.tool)))
-                .collect();
-            let (slot, worker) = workers.pick();
-            // A streamed turn fills each slot as its call answers, not when the stage ends.
-            let (progress, mut answers) = if self.collector.streams() {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                (Some(tx), Some(rx))
-            } else {
-                (None, None)
+        }
+        match reply {
+            Ok(results) => {
+                for (index, result, tool) in results {
+                    self.collector.fill_with(index, result, &tool.metrics);
+                }
+            }
+            Err(e) => self.worker_lost(workers, slot, &e.to_string(), answering),
+        }
+    }
+
+    /// The message that runs `calls` on a worker.
+    fn message(
+        &self,
+        calls: Vec<Planned>,
+        cancel: &CancellationToken,
+        progress: Option<crate::worker::StageProgress>,
+    ) -> RunStage {
+        RunStage {
+            calls,
+            arrived: self.arrived,
+            cancel: cancel.clone(),
+            span: self.span.clone(),
+            scope: Arc::clone(&self.scope),
+            progress,
+        }
+    }
+
+    /// Sends calls to the next worker as one message; returns the worker's slot and the reply.
+    fn send(
+        &self,
+        calls: Vec<Planned>,
+        workers: &WorkerPool,
+        cancel: &CancellationToken,
+        progress: Option<crate::worker::StageProgress>,
+    ) -> (usize, BatchReply) {
+        let (slot, worker) = workers.pick();
+        let msg = self.message(calls, cancel, progress);
+        let reply: BatchReply =
+            Box::pin(async move { worker.ask(msg).await.map_err(|e| e.to_string()) });
+        (slot, reply)
+    }
+
+    /// The worker of `slot` is gone: its open calls are still answered, once, and it is replaced.
+    fn worker_lost(
+        &mut self,
+        workers: &WorkerPool,
+        slot: usize,
+        error: &str,
+        answering: Vec<(usize, Arc<RegisteredTool>)>,
+    ) {
+        workers.replace_if_dead(slot);
+        let detail = format!("worker unavailable: {error}");
+        for (index, tool) in answering {
+            self.collector
+                .fill_error(index, ErrorCode::ExecutionError, &detail, &tool.metrics);
+        }
+    }
+
+    /// Runs a turn whose calls wait for each other: starts every call whose waits are over, and
+    /// on each answer releases the calls that waited for it.
+    async fn run_graph(
+        &mut self,
+        runnable: Vec<Planned>,
+        workers: &WorkerPool,
+        cancel: &CancellationToken,
+    ) {
+        let graph = std::mem::take(&mut self.graph);
+        let n = runnable.len();
+        let mut pending = graph.pending_counts();
+        let (offsets, dependants) = graph.dependants();
+        // Turn index → position among the runnable calls.
+        let mut position = vec![u32::MAX; self.collector.len()];
+        for (k, p) in runnable.iter().enumerate() {
+            position[p.index] = k as u32;
+        }
+        let mut waiting: Vec<Option<Planned>> = runnable.into_iter().map(Some).collect();
+        let mut finished = vec![false; n];
+        let mut ready: Vec<usize> = (0..n).filter(|&k| pending[k] == 0).collect();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut in_flight = FuturesUnordered::new();
+        let mut left = n;
+
+        // Marks call `k` finished and queues the calls that waited only for it.
+        let mut release =
+            |k: usize, finished: &mut Vec<bool>, ready: &mut Vec<usize>, left: &mut usize| {
+                if std::mem::replace(&mut finished[k], true) {
+                    return;
+                }
+                *left -= 1;
+                for &j in &dependants[offsets[k] as usize..offsets[k + 1] as usize] {
+                    let j = j as usize;
+                    pending[j] -= 1;
+                    if pending[j] == 0 {
+                        ready.push(j);
+                    }
+                }
             };
-            let ask = worker
-                .ask(RunStage {
-                    calls,
-                    arrived: self.arrived,
-                    cancel: cancel.clone(),
-                    span: self.span.clone(),
-                    scope: Arc::clone(&self.scope),
-                    progress,
-                })
-                .into_future();
-            let reply = match answers.as_mut() {
-                None => ask.await,
-                Some(rx) => {
-                    tokio::pin!(ask);
-                    loop {
-                        tokio::select! {
-                            reply = &mut ask => break reply,
-                            Some((index, result, tool)) = rx.recv() => {
+
+        while left > 0 {
+            while !ready.is_empty() {
+                let batch: Vec<Planned> = std::mem::take(&mut ready)
+                    .into_iter()
+                    .filter_map(|k| waiting[k].take())
+                    .collect();
+                for p in &batch {
+                    if !graph.waits_for(position[p.index] as usize).is_empty() {
+                        p.tool.metrics.conflict_waited(self.arrived.elapsed());
+                    }
+                }
+                if cancel.is_cancelled() {
+                    for p in batch {
+                        self.collector.fill_error(
+                            p.index,
+                            ErrorCode::Cancelled,
+                            "cancelled before it started",
+                            &p.tool.metrics,
+                        );
+                        release(
+                            position[p.index] as usize,
+                            &mut finished,
+                            &mut ready,
+                            &mut left,
+                        );
+                    }
+                    continue;
+                }
+                if batch
+                    .iter()
+                    .all(|p| execute::runs_in_place(&p.tool, &self.scope))
+                {
+                    let indices: Vec<usize> = batch.iter().map(|p| p.index).collect();
+                    self.run_in_place(batch, workers, cancel);
+                    for index in indices {
+                        release(
+                            position[index] as usize,
+                            &mut finished,
+                            &mut ready,
+                            &mut left,
+                        );
+                    }
+                    continue;
+                }
+                let answering: Vec<_> = batch
+                    .iter()
+                    .map(|p| (p.index, Arc::clone(&p.tool)))
+                    .collect();
+                let (slot, reply) = self.send(batch, workers, cancel, Some(tx.clone()));
+                in_flight.push(async move { (slot, answering, reply.await) });
+            }
+            // Answers already in the channel release their dependants before anything waits.
+            while let Ok((index, result, tool)) = rx.try_recv() {
+                self.collector.fill_with(index, result, &tool.metrics);
+                release(
+                    position[index] as usize,
+                    &mut finished,
+                    &mut ready,
+                    &mut left,
+                );
+            }
+            if left == 0 || !ready.is_empty() {
+                continue;
+            }
+            tokio::select! {
+                Some((index, result, tool)) = rx.recv() => {
+                    self.collector.fill_with(index, result, &tool.metrics);
+                    release(position[index] as usize, &mut finished, &mut ready, &mut left);
+                }
+                Some((slot, answering, reply)) = in_flight.next() => {
+                    // Progress sent before the reply is in the channel by now.
+                    while let Ok((index, result, tool)) = rx.try_recv() {
+                        self.collector.fill_with(index, result, &tool.metrics);
+                        release(position[index] as usize, &mut finished, &mut ready, &mut left);
+                    }
+                    match reply {
+                        Ok(results) => {
+                            for (index, result, tool) in results {
                                 self.collector.fill_with(index, result, &tool.metrics);
+                                release(position[index] as usize, &mut finished, &mut ready, &mut left);
+                            }
+                        }
+                        Err(e) => {
+                            let open: Vec<_> = answering
+                                .into_iter()
+                                .filter(|(index, _)| !finished[position[*index] as usize])
+                                .collect();
+                            let indices: Vec<usize> = open.iter().map(|(i, _)| *i).collect();
+                            self.worker_lost(workers, slot, &e, open);
+                            for index in indices {
+                                release(position[index] as usize, &mut finished, &mut ready, &mut left);
                             }
                         }
                     }
                 }
-            };
-            // Answers sent before the reply are all in the channel by now.
-            if let Some(rx) = answers.as_mut() {
-                while let Ok((index, result, tool)) = rx.try_recv() {
-                    self.collector.fill_with(index, result, &tool.metrics);
-                }
-            }
-            match reply {
-                Ok(results) => {
-                    for (index, result, tool) in results {
-                        self.collector.fill_with(index, result, &tool.metrics);
-                    }
-                }
-                Err(e) => {
-                    // The worker is gone: its calls are still answered, once, and it is replaced.
-                    workers.replace_if_dead(slot);
-                    let detail = format!("worker unavailable: {e}");
-                    for (index, tool) in answering {
-                        self.collector.fill_error(
-                            index,
-                            ErrorCode::ExecutionError,
-                            &detail,
-                            &tool.metrics,
-                        );
-                    }
-                }
             }
         }
-        self.finish()
     }
 
     fn finish(self) -> Vec<ToolDispatchResult> {
@@ -234,6 +439,10 @@ impl TurnPlan {
         self.collector.finish(|name| snapshot.tool_metrics(name))
     }
 }
+
+/// A worker's reply to one batch (its error as text).
+type BatchReply =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<StageResults, String>> + Send>>;
 
 /// The Scheduler actor's state: a cached registry snapshot and the worker pool.
 #[derive(Actor)]

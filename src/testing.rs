@@ -3,12 +3,17 @@
 //! and `cpu`, each concurrency-safe, plus a serial variant of each (`*_serial`) — all taking
 //! `{"text": string, "n": integer ≥ 0}` and answering `text` (`cpu`: a hash of it). One
 //! definition, used by `switchboard load`, `serve --with-load-tools` and `cargo bench`.
+//!
+//! Two more, for the resource-aware workloads ([`write_tools`]): `write` and `write_same_file`
+//! simulate a file write that takes `sleep` — `write` writes file number `n`, `write_same_file`
+//! always writes file 0. The "files" are named resources (`file:N`), not disk files, so the figures
+//! measure scheduling alone.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::tool::{Handler, ToolSpec};
+use crate::tool::{Access, Handler, Resource, ToolSpec};
 
 /// The 32 characters every workload call carries as `text`.
 pub const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";
@@ -77,6 +82,39 @@ pub fn load_tools(sleep: Duration) -> Vec<ToolSpec> {
         specs.push(ToolSpec::new(*name, description, schema(), handler).concurrency_safe(safe));
     }
     specs
+}
+
+/// The write workload tools' names: `write` (file `n`) and `write_same_file` (file 0).
+pub(crate) const WRITE_NAMES: [&str; 2] = ["write", "write_same_file"];
+
+/// The two write workload tools (see the module docs): async, each call sleeps `sleep`, then
+/// answers `text`; not concurrency-safe (never started while an answer streams); each declares a
+/// write of its file, so writes to different files overlap and writes to one file do not.
+pub fn write_tools(sleep: Duration) -> Vec<ToolSpec> {
+    WRITE_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let same = i == 1;
+            ToolSpec::new(
+                *name,
+                "Writes a (simulated) file, taking `--sleep-ms` (load workload).",
+                schema(),
+                Handler::future(move |a: Value, _| async move {
+                    tokio::time::sleep(sleep).await;
+                    Ok(text_of(&a))
+                }),
+            )
+            .access(move |a, _| {
+                let n = if same {
+                    0
+                } else {
+                    a.get("n").and_then(Value::as_u64).unwrap_or(0)
+                };
+                Ok(Access::write(Resource::named(format!("file:{n}"))))
+            })
+        })
+        .collect()
 }
 
 /// `noop_async`: like `noop`, from a future (so its stage goes to a worker); concurrency-safe.

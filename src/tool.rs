@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::TryFutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -27,8 +28,15 @@ use crate::protocol::ErrorCode;
 use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 
-/// What a handler returns: the content the model reads, or a typed error.
-pub type ToolOutcome = Result<String, ToolError>;
+pub use crate::protocol::{Block, Image, ToolOutput};
+
+/// What a handler returns: the content the model reads — text, or text and images
+/// ([`ToolOutput::blocks`]) — or a typed error (always text). The [`Handler`] constructors also
+/// take closures answering `Ok(String)`.
+pub type ToolOutcome = Result<ToolOutput, ToolError>;
+
+mod access;
+pub use access::{Access, AccessFn, AccessFnSig, Mode, Resource, access_of};
 
 /// A handler's failure: a stable code and a human-readable detail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +154,7 @@ pub struct SessionScope {
     workspace: Option<Workspace>,
     files: FileStamps,
     sandbox: Option<Arc<Sandbox>>,
+    policy: Option<Arc<crate::policy::Policy>>,
 }
 
 impl SessionScope {
@@ -156,7 +165,19 @@ impl SessionScope {
             workspace,
             files: FileStamps::default(),
             sandbox: None,
+            policy: None,
         }
+    }
+
+    /// The same scope under the engine's `policy` (the engine sets it on every scope it makes).
+    pub fn with_policy(mut self, policy: Option<Arc<crate::policy::Policy>>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The engine's policy, if it has one.
+    pub fn policy(&self) -> Option<&crate::policy::Policy> {
+        self.policy.as_deref()
     }
 
     /// The same scope with the engine's `sandbox` (the engine sets it on every scope it makes).
@@ -250,29 +271,35 @@ pub enum Handler {
 }
 
 impl Handler {
-    /// Wraps a cheap synchronous function.
-    pub fn inline<F>(f: F) -> Self
+    /// Wraps a cheap synchronous function. It may answer `Ok` with a `String` (text) or a
+    /// [`ToolOutput`] (text and images); anything `Into<ToolOutput>`.
+    pub fn inline<F, O>(f: F) -> Self
     where
-        F: Fn(&Value, &ToolContext) -> ToolOutcome + Send + Sync + 'static,
+        F: Fn(&Value, &ToolContext) -> Result<O, ToolError> + Send + Sync + 'static,
+        O: Into<ToolOutput>,
     {
-        Handler::Inline(Arc::new(f))
+        Handler::Inline(Arc::new(move |args, ctx| f(args, ctx).map(Into::into)))
     }
 
-    /// Wraps an async function.
-    pub fn future<F, Fut>(f: F) -> Self
+    /// Wraps an async function (answering as [`Handler::inline`]'s does).
+    pub fn future<F, Fut, O>(f: F) -> Self
     where
         F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ToolOutcome> + Send + 'static,
+        Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
+        O: Into<ToolOutput> + 'static,
     {
-        Handler::Async(Arc::new(move |args, ctx| Box::pin(f(args, ctx))))
+        Handler::Async(Arc::new(move |args, ctx| {
+            Box::pin(f(args, ctx).map_ok(Into::into))
+        }))
     }
 
-    /// Wraps a synchronous function that may block.
-    pub fn blocking<F>(f: F) -> Self
+    /// Wraps a synchronous function that may block (answering as [`Handler::inline`]'s does).
+    pub fn blocking<F, O>(f: F) -> Self
     where
-        F: Fn(&Value, &ToolContext) -> ToolOutcome + Send + Sync + 'static,
+        F: Fn(&Value, &ToolContext) -> Result<O, ToolError> + Send + Sync + 'static,
+        O: Into<ToolOutput>,
     {
-        Handler::Blocking(Arc::new(f))
+        Handler::Blocking(Arc::new(move |args, ctx| f(args, ctx).map(Into::into)))
     }
 }
 
@@ -324,6 +351,33 @@ pub struct ToolSpec {
     pub handler: Handler,
     /// Concurrency safety, timeout, output cap.
     pub policy: ToolPolicy,
+    /// What a call touches (a path or a command), for permission rules' `TOOL(PATTERN)` form;
+    /// `None`: only bare `TOOL` rules apply to it.
+    pub subject: Option<SubjectOf>,
+    /// What a call reads and writes ([`ToolSpec::access`]); `None`: the policy's
+    /// `concurrency_safe` decides (safe → conflicts only with exclusive calls, else exclusive).
+    pub access: Option<AccessFn>,
+}
+
+/// A tool's subject function: the path or command a call with these (validated) arguments
+/// touches.
+pub type SubjectFn = dyn Fn(&Value) -> Option<crate::policy::Subject> + Send + Sync;
+
+/// A tool's [`SubjectFn`], shared.
+#[derive(Clone)]
+pub struct SubjectOf(pub Arc<SubjectFn>);
+
+impl SubjectOf {
+    /// The subject of a call with these arguments.
+    pub fn of(&self, args: &Value) -> Option<crate::policy::Subject> {
+        (self.0)(args)
+    }
+}
+
+impl fmt::Debug for SubjectOf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SubjectOf(..)")
+    }
 }
 
 impl ToolSpec {
@@ -340,7 +394,28 @@ impl ToolSpec {
             input_schema,
             handler,
             policy: ToolPolicy::default(),
+            subject: None,
+            access: None,
         }
+    }
+
+    /// Declares what a call touches, for permission rules (`TOOL(PATTERN)`): a path inside the
+    /// workspace (matched as a gitignore-style glob after confinement) or a command.
+    pub fn subject<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Value) -> Option<crate::policy::Subject> + Send + Sync + 'static,
+    {
+        self.subject = Some(SubjectOf(Arc::new(f)));
+        self
+    }
+
+    /// The subject is the string argument `field`, as a path.
+    pub fn path_subject(self, field: &'static str) -> Self {
+        self.subject(move |args| {
+            args.get(field)
+                .and_then(Value::as_str)
+                .map(|p| crate::policy::Subject::Path(p.to_string()))
+        })
     }
 
     /// Marks the tool concurrency-safe (read-only, no shared effects).
@@ -358,6 +433,28 @@ impl ToolSpec {
     /// Sets the output cap in bytes.
     pub fn output_cap(mut self, bytes: usize) -> Self {
         self.policy.output_cap = bytes;
+        self
+    }
+
+    /// Declares what a call reads and writes: `f` maps the call's validated arguments (and the
+    /// session's workspace, if any) to an [`Access`]. Calls of a turn that do not conflict run at
+    /// the same time; a call starts once every earlier call it conflicts with has finished. An
+    /// `Err` or a panic makes the call [`Access::Exclusive`]. Overrides `concurrency_safe` for
+    /// planning.
+    ///
+    /// ```
+    /// use switchboard::{Access, Handler, Mode, Resource, ToolSpec};
+    /// let spec = ToolSpec::new("add_user", "d", serde_json::json!({"type": "object"}),
+    ///                          Handler::inline(|_, _| Ok("ok".to_string())))
+    ///     .access(|_args, _ws| Ok(Access::write(Resource::named("db:users"))
+    ///         .and(Resource::named("db:audit"), Mode::Write)));
+    /// # let _ = spec;
+    /// ```
+    pub fn access<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Value, Option<&Workspace>) -> Result<Access, ToolError> + Send + Sync + 'static,
+    {
+        self.access = Some(AccessFn::new(f));
         self
     }
 

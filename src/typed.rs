@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
+use crate::tool::{Handler, ToolContext, ToolError, ToolOutput, ToolSpec};
 
 /// The input schema of `A`: an object schema, `additionalProperties: false` unless `A` sets it.
 pub fn schema_for<A: JsonSchema>() -> Value {
@@ -66,11 +66,16 @@ impl ToolSpec {
     /// assert_eq!(spec.input_schema["required"][0], "word");
     /// assert_eq!(spec.input_schema["additionalProperties"], false);
     /// ```
-    pub fn typed<A, F, Fut>(name: impl Into<String>, description: impl Into<String>, f: F) -> Self
+    pub fn typed<A, F, Fut, O>(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        f: F,
+    ) -> Self
     where
         A: DeserializeOwned + JsonSchema + Send + 'static,
         F: Fn(A, ToolContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ToolOutcome> + Send + 'static,
+        Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
+        O: Into<ToolOutput> + 'static,
     {
         let f = std::sync::Arc::new(f);
         let handler = Handler::future(move |args: Value, ctx: ToolContext| {
@@ -82,14 +87,15 @@ impl ToolSpec {
     }
 
     /// [`ToolSpec::typed`] with a synchronous handler that may block (run on the blocking pool).
-    pub fn typed_blocking<A, F>(
+    pub fn typed_blocking<A, F, O>(
         name: impl Into<String>,
         description: impl Into<String>,
         f: F,
     ) -> Self
     where
         A: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(A, &ToolContext) -> ToolOutcome + Send + Sync + 'static,
+        F: Fn(A, &ToolContext) -> Result<O, ToolError> + Send + Sync + 'static,
+        O: Into<ToolOutput>,
     {
         let handler = Handler::blocking(move |args: &Value, ctx: &ToolContext| {
             f(decode::<A>(args.clone())?, ctx)

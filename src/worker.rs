@@ -1,6 +1,8 @@
-//! Worker actors: run the calls of the stages they are given.
+//! Worker actors: run the batches of calls they are given.
 //!
-//! A stage arrives as **one** message ([`RunStage`]) carrying all its calls. Calls whose handler
+//! A batch — calls of one turn that may start together: every call of a turn none of whose calls
+//! waits for another, or the calls one answer released (see [`crate::scheduler`]) — arrives as
+//! **one** message ([`RunStage`]) carrying all its calls. Calls whose handler
 //! runs in place (inline) run right here; the rest of the stage goes to one spawned task, where
 //! every call goes through the per-call layer stack of [`crate::execute`] and the stage's async
 //! handlers are polled together, so the worker itself never waits on a handler and keeps taking
@@ -79,7 +81,7 @@ impl Message<RunStage> for Worker {
         let mut done = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for planned in calls {
-            if execute::runs_in_place(&planned.tool.handler) {
+            if execute::runs_in_place(&planned.tool, &scope) {
                 let env = CallEnv {
                     arrived,
                     cancel: &cancel,

@@ -203,7 +203,7 @@ async fn a_tool_that_keeps_panicking_is_switched_off_instead_of_looping() {
             "crashy",
             "always panics",
             any_object(),
-            Handler::inline(move |_, _| {
+            Handler::inline::<_, String>(move |_, _| {
                 counted.fetch_add(1, Ordering::SeqCst);
                 panic!("boom")
             }),

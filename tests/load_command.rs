@@ -224,7 +224,7 @@ fn sleep_cpu_and_mixed_tools_and_a_timed_run() {
 }
 
 #[test]
-fn the_peers_set_prints_six_lines_with_their_ratios() {
+fn the_peers_set_prints_eight_lines_with_their_ratios() {
     let out = load(&[
         "--workload-set",
         "peers",
@@ -254,11 +254,17 @@ fn the_peers_set_prints_six_lines_with_their_ratios() {
             "batch8_sleep10ms_wall_ms",
             "error_paths",
             "sessions64_batch8_noop",
+            "batch8_writes_distinct_10ms",
+            "batch8_writes_same_file_10ms",
         ]
     );
     for line in &lines {
         assert!(line["direct_ratio"].as_f64().unwrap() > 0.0, "{line}");
-        if line["workload"] == "batch8_sleep10ms_wall_ms" {
+        if line["workload"] == "batch8_writes_same_file_10ms" {
+            // Eight writes of one file never overlap, on either side.
+            assert!(line["wall_ms"].as_f64().unwrap() >= 80.0, "{line}");
+            assert!(line["direct_wall_ms"].as_f64().unwrap() >= 80.0, "{line}");
+        } else if line.get("wall_ms").is_some() {
             assert!(line["wall_ms"].as_f64().unwrap() >= 10.0, "{line}");
             assert!(line["direct_wall_ms"].as_f64().unwrap() >= 10.0, "{line}");
         } else {
@@ -426,4 +432,47 @@ fn compare_metrics_prints_a_table_and_refuses_other_modes() {
         let out = load(args);
         assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
     }
+}
+
+#[test]
+fn a_policy_runs_the_engine_under_its_rules_and_a_bad_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let deny = dir.path().join("deny.json");
+    std::fs::write(
+        &deny,
+        r#"{"permissions": {"deny": ["noop"], "default": "allow"}}"#,
+    )
+    .unwrap();
+    let p = deny.to_str().unwrap();
+    let doc = load_json(&[
+        "--sessions",
+        "2",
+        "--turns",
+        "5",
+        "--calls-per-turn",
+        "4",
+        "--tool",
+        "noop",
+        "--policy",
+        p,
+        "--json",
+    ]);
+    assert_eq!(u(&doc["violations"]), 0);
+    assert_eq!(
+        u(&doc["engine"]["ok"]),
+        0,
+        "every noop call is denied by the rule"
+    );
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"permissions": {"deny": ["noop("]}}"#).unwrap();
+    let out = load(&[
+        "--sessions",
+        "1",
+        "--turns",
+        "1",
+        "--policy",
+        bad.to_str().unwrap(),
+    ]);
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("bad rule \"noop(\""), "{}", out.stderr);
 }

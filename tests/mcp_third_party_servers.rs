@@ -64,11 +64,30 @@ async fn server_everything_over_stdio_answers_text_images_structured_content_and
     .await;
     assert_eq!(results[0].content, "Echo: hi");
     assert_eq!(results[1].content, "The sum of 2 and 3 is 5.");
+    // get-tiny-image answers text, a PNG, text: an image block for Anthropic, its note for
+    // OpenAI.
     assert_eq!(results[2].error, None, "{}", results[2].content);
     assert!(
         results[2].content.contains("[image: image/png,"),
         "{}",
         results[2].content
+    );
+    let anthropic = results[2].to_anthropic_block();
+    let blocks = anthropic["content"].as_array().expect("an array of blocks");
+    let kinds: Vec<&str> = blocks.iter().map(|b| b["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["text", "image", "text"], "{anthropic}");
+    assert_eq!(blocks[1]["source"]["type"], "base64");
+    assert_eq!(blocks[1]["source"]["media_type"], "image/png");
+    let data = blocks[1]["source"]["data"].as_str().unwrap();
+    assert!(data.starts_with("iVBORw0KGgo"), "a PNG: {}", &data[..20]);
+    let openai = results[2].to_openai_message();
+    assert_eq!(
+        openai["content"],
+        format!(
+            "Here's the image you requested:\n[image: image/png, {} bytes base64, not shown]\n\
+             The image above is the MCP logo.",
+            data.len()
+        )
     );
     assert_eq!(results[3].error, None, "{}", results[3].content);
     assert!(

@@ -16,9 +16,9 @@ use common::{TURN_BOUND, call, outcomes, text_schema};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
 use switchboard::metrics::{
-    CALLS_IN_FLIGHT, REGISTRY_TOOLS, SESSIONS_ACTIVE, STAGE_CALLS, STAGES_TOTAL,
-    TOOL_CALL_DURATION_SECONDS, TOOL_CALL_QUEUE_SECONDS, TOOL_CALLS_TOTAL, TURN_CALLS,
-    TURN_DISPATCH_SECONDS, UNKNOWN_TOOL,
+    CALL_CONFLICT_WAIT_SECONDS, CALLS_IN_FLIGHT, REGISTRY_TOOLS, SESSIONS_ACTIVE, STAGE_CALLS,
+    STAGES_TOTAL, TOOL_CALL_DURATION_SECONDS, TOOL_CALL_QUEUE_SECONDS, TOOL_CALLS_TOTAL,
+    TURN_CALLS, TURN_DISPATCH_SECONDS, UNKNOWN_TOOL,
 };
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolError, ToolOutcome, ToolSpec};
 
@@ -146,12 +146,12 @@ fn test_tools() -> Vec<ToolSpec> {
             "echo",
             "Echoes its text.",
             text_schema(),
-            Handler::inline(|args, _ctx| Ok(args["text"].as_str().unwrap_or_default().into())),
+            Handler::inline(|args, _ctx| Ok(args["text"].as_str().unwrap_or_default().to_string())),
         )
         .concurrency_safe(true),
         tool(
             "fails",
-            Handler::inline(|_args, _ctx| Err(ToolError::execution("it fails"))),
+            Handler::inline::<_, String>(|_args, _ctx| Err(ToolError::execution("it fails"))),
         )
         .concurrency_safe(true),
         tool("panics", Handler::inline(|_args, _ctx| explode())).concurrency_safe(true),
@@ -159,7 +159,7 @@ fn test_tools() -> Vec<ToolSpec> {
             "slow",
             Handler::future(|_args, _ctx| async move {
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                Ok("too late".into())
+                Ok("too late")
             }),
         )
         .timeout(Duration::from_millis(50)),
@@ -167,7 +167,7 @@ fn test_tools() -> Vec<ToolSpec> {
             "waits",
             Handler::future(|_args, _ctx| async move {
                 tokio::time::sleep(Duration::from_secs(30)).await;
-                Ok("never".into())
+                Ok("never")
             }),
         )
         .timeout(Duration::from_secs(60)),
@@ -328,6 +328,16 @@ async fn metrics_record_exactly_what_happened() {
             );
         }
     }
+    // No call of these turns waited for a conflicting call (turn A's calls conflict with nothing,
+    // B and C hold one call each).
+    for t in ran.keys() {
+        assert!(
+            delta
+                .samples(CALL_CONFLICT_WAIT_SECONDS, &[("tool", t)])
+                .is_empty(),
+            "{CALL_CONFLICT_WAIT_SECONDS}{{tool={t}}}"
+        );
+    }
     let slow = delta.samples(TOOL_CALL_DURATION_SECONDS, &[("tool", "slow")])[0];
     assert!(
         (0.05..2.0).contains(&slow),
@@ -362,7 +372,7 @@ async fn metrics_record_exactly_what_happened() {
 
     // ---- registry size follows register / unregister.
     engine
-        .register(tool("extra", Handler::inline(|_a, _c| Ok("x".into()))))
+        .register(tool("extra", Handler::inline(|_a, _c| Ok("x"))))
         .await
         .expect("extra registers");
     let delta = take(&mut totals);

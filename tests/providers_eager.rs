@@ -243,3 +243,78 @@ async fn eager_results_that_disagree_with_the_final_answer_never_answer_the_wron
     assert_eq!(ids, ["a", "c", "d"]);
     assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok", "ok"]);
 }
+
+/// `put` (writes the named resource `key`; has effects, so never eager) and `get` (reads it;
+/// concurrency-safe), both logging `started`/`finished <name> <id>`.
+fn keyed_engine(log: &EventLog) -> switchboard::Engine {
+    use switchboard::{Access, Handler, Resource, ToolSpec};
+    let keyed = |name: &'static str, write: bool| {
+        let log = log.clone();
+        ToolSpec::new(
+            name,
+            "Logs when it starts and ends.",
+            json!({"type": "object", "properties": {"key": {"type": "string"}, "ms": {"type": "integer"}},
+                   "required": ["key"]}),
+            Handler::future(move |args: serde_json::Value, ctx| {
+                let log = log.clone();
+                async move {
+                    log.push(format!("started {name} {}", ctx.call_id));
+                    let ms = args.get("ms").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    log.push(format!("finished {name} {}", ctx.call_id));
+                    Ok(format!("done {name}"))
+                }
+            }),
+        )
+        .concurrency_safe(!write)
+        .access(move |args, _| {
+            let key = args["key"].as_str().unwrap_or_default().to_string();
+            let resource = Resource::named(key);
+            Ok(if write {
+                Access::write(resource)
+            } else {
+                Access::read(resource)
+            })
+        })
+    };
+    switchboard::Engine::builder()
+        .tool(keyed("put", true))
+        .tool(keyed("get", false))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_starts_while_streaming_behind_an_unrelated_write_but_not_behind_its_own() {
+    let log = EventLog::default();
+    let engine = keyed_engine(&log);
+    let provider = Arc::new(
+        ScriptedProvider::new([
+            answer(
+                vec![
+                    tool_use("w", "put", json!({"key": "a", "ms": 5})),
+                    tool_use("rb", "get", json!({"key": "b"})),
+                    tool_use("ra", "get", json!({"key": "a"})),
+                ],
+                "tool_use",
+            ),
+            answer(vec![text("done")], "end_turn"),
+        ])
+        .with_stream_delays(Duration::from_millis(1), Duration::ZERO)
+        .with_log(log.shared())
+        .hold_after_block(1, "started get rb"),
+    );
+    let mut agent = model::agent(&engine, provider, true, true);
+    let r = tokio::time::timeout(BOUND, agent.run("go"))
+        .await
+        .unwrap()
+        .unwrap();
+    // `rb` reads another resource than the unstarted write `w`: it started while streaming.
+    assert!(log.first_starting_with("started get rb") < log.first_starting_with("stream ended"));
+    // `ra` reads what `w` writes: it waited for the write, which waited for the stream.
+    assert!(log.first_starting_with("stream ended") < log.first_starting_with("started put w"));
+    assert!(log.first_starting_with("finished put w") < log.first_starting_with("started get ra"));
+    assert_eq!(r.eager, [1]);
+    assert_eq!(common::ids(&r.dispatches[0]), ["w", "rb", "ra"]);
+    assert_eq!(outcomes(&r.dispatches[0]), ["ok", "ok", "ok"]);
+}

@@ -5,7 +5,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 mod common;
@@ -17,17 +16,6 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use switchboard::tools::{edit_file, glob, read_file, write_file};
 use switchboard::{Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolSpec};
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    })
-}
 
 /// Paths a model may legitimately use.
 const INSIDE_PATHS: [&str; 5] = [
@@ -172,9 +160,9 @@ impl Fixture {
     fn engine(&self) -> Engine {
         let boom = |name: &str, kind: bool| {
             let handler = if kind {
-                Handler::blocking(|_a, _c| panic!("boom"))
+                Handler::blocking::<_, String>(|_a, _c| panic!("boom"))
             } else {
-                Handler::future(|_a: Value, _c| async move {
+                Handler::future::<_, _, String>(|_a: Value, _c| async move {
                     tokio::task::yield_now().await;
                     panic!("boom async")
                 })
@@ -317,7 +305,7 @@ fn run_turn(turn: &Turn) -> Result<(), TestCaseError> {
     }
     let ids: Vec<String> = calls.iter().map(|c| c.id.to_string()).collect();
 
-    let results = runtime().block_on(async {
+    let results = common::proptest_runtime().block_on(async {
         let engine = f.engine();
         let session = engine.session();
         let token = if turn.on_session {

@@ -25,7 +25,7 @@ fn spec(name: &str, schema: Value) -> ToolSpec {
         name,
         "A test tool.",
         schema,
-        Handler::inline(|_, _| Ok("ran".into())),
+        Handler::inline(|_, _| Ok("ran")),
     )
 }
 

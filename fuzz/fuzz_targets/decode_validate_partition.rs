@@ -1,9 +1,10 @@
 //! Arbitrary bytes → JSON → both wire decoders → schema validation against the five built-in
-//! tools → `partition` of the surviving calls' safety flags → encoding of one result per call.
+//! tools → the dependency graph and stages of the surviving calls' safety flags (tools without
+//! access declarations) → encoding of one result per call.
 //!
-//! Nothing may panic, and the invariants the engine relies on must hold for any input: the
-//! stages cover every runnable call exactly once, in order (serial stages hold one unsafe call,
-//! concurrent stages only safe ones), and the encoded answer has one well-formed block per call.
+//! Nothing may panic, and the invariants the engine relies on must hold for any input: every
+//! call waits only for earlier calls, an unsafe call waits for the one before it, the stages cover
+//! every runnable call exactly once (a serial stage is one unsafe call), and the encoded answer has one well-formed block per call.
 
 #![no_main]
 
@@ -12,7 +13,8 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use switchboard::protocol::{self, ErrorCode, Timing, ToolDispatchResult};
-use switchboard::plan::{StageMode, partition};
+use switchboard::Access;
+use switchboard::plan::{Graph, StageMode, stages};
 use switchboard::tools::builtin_tools;
 use switchboard::validation;
 
@@ -72,21 +74,27 @@ fuzz_target!(|data: &[u8]| {
             });
         }
 
-        let stages = partition(&safe);
-        let mut next = 0;
-        for stage in &stages {
-            assert_eq!(stage.calls.start, next, "stages are contiguous and in order");
-            assert!(!stage.calls.is_empty());
-            match stage.mode {
-                StageMode::Serial => {
-                    assert_eq!(stage.calls.len(), 1);
-                    assert!(!safe[stage.calls.start]);
-                }
-                StageMode::Concurrent => assert!(safe[stage.calls.clone()].iter().all(|&s| s)),
+        let accesses: Vec<Access> = safe
+            .iter()
+            .map(|&s| if s { Access::none() } else { Access::Exclusive })
+            .collect();
+        let graph = Graph::build(&accesses);
+        for j in 0..safe.len() {
+            let waits = graph.waits_for(j);
+            assert!(waits.iter().all(|&i| (i as usize) < j), "only earlier calls");
+            if j > 0 && !safe[j] {
+                assert!(waits.contains(&(j as u32 - 1)), "an unsafe call waits for the one before it");
             }
-            next = stage.calls.end;
         }
-        assert_eq!(next, safe.len(), "every runnable call is in a stage");
+        let mut covered = 0;
+        for stage in stages(&graph, &accesses) {
+            assert!(stage.calls > 0);
+            if stage.mode == StageMode::Serial {
+                assert_eq!(stage.calls, 1, "a serial stage is one unsafe call");
+            }
+            covered += stage.calls;
+        }
+        assert_eq!(covered, safe.len(), "every runnable call is in a stage");
 
         for format in [protocol::WireFormat::Anthropic, protocol::WireFormat::OpenAi] {
             let encoded = protocol::encode(format, &results);

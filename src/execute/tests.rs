@@ -87,18 +87,65 @@ async fn caps_refuse_with_overloaded_when_the_waiting_line_is_full() {
 }
 
 #[test]
-fn the_policy_layer_allows_every_call_today() {
-    let t = tool(spec("any", Handler::inline(|_, _| Ok(String::new()))));
-    let ctx = context(
-        &ToolCall::new("c", "any", json!({})),
-        &t,
-        &Arc::new(SessionScope::new("s", None)),
-        Instant::now(),
-        CancellationToken::new(),
+fn the_policy_layer_denies_by_rule_and_lets_the_rest_through() {
+    let policy = crate::policy::Policy::from_json(&json!({
+        "permissions": {"deny": ["any"], "default": "allow"}
+    }))
+    .unwrap();
+    let mut env = Env::new();
+    env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
+    let denied = tool(spec("any", Handler::inline(|_, _| Ok("ran".to_string()))));
+    let other = tool(spec("other", Handler::inline(|_, _| Ok("ran".to_string()))));
+    let (_, result, _) = run_in_place(planned(&denied), env.env());
+    assert_eq!(result.error, Some(ErrorCode::PermissionDenied));
+    assert_eq!(
+        result.content,
+        "Error [permission_denied]: denied by rule \"any\""
     );
-    assert!(check_policy(&ToolCall::new("c", "any", json!({})), &t, &ctx).is_ok());
-    assert_eq!(ctx.session_id(), "s");
-    assert_eq!(&*ctx.tool_name, "any");
+    let (_, result, _) = run_in_place(planned(&other), env.env());
+    assert_eq!(result.content, "ran");
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_approval_holds_no_concurrency_place() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::policy::ApprovalRequest>();
+    let approver = move |req: crate::policy::ApprovalRequest| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(req);
+            futures::future::pending::<crate::policy::Approval>().await
+        }
+        .boxed()
+    };
+    let policy = crate::policy::Policy::from_json(&json!({
+        "permissions": {"ask": ["asked"], "default": "allow"}
+    }))
+    .unwrap()
+    .approver(Arc::new(approver));
+    let mut env = Env::new();
+    env.limiter = Limiter::new(1, 0); // one place, nobody may wait for it
+    env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
+    let asked = tool(spec(
+        "asked",
+        Handler::future(|_, _| async { Ok("asked ran".to_string()) }),
+    ));
+    let free = tool(spec(
+        "free",
+        Handler::future(|_, _| async { Ok("free ran".to_string()) }),
+    ));
+    let waiting = run(planned(&asked), env.env());
+    tokio::pin!(waiting);
+    // The asked call is parked at the approver…
+    tokio::select! {
+        _ = &mut waiting => panic!("answered without an approval"),
+        req = rx.recv() => assert_eq!(req.unwrap().tool_name, "asked"),
+    }
+    // …and the only place is still free for another call.
+    let (_, result, _) = run(planned(&free), env.env()).await;
+    assert_eq!(result.content, "free ran");
+    env.cancel.cancel();
+    let (_, result, _) = waiting.await;
+    assert_eq!(result.error, Some(ErrorCode::Cancelled));
 }
 
 #[tokio::test]
@@ -117,15 +164,15 @@ async fn the_handler_layer_runs_each_kind_and_catches_panics() {
         (None, l.acquire(&CancellationToken::new()).await.unwrap())
     };
     let kinds = [
-        Handler::inline(|_, _| Ok("inline".into())),
-        Handler::future(|_, _| async { Ok("async".into()) }),
-        Handler::blocking(|_, _| Ok("blocking".into())),
+        Handler::inline(|_, _| Ok("inline")),
+        Handler::future(|_, _| async { Ok("async") }),
+        Handler::blocking(|_, _| Ok("blocking")),
     ];
     for h in &kinds {
         let out = start_handler(h, Value::Null, ctx(), places().await, &Span::none()).await;
         assert_eq!(out.unwrap().unwrap(), kind_name(h));
     }
-    let boom = Handler::blocking(|_, _| panic!("boom"));
+    let boom = Handler::blocking::<_, String>(|_, _| panic!("boom"));
     let joined = start_handler(&boom, Value::Null, ctx(), places().await, &Span::none()).await;
     assert_eq!(
         panicked(&*joined.unwrap_err()).detail,
@@ -158,7 +205,7 @@ async fn the_deadline_layer_answers_timeout_with_partial_output_within_the_grace
     let told = stop.clone();
     let handler = async move {
         told.cancelled().await;
-        Ok("half done".to_string())
+        Ok("half done".into())
     };
     let deadline = Instant::now() + Duration::from_secs(1);
     let out = supervise(
@@ -206,7 +253,7 @@ async fn a_handler_that_began_committing_keeps_its_own_answer() {
         assert!(handler_gate.begin());
         // The commit outlasts the stop grace: it is still waited for.
         tokio::time::sleep(STOP_GRACE * 4).await;
-        Ok("Wrote 2 bytes".to_string())
+        Ok("Wrote 2 bytes".into())
     };
     let later = cancel.clone();
     tokio::spawn(async move {
@@ -241,7 +288,7 @@ fn a_closed_gate_refuses_a_late_commit() {
 #[test]
 fn the_output_cap_applies_to_content_and_error_details() {
     let call = || ToolCall::new("c", "t", json!({}));
-    let ok = to_result(call(), 100, Ok("x".repeat(1_000)), Timing::default());
+    let ok = to_result(call(), 100, Ok("x".repeat(1_000).into()), Timing::default());
     assert!(ok.content.len() <= 100 && ok.error.is_none());
     let err = to_result(
         call(),
@@ -278,7 +325,10 @@ async fn the_stack_runs_a_call_end_to_end_and_releases_its_places() {
 async fn a_cancelled_turn_answers_inline_calls_without_running_them() {
     let env = Env::new();
     env.cancel.cancel();
-    let t = tool(spec("inl", Handler::inline(|_, _| panic!("must not run"))));
+    let t = tool(spec(
+        "inl",
+        Handler::inline::<_, String>(|_, _| panic!("must not run")),
+    ));
     let (_, result, _) = run_in_place(planned(&t), env.env());
     assert_eq!(result.error, Some(ErrorCode::Cancelled));
 }

@@ -280,6 +280,8 @@ pub struct ToolSet {
     pub specs: Vec<ToolSpec>,
     /// The workspace of every session (the built-in workload only).
     pub workspace: Option<crate::workspace::Workspace>,
+    /// The engine's permission policy file (`--policy`), loaded afresh for each engine phase.
+    pub policy: Option<std::path::PathBuf>,
 }
 
 /// The engine phase: an engine with `tools` (`workers` workers), one session per simulated
@@ -316,6 +318,10 @@ pub async fn engine_phase_recording(
     let mut builder = Engine::builder().tools(tools.specs);
     if let Some(ws) = tools.workspace {
         builder = builder.workspace(ws);
+    }
+    if let Some(path) = &tools.policy {
+        let policy = crate::policy::Policy::load(path).map_err(|e| e.to_string())?;
+        builder = builder.policy(policy);
     }
     if let Some(w) = workers {
         builder = builder.workers(w);

@@ -303,6 +303,7 @@ fn decode(calls: &[ToolCall], bytes: &[u8]) -> Vec<ToolDispatchResult> {
                 tool_use_id: id,
                 tool_name: name,
                 content: b.content.into_owned(),
+                blocks: None,
                 error,
                 timing: Timing::default(),
             }

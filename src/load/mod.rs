@@ -8,8 +8,8 @@
 //! [`crate::baseline::DirectDispatcher`] in the same kind of tasks, and the report gives the ratio
 //! engine ÷ direct. It prints a table (or one JSON document with `--json`; `--report DIR` also
 //! writes it with a latency SVG), and exits 1 if any turn was not answered exactly once, in
-//! order. `--workload-set peers` runs the six workloads of `../shared/bench/peers.md` (see
-//! `peers.rs`); `--idle` measures memory per idle session (see `idle.rs`). `--target
+//! order. `--workload-set peers` runs the six workloads of `../shared/bench/peers.md` and the two
+//! write workloads of resource-aware scheduling (see `peers.rs`); `--idle` measures memory per idle session (see `idle.rs`). `--target
 //! http://HOST:PORT` sends the same turns to a running `switchboard serve` instead, one
 //! keep-alive connection per session (see `http.rs`), and `--workload-set serve` measures the
 //! HTTP hop against the in-process engine in one run (see `serve_set.rs`); `--compare-metrics`
@@ -69,6 +69,10 @@ pub enum ToolKind {
     Cpu,
     /// Half noop, a quarter cpu, a quarter sleep.
     Mixed,
+    /// Async writes of (simulated) files, sleeping `--sleep-ms`: `write` writes file N for call
+    /// slot N (a turn's writes overlap); with `--serial-ratio 1` every call goes to
+    /// `write_same_file` (one file: they run one after another).
+    Write,
     /// The five built-in tools on a temporary workspace (write, read, edit, glob, bash per five calls).
     Builtin,
 }
@@ -80,6 +84,7 @@ impl ToolKind {
             ToolKind::Sleep => "sleep",
             ToolKind::Cpu => "cpu",
             ToolKind::Mixed => "mixed",
+            ToolKind::Write => "write",
             ToolKind::Builtin => "builtin",
         }
     }
@@ -95,7 +100,7 @@ pub enum Baseline {
 /// `--workload-set`: a fixed set of workloads run in sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkloadSet {
-    /// The six workloads of `peers.md`, one JSON line each.
+    /// The six workloads of `peers.md` and the two write workloads, one JSON line each.
     Peers,
     /// The sidecar's cost: the in-process engine versus the same turns over HTTP to a server
     /// started in this process, for one-call turns and 64 sessions × 8 no-op calls.
@@ -151,6 +156,10 @@ pub struct LoadArgs {
     /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
     #[arg(long, conflicts_with_all = ["turns", "baseline"])]
     pub idle: bool,
+    /// Run the engine under this permission policy (rules and hooks; ask is deny); with
+    /// `--baseline direct` the ratio shows what the policy adds (the direct loop has none).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["workload_set", "target", "idle"])]
+    pub policy: Option<PathBuf>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -446,14 +455,20 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
             Err(e) => return fail(1, &e),
         }
     } else {
-        (load_tools(workload.sleep), None, None)
+        let mut tools = load_tools(workload.sleep);
+        tools.extend(crate::testing::write_tools(workload.sleep));
+        (tools, None, None)
     };
     let specs = if workload.faults.any() {
         tools.into_iter().chain(workload::fault_tools()).collect()
     } else {
         tools
     };
-    let tools = ToolSet { specs, workspace };
+    let tools = ToolSet {
+        specs,
+        workspace,
+        policy: args.policy.clone(),
+    };
     let duration = match (args.turns, args.duration) {
         (Some(_), _) => None,
         (None, d) => Some(d.unwrap_or(DEFAULT_DURATION)),

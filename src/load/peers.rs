@@ -1,5 +1,5 @@
-//! `--workload-set peers`: the six workloads of `../shared/bench/peers.md`, each measured on the
-//! engine and then on the direct baseline in the same run, one JSON line per workload.
+//! `--workload-set peers`: the six workloads of `../shared/bench/peers.md` and two write
+//! workloads, each measured on the engine and then on the direct baseline in the same run, one JSON line per workload.
 //!
 //! | workload | sessions | turn | line |
 //! | --- | --- | --- | --- |
@@ -9,6 +9,12 @@
 //! | `batch8_sleep10ms_wall_ms` | 1 | 8 × `sleep` (safe, 10 ms) | `wall_ms` (mean turn) |
 //! | `error_paths` | 1 | [unknown tool, invalid arguments] | `calls_per_s` |
 //! | `sessions64_batch8_noop` | 64 | 8 × `noop` (safe) | `calls_per_s` |
+//! | `batch8_writes_distinct_10ms` | 1 | 8 × `write` (files 0–7, 10 ms) | `wall_ms` (mean turn) |
+//! | `batch8_writes_same_file_10ms` | 1 | 8 × `write_same_file` (file 0, 10 ms) | `wall_ms` |
+//!
+//! The last two are Switchboard's own (issue #14, resource-aware scheduling): eight writes that
+//! declare eight different files overlap like eight safe sleeps, eight writes of one file run one
+//! after another.
 //!
 //! Every line carries `direct_ratio` = engine ÷ direct (calls/s, or wall time for the sleep
 //! batch, where 1.0 is ideal and higher is slower). Each workload runs for `--duration` (default
@@ -43,8 +49,8 @@ pub struct PeerWorkload {
     wall: bool,
 }
 
-/// The six workloads, in the order of `peers.md`.
-pub const WORKLOADS: [PeerWorkload; 6] = [
+/// The six workloads of `peers.md`, in its order, then the two write workloads.
+pub const WORKLOADS: [PeerWorkload; 8] = [
     PeerWorkload {
         name: "single_call_noop",
         sessions: 1,
@@ -98,6 +104,24 @@ pub const WORKLOADS: [PeerWorkload; 6] = [
         serial: false,
         errors: false,
         wall: false,
+    },
+    PeerWorkload {
+        name: "batch8_writes_distinct_10ms",
+        sessions: 1,
+        calls_per_turn: 8,
+        tool: ToolKind::Write,
+        serial: false,
+        errors: false,
+        wall: true,
+    },
+    PeerWorkload {
+        name: "batch8_writes_same_file_10ms",
+        sessions: 1,
+        calls_per_turn: 8,
+        tool: ToolKind::Write,
+        serial: true,
+        errors: false,
+        wall: true,
     },
 ];
 
@@ -153,9 +177,12 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         progress: config.progress,
         sample_rss: false,
     };
+    let mut specs = load_tools(sleep);
+    specs.extend(crate::testing::write_tools(sleep));
     let tools = ToolSet {
-        specs: load_tools(sleep),
+        specs,
         workspace: None,
+        policy: None,
     };
     let mut best: Option<(Phase, Phase)> = None;
     let mut violations = Recorder::default();

@@ -112,6 +112,7 @@ async fn run_one(
     let tools = ToolSet {
         specs: load_tools(sleep),
         workspace: None,
+        policy: None,
     };
     let mut best: Option<(Phase, Phase)> = None;
     let mut violations = Recorder::default();

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 
 use super::ToolKind;
 use crate::protocol::ToolCall;
-use crate::testing::NAMES;
 pub use crate::testing::{CPU_WORK_MAX, TEXT, load_tools, schema};
+use crate::testing::{NAMES, WRITE_NAMES};
 use crate::tool::{Handler, ToolSpec};
 
 /// The name used for unknown-tool calls.
@@ -87,7 +87,7 @@ pub fn fault_tools() -> Vec<ToolSpec> {
             FAULT_NAMES[0],
             "Panics (load fault injection).",
             schema(),
-            Handler::inline(|_, _| panic!("{INJECTED_PANIC}")),
+            Handler::inline::<_, String>(|_, _| panic!("{INJECTED_PANIC}")),
         )
         .concurrency_safe(true),
         ToolSpec::new(
@@ -200,9 +200,9 @@ impl Templates {
                 let valid: Vec<Template> = if workload.tool == ToolKind::Builtin {
                     vec![builtin_call(index, i)]
                 } else {
-                    (0..NAMES.len())
+                    (0..base_names(workload.tool).len())
                         .map(|v| {
-                            let n = if v / 2 == 2 {
+                            let n = if workload.tool != ToolKind::Write && v / 2 == 2 {
                                 workload.cpu_work
                             } else {
                                 i as u64
@@ -247,17 +247,21 @@ impl Templates {
 /// The tool names a session's calls use: the workload's, the two fault tools, the unknown one
 /// last.
 fn names_for(tool: ToolKind) -> Vec<Arc<str>> {
-    let names: &[&str] = if tool == ToolKind::Builtin {
-        &BUILTIN_NAMES
-    } else {
-        &NAMES
-    };
-    names
+    base_names(tool)
         .iter()
         .chain(FAULT_NAMES.iter())
         .chain(std::iter::once(&UNKNOWN_TOOL))
         .map(|n| Arc::from(*n))
         .collect()
+}
+
+/// The workload tools a run's valid calls go to.
+fn base_names(tool: ToolKind) -> &'static [&'static str] {
+    match tool {
+        ToolKind::Builtin => &BUILTIN_NAMES,
+        ToolKind::Write => &WRITE_NAMES,
+        _ => &NAMES,
+    }
 }
 
 /// Which template a call slot uses this turn.
@@ -370,7 +374,7 @@ impl SessionTurns {
         }
         let base = match w.tool {
             ToolKind::Builtin => return Choice::Valid(0),
-            ToolKind::Noop => 0,
+            ToolKind::Write | ToolKind::Noop => 0,
             ToolKind::Sleep => 2,
             ToolKind::Cpu => 4,
             ToolKind::Mixed => match self.rng.next_f64() {

@@ -107,6 +107,9 @@ pub struct ServeArgs {
     /// Sandbox of bash commands.
     #[command(flatten)]
     pub sandbox: crate::command::SandboxArgs,
+    /// Permission policy and audit log (ask is deny: nobody can approve over stdio).
+    #[command(flatten)]
+    pub policy: crate::command::PolicyArgs,
 }
 
 /// Serves the built-in tools over MCP on stdin/stdout until the client closes stdin (or ctrl-c).
@@ -117,12 +120,15 @@ pub async fn mcp_serve(args: ServeArgs) -> ExitCode {
         Err(e) => return fail(2, &format!("cannot open workspace {}: {e}", root.display())),
     };
     let specs = builtin_tools();
-    let engine = match Engine::builder()
+    let builder = Engine::builder()
         .tools(specs.clone())
         .workspace(ws)
-        .sandbox(args.sandbox.config())
-        .build()
-    {
+        .sandbox(args.sandbox.config());
+    let builder = match args.policy.apply(builder) {
+        Ok(b) => b,
+        Err(e) => return fail(2, &e),
+    };
+    let engine = match builder.build() {
         Ok(e) => e,
         Err(e) => return fail(1, &e.to_string()),
     };

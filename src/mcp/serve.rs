@@ -3,7 +3,8 @@
 //! Every `tools/call` is one turn of one call through the engine (validation, timeout, output cap,
 //! metrics), so the guarantees of a dispatched call hold. Tools that are concurrency-safe
 //! (`read_file`, `glob`) carry `readOnlyHint: true`; the others (`write_file`, `edit_file`,
-//! `bash`) carry `destructiveHint: true`. A failed call is an `isError: true` result whose text is
+//! `bash`) carry `destructiveHint: true`. A result is one text block, or, when a tool returned an
+//! image, its text and image blocks in order. A failed call is an `isError: true` result whose text is
 //! the `Error [<code>]: <detail>` line. A client's `notifications/cancelled` cancels the call
 //! (its processes are killed); per the protocol, no response is sent for it.
 
@@ -19,7 +20,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 
 use crate::engine::Engine;
-use crate::protocol::ToolCall;
+use crate::protocol::{Block, ToolCall};
 use crate::tool::ToolSpec;
 
 /// The MCP view of some registered tools.
@@ -117,11 +118,27 @@ impl ServerHandler for Served {
         let result = results.pop().ok_or_else(|| {
             ErrorData::internal_error("the engine returned no result".to_string(), None)
         })?;
-        let content = vec![ContentBlock::text(result.content)];
+        let content = mcp_content(result.content, result.blocks);
         Ok(CallToolResponse::Complete(match result.error {
             None => CallToolResult::success(content),
             Some(_) => CallToolResult::error(content),
         }))
+    }
+}
+
+/// A result's content as MCP content: its text as one text block, or, when it carries an image,
+/// its text and image blocks in order.
+fn mcp_content(text: String, blocks: Option<Box<[Block]>>) -> Vec<ContentBlock> {
+    match blocks {
+        None => vec![ContentBlock::text(text)],
+        Some(blocks) => blocks
+            .into_vec()
+            .into_iter()
+            .map(|block| match block {
+                Block::Text(text) => ContentBlock::text(text),
+                Block::Image(image) => ContentBlock::image(image.data, image.media_type),
+            })
+            .collect(),
     }
 }
 
@@ -141,4 +158,30 @@ pub async fn serve_stdio(
         .await
         .map_err(|e| format!("the MCP server task failed: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::TINY_PNG;
+    use serde_json::json;
+
+    #[test]
+    fn text_stays_one_text_block_and_images_become_mcp_image_blocks() {
+        let text = serde_json::to_value(mcp_content("plain".into(), None)).unwrap();
+        assert_eq!(text, json!([{"type": "text", "text": "plain"}]));
+        let blocks = vec![Block::text("look:"), Block::image("image/png", TINY_PNG)];
+        let mixed = serde_json::to_value(mcp_content(
+            "look:\n[image: …]".into(),
+            Some(blocks.into_boxed_slice()),
+        ))
+        .unwrap();
+        assert_eq!(
+            mixed,
+            json!([
+                {"type": "text", "text": "look:"},
+                {"type": "image", "data": TINY_PNG, "mimeType": "image/png"}
+            ])
+        );
+    }
 }

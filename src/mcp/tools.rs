@@ -6,9 +6,12 @@
 //! * Policy: `annotations.readOnlyHint: true` → concurrency-safe, otherwise serial; the server's
 //!   `parallel` key overrides; `timeout_ms` is the tool's timeout, `max_concurrency` its cap.
 //! * A call waits (within its deadline) while its server starts or restarts, sends `tools/call`
-//!   with the raw name, and maps the result: text blocks as text, images and audio as a note,
-//!   embedded text resources as their text, `structuredContent` as JSON text when no text block is
-//!   given; `isError: true` → `execution_error`.
+//!   with the raw name, and maps the result: text blocks as text, images as image blocks (checked
+//!   and counted against the output cap by [`ToolOutput::capped`]: an Anthropic `tool_result`
+//!   shows them, an OpenAI tool message carries their note), audio as a note (no wire carries it),
+//!   embedded text resources as their text, other resources and links as notes,
+//!   `structuredContent` as JSON text when no text block is given; `isError: true` →
+//!   `execution_error` with the text (images as notes).
 //! * Timeout or cancellation drops the request; rmcp then sends `notifications/cancelled` with the
 //!   request id, and the late response is dropped. A server that exits mid-call answers the call
 //!   `execution_error` at once.
@@ -17,13 +20,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::ServiceError;
-use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents, Tool};
 use serde_json::Value;
 
 use super::names;
 use super::server_conn::{Link, Live, Shared, ToolEntry};
 use crate::protocol::ErrorCode;
-use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
+use crate::tool::{Block, Handler, ToolContext, ToolError, ToolOutcome, ToolOutput, ToolSpec};
 
 /// How long a call whose connection closed waits for the supervisor to notice the exit.
 const EXIT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -187,64 +190,73 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
     }
 }
 
-/// Maps a `tools/call` result to the model's text (see the module docs).
+/// Maps a `tools/call` result to the call's output (see the module docs).
 pub fn map_result(result: CallToolResult) -> ToolOutcome {
-    let mut parts: Vec<String> = Vec::new();
+    let mut blocks: Vec<Block> = Vec::with_capacity(result.content.len() + 1);
     let mut has_text = false;
-    for block in &result.content {
-        let v = serde_json::to_value(block).unwrap_or(Value::Null);
-        let kind = v["type"].as_str().unwrap_or("");
-        match kind {
-            "text" => {
+    for block in result.content {
+        blocks.push(match block {
+            ContentBlock::Text(t) => {
                 has_text = true;
-                parts.push(v["text"].as_str().unwrap_or_default().to_string());
+                Block::Text(t.text)
             }
-            "image" | "audio" => parts.push(format!(
-                "[{kind}: {}, {} bytes base64, not shown]",
-                v["mimeType"].as_str().unwrap_or("unknown type"),
-                v["data"].as_str().map_or(0, str::len)
+            ContentBlock::Image(i) => Block::image(i.mime_type, i.data),
+            // An Anthropic tool_result has no audio block: a note on every wire.
+            ContentBlock::Audio(a) => Block::Text(format!(
+                "[audio: {}, {} bytes base64, not shown]",
+                a.mime_type,
+                a.data.len()
             )),
-            "resource" => {
-                let r = &v["resource"];
-                let uri = r["uri"].as_str().unwrap_or("");
-                match r["text"].as_str() {
-                    Some(text) => {
-                        has_text = true;
-                        parts.push(text.to_string());
-                    }
-                    None => parts.push(format!(
-                        "[resource {uri}: {}, {} bytes base64, not shown]",
-                        r["mimeType"].as_str().unwrap_or("unknown type"),
-                        r["blob"].as_str().map_or(0, str::len)
-                    )),
+            ContentBlock::Resource(r) => match r.resource {
+                ResourceContents::TextResourceContents { text, .. } => {
+                    has_text = true;
+                    Block::Text(text)
                 }
+                ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type,
+                    blob,
+                    ..
+                } => Block::Text(format!(
+                    "[resource {uri}: {}, {} bytes base64, not shown]",
+                    mime_type.as_deref().unwrap_or("unknown type"),
+                    blob.len()
+                )),
+                _ => Block::Text("[resource content, not shown]".to_string()),
+            },
+            ContentBlock::ResourceLink(link) => {
+                Block::Text(format!("[resource link: {} ({})]", link.uri, link.name))
             }
-            "resource_link" => parts.push(format!(
-                "[resource link: {} ({})]",
-                v["uri"].as_str().unwrap_or(""),
-                v["name"].as_str().unwrap_or("")
-            )),
-            other => parts.push(format!("[{other} content, not shown]")),
-        }
+            other => {
+                let kind = serde_json::to_value(&other)
+                    .ok()
+                    .and_then(|v| v["type"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                Block::Text(format!("[{kind} content, not shown]"))
+            }
+        });
     }
     if !has_text && let Some(structured) = &result.structured_content {
-        parts.insert(0, structured.to_string());
+        blocks.insert(0, Block::Text(structured.to_string()));
     }
-    let text = parts.join("\n");
+    let output = ToolOutput::blocks(blocks);
     if result.is_error == Some(true) {
+        // Errors are text: an image in one is its note.
+        let text = output.into_text();
         Err(ToolError::execution(if text.is_empty() {
             "the MCP server reported an error without detail".to_string()
         } else {
             text
         }))
     } else {
-        Ok(text)
+        Ok(output)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::TINY_PNG;
     use serde_json::json;
 
     fn result(v: Value) -> CallToolResult {
@@ -252,17 +264,51 @@ mod tests {
     }
 
     #[test]
-    fn content_blocks_map_to_text() {
+    fn content_blocks_map_to_text_and_images_in_order() {
         let r = result(json!({"content": [
             {"type": "text", "text": "hello"},
-            {"type": "image", "data": "aGVsbG8=", "mimeType": "image/png"},
+            {"type": "image", "data": TINY_PNG, "mimeType": "image/png"},
+            {"type": "audio", "data": "UklG", "mimeType": "audio/wav"},
             {"type": "resource", "resource": {"uri": "file:///a", "text": "inside"}},
             {"type": "resource", "resource": {"uri": "file:///b", "blob": "AAAA", "mimeType": "application/zip"}}
         ]}));
+        let out = map_result(r).unwrap();
+        let image_note = format!(
+            "[image: image/png, {} bytes base64, not shown]",
+            TINY_PNG.len()
+        );
+        let audio_note = "[audio: audio/wav, 4 bytes base64, not shown]";
+        let zip_note = "[resource file:///b: application/zip, 4 bytes base64, not shown]";
         assert_eq!(
-            map_result(r).unwrap(),
-            "hello\n[image: image/png, 8 bytes base64, not shown]\ninside\n\
-             [resource file:///b: application/zip, 4 bytes base64, not shown]"
+            out.as_str(),
+            format!("hello\n{image_note}\n{audio_note}\ninside\n{zip_note}")
+        );
+        assert_eq!(
+            out.images().unwrap(),
+            &[
+                Block::text("hello"),
+                Block::image("image/png", TINY_PNG),
+                Block::text(audio_note),
+                Block::text("inside"),
+                Block::text(zip_note),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_error_with_an_image_is_text_with_its_note() {
+        let r = result(json!({"isError": true, "content": [
+            {"type": "text", "text": "render failed"},
+            {"type": "image", "data": TINY_PNG, "mimeType": "image/png"}
+        ]}));
+        let e = map_result(r).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ExecutionError);
+        assert_eq!(
+            e.detail,
+            format!(
+                "render failed\n[image: image/png, {} bytes base64, not shown]",
+                TINY_PNG.len()
+            )
         );
     }
 

@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use super::assemble::{ArgumentBuffer, parse_arguments, tool_use_block};
 use super::sse::SseEvent;
 use super::{Failure, Http, HttpConfig, OPENAI_BASE_URL, StreamDecoder};
+use crate::protocol::image_note;
 use crate::provider::{
     EventSink, ModelRequest, ModelResponse, Provider, ProviderError, StreamEvent,
 };
@@ -171,6 +172,30 @@ fn text_of(content: &Value) -> String {
     }
 }
 
+/// A `tool_result`'s content as tool-message text: a tool message carries text only, so each
+/// image block becomes the same note a dispatched result's OpenAI message carries.
+fn tool_result_text(content: &Value) -> String {
+    let Value::Array(blocks) = content else {
+        return text_of(content);
+    };
+    let mut parts = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => parts.push(b["text"].as_str().unwrap_or_default().to_string()),
+            Some("image") => {
+                let source = &b["source"];
+                parts.push(image_note(
+                    source["media_type"].as_str().unwrap_or("unknown type"),
+                    source["data"].as_str().map_or(0, str::len),
+                    None,
+                ));
+            }
+            _ => {}
+        }
+    }
+    parts.join("\n")
+}
+
 /// The system prompt and an Anthropic-shaped history as Chat Completions `messages`.
 pub fn chat_messages(system: &str, history: &[Value]) -> Vec<Value> {
     let mut out = Vec::with_capacity(history.len() + 1);
@@ -230,7 +255,7 @@ pub fn chat_messages(system: &str, history: &[Value]) -> Vec<Value> {
                 out.push(json!({
                     "role": "tool",
                     "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null),
-                    "content": text_of(b.get("content").unwrap_or(&Value::Null)),
+                    "content": tool_result_text(b.get("content").unwrap_or(&Value::Null)),
                 }));
             }
         }
@@ -456,7 +481,7 @@ impl StreamDecoder for OpenAiStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Timing, ToolDispatchResult, encode_openai};
+    use crate::protocol::{Block, TINY_PNG, Timing, ToolDispatchResult, ToolOutput, encode_openai};
     use crate::provider::MALFORMED_INPUT_KEY;
 
     #[test]
@@ -470,13 +495,21 @@ mod tests {
                 "tool is not registered: nope",
                 Timing::default(),
             ),
+            ToolDispatchResult::from_output(
+                "c3".into(),
+                "shot".into(),
+                ToolOutput::blocks([Block::text("see:"), Block::image("image/png", TINY_PNG)])
+                    .capped(50_000),
+                Timing::default(),
+            ),
         ];
         let history = vec![
             json!({"role":"user","content":"find files"}),
             json!({"role":"assistant","content":[
                 {"type":"text","text":"Looking."},
                 {"type":"tool_use","id":"c1","name":"glob","input":{"pattern":"*.rs"}},
-                {"type":"tool_use","id":"c2","name":"nope","input":{}}
+                {"type":"tool_use","id":"c2","name":"nope","input":{}},
+                {"type":"tool_use","id":"c3","name":"shot","input":{}}
             ]}),
             crate::protocol::encode_anthropic(&results),
         ];
@@ -487,8 +520,19 @@ mod tests {
             messages[2],
             json!({"role":"assistant","content":"Looking.","tool_calls":[
                 {"id":"c1","type":"function","function":{"name":"glob","arguments":"{\"pattern\":\"*.rs\"}"}},
-                {"id":"c2","type":"function","function":{"name":"nope","arguments":"{}"}}
+                {"id":"c2","type":"function","function":{"name":"nope","arguments":"{}"}},
+                {"id":"c3","type":"function","function":{"name":"shot","arguments":"{}"}}
             ]})
+        );
+        // The history carries the image as an image block; the tool message carries its note,
+        // exactly as a dispatched result's OpenAI message does.
+        assert!(history[2]["content"][2]["content"][1]["source"]["data"] == TINY_PNG);
+        assert_eq!(
+            messages[5]["content"],
+            format!(
+                "see:\n[image: image/png, {} bytes base64, not shown]",
+                TINY_PNG.len()
+            )
         );
         assert_eq!(
             Value::Array(messages[3..].to_vec()),

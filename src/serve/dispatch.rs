@@ -90,8 +90,14 @@ pub async fn dispatch(
     } else {
         (None, None)
     };
+    // A streamed turn carries its approval requests (`approval_required` events); a turn
+    // without a stream has nobody to ask, and its `ask` calls are refused.
+    let engine_id = session.session().id().to_string();
+    let approvals = ask.stream.then(|| app.approvals.subscribe(&engine_id));
+    let unsubscribe = (app.approvals.clone(), engine_id);
     let task = tokio::spawn(async move {
         let _held = (permit, turn);
+        let _unsubscribe = Unsubscribe(unsubscribe);
         let engine_session = session.session().clone();
         let counted = &session;
         dispatch_document_with(ask.format, &text, |calls| {
@@ -109,7 +115,7 @@ pub async fn dispatch(
 
     if ask.stream && started_rx.await.is_ok() {
         let results = results.unwrap_or_else(|| mpsc::unbounded_channel().1);
-        return Ok(sse::stream(ask.format, results, task));
+        return Ok(sse::stream(ask.format, results, approvals, task));
     }
     match task.await {
         Ok(Ok(answer)) => Ok(json_response(StatusCode::OK, answer)),
@@ -117,6 +123,43 @@ pub async fn dispatch(
         Ok(Err(reason)) => Err(ApiError::BadRequest(reason.to_string())),
         Err(e) => Err(ApiError::Internal(format!("the turn's task failed: {e}"))),
     }
+}
+
+/// Stops routing the session's approval requests to this turn's stream when the turn ends.
+struct Unsubscribe((crate::policy::Approvals, String));
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        let (approvals, id) = &self.0;
+        approvals.unsubscribe(id);
+    }
+}
+
+/// `POST /v1/sessions/{id}/approvals/{approval_id}` with `{"allow": bool}`: answers an approval
+/// request of the session's turn in flight. `404 unknown_approval` when there is none of that id
+/// (answered already, timed out, or another session's).
+pub async fn approve(
+    State(app): State<Arc<App>>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Path((id, approval_id)) =
+        ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
+    let session = app.sessions.get(&id)?;
+    let text = read_body(&headers, body, app.max_body).await?;
+    let allow = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("allow").and_then(serde_json::Value::as_bool))
+        .ok_or_else(|| ApiError::BadRequest("the body must be {\"allow\": true|false}".into()))?;
+    if !app
+        .approvals
+        .answer(session.session().id(), &approval_id, allow)
+    {
+        return Err(ApiError::UnknownApproval(approval_id));
+    }
+    let body = serde_json::json!({"approval_id": approval_id, "allow": allow}).to_string();
+    Ok(json_response(StatusCode::OK, body))
 }
 
 #[cfg(test)]

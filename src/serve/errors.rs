@@ -20,6 +20,8 @@ pub enum ApiError {
     Unauthorized,
     /// No session of this id: never created, deleted, or closed after being idle (404).
     UnknownSession(String),
+    /// No pending approval of this id in the session (404).
+    UnknownApproval(String),
     /// Not JSON, not an accepted shape, a bad workspace name or query parameter (400).
     BadRequest(String),
     /// The body is bigger than `--max-body` (413).
@@ -54,6 +56,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "unauthorized",
             ApiError::UnknownSession(_) => "unknown_session",
+            ApiError::UnknownApproval(_) => "unknown_approval",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::TooManySessions(_) => "too_many_sessions",
@@ -69,7 +72,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::UnknownSession(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::UnknownSession(_) | ApiError::UnknownApproval(_) | ApiError::NotFound => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManySessions(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -88,6 +93,9 @@ impl ApiError {
             ApiError::UnknownSession(id) => {
                 format!("no session `{id}` (never created, deleted, or closed after being idle)")
             }
+            ApiError::UnknownApproval(id) => format!(
+                "no approval `{id}` is waiting in this session (answered already, timed out, or never asked)"
+            ),
             ApiError::BadRequest(m) | ApiError::Internal(m) => m.clone(),
             ApiError::PayloadTooLarge(limit) => {
                 format!("the request body is larger than {limit} bytes (--max-body)")
@@ -140,6 +148,7 @@ mod tests {
         let client_caused = [
             ApiError::Unauthorized,
             ApiError::UnknownSession("x".into()),
+            ApiError::UnknownApproval("a1".into()),
             ApiError::BadRequest("x".into()),
             ApiError::PayloadTooLarge(1),
             ApiError::TooManySessions(1),

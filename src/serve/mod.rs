@@ -96,6 +96,10 @@ pub struct ServeArgs {
     /// variants), for benchmarks.
     #[arg(long)]
     pub with_load_tools: bool,
+    /// Permission policy and audit log; `ask` is answered by the client (an `approval_required`
+    /// event on the turn's stream, then `POST …/approvals/{approval_id}`).
+    #[command(flatten)]
+    pub policy: crate::command::PolicyArgs,
 }
 
 /// How a [`Server`] is set up (the library side of [`ServeArgs`]).
@@ -123,6 +127,8 @@ pub struct ServeConfig {
     pub workers: Option<usize>,
     /// The installed Prometheus recorder, rendered at `/metrics` (empty without one).
     pub prometheus: Option<crate::exporter::MetricsHandle>,
+    /// Permission policy and audit log (default: none).
+    pub policy: crate::command::PolicyArgs,
 }
 
 impl ServeConfig {
@@ -140,6 +146,7 @@ impl ServeConfig {
             load_tools: false,
             workers: None,
             prometheus: None,
+            policy: crate::command::PolicyArgs::default(),
         }
     }
 }
@@ -177,6 +184,10 @@ impl Server {
         if let Some(w) = config.workers {
             builder = builder.workers(w);
         }
+        let approvals = crate::policy::Approvals::new();
+        let builder = config
+            .policy
+            .apply_with(builder, Arc::new(approvals.clone()))?;
         let engine = builder.build().map_err(|e| e.to_string())?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -199,6 +210,7 @@ impl Server {
             stopping: CancellationToken::new(),
             prometheus: config.prometheus,
             http_metrics: HttpMetrics::new(&routes::route_templates()),
+            approvals,
         });
         Ok(Server {
             listener,
@@ -326,6 +338,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         max_requests: args.max_requests,
         load_tools: args.with_load_tools,
         prometheus: Some(prometheus),
+        policy: args.policy,
         ..ServeConfig::new(args.listen, args.workspace_root, auth)
     };
     let server = match Server::bind(config).await {

@@ -52,6 +52,8 @@ pub struct App {
     pub prometheus: Option<crate::exporter::MetricsHandle>,
     /// Request counters and latency.
     pub http_metrics: HttpMetrics,
+    /// Approvals waiting for a client's answer (the policy's approver).
+    pub approvals: crate::policy::Approvals,
 }
 
 impl App {
@@ -103,6 +105,11 @@ pub fn route_table() -> Vec<RouteDef> {
             Method::POST,
             "/v1/sessions/{id}/cancel",
             post(cancel_session),
+        ),
+        v1(
+            Method::POST,
+            "/v1/sessions/{id}/approvals/{approval_id}",
+            post(dispatch::approve),
         ),
         v1(Method::GET, "/v1/tools", get(tools)),
         v1(Method::GET, "/v1/openapi.json", get(openapi)),

@@ -56,20 +56,32 @@ fn items(format: WireFormat, answer: &str) -> Vec<Value> {
 pub fn stream(
     format: WireFormat,
     mut results: mpsc::UnboundedReceiver<(usize, ToolDispatchResult)>,
+    mut approvals: Option<mpsc::UnboundedReceiver<crate::policy::ApprovalRequest>>,
     turn: JoinHandle<Result<String, DocumentError>>,
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Event>(BUFFERED_EVENTS);
     tokio::spawn(async move {
         let mut sent = BTreeSet::new();
-        while let Some((index, result)) = results.recv().await {
-            if tx
-                .send(result_event(index, encode(format, &result)))
-                .await
-                .is_err()
-            {
+        loop {
+            let event = tokio::select! {
+                biased;
+                next = results.recv() => match next {
+                    Some((index, result)) => {
+                        sent.insert(index);
+                        result_event(index, encode(format, &result))
+                    }
+                    None => break,
+                },
+                Some(request) = async {
+                    match approvals.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => approval_event(&request),
+            };
+            if tx.send(event).await.is_err() {
                 return; // the client went away; the turn runs on by itself
             }
-            sent.insert(index);
         }
         let answer = match turn.await {
             Ok(Ok(answer)) => answer,
@@ -97,6 +109,13 @@ pub fn stream(
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// `event: approval_required`, data: the request (`approval_id`, `tool_use_id`, `tool_name`,
+/// `tool_input`, `subject`, `rule`).
+fn approval_event(request: &crate::policy::ApprovalRequest) -> Event {
+    let data = serde_json::to_string(request).unwrap_or_else(|_| "{}".into());
+    Event::default().event("approval_required").data(data)
 }
 
 async fn error(tx: &mpsc::Sender<Event>, code: &str, message: &str) {

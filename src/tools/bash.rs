@@ -159,7 +159,8 @@ pub enum Launcher {
     Direct,
 }
 
-/// The `bash` spec: async, not concurrency-safe, policy timeout [`MAX_TIMEOUT`] (each call is
+/// The `bash` spec: async, not concurrency-safe and **exclusive** (a command may touch anything:
+/// it runs after every earlier call of its turn and before every later one), policy timeout [`MAX_TIMEOUT`] (each call is
 /// bounded by its own `timeout_ms`, default 120 s), 50,000 bytes. Namespaces are used when they
 /// work ([`Isolation::Auto`]).
 pub fn spec() -> ToolSpec {
@@ -197,6 +198,11 @@ pub fn spec_with(isolation: Isolation) -> ToolSpec {
             async move { tool.run(args, ctx).await }
         }),
     )
+    .subject(|args| {
+        args.get("command")
+            .and_then(serde_json::Value::as_str)
+            .map(|c| crate::policy::Subject::Command(c.to_string()))
+    })
     .concurrency_safe(false)
     .timeout(MAX_TIMEOUT)
     .output_cap(OUTPUT_CAP)
@@ -471,7 +477,7 @@ impl Bash {
                 if let Some(code) = status.code().filter(|&code| code != 0) {
                     text.push_str(&format!("\n[exit code: {code}]"));
                 }
-                Ok(text)
+                Ok(text.into())
             }
         }
     }

@@ -9,12 +9,13 @@
 use serde_json::{Value, json};
 
 use crate::file_state::{DirLock, Stamp};
-use crate::tool::{Handler, ToolContext, ToolError, ToolSpec};
+use crate::tool::{Access, Handler, Mode, ToolContext, ToolError, ToolSpec};
 use crate::tools::read_file::read_text;
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
-/// The `edit_file` spec: blocking, not concurrency-safe.
+/// The `edit_file` spec: blocking, not concurrency-safe; a call **writes its `path`** (it reads
+/// it too, which a write covers; see [`access`]).
 pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "edit_file",
@@ -34,7 +35,14 @@ pub fn spec() -> ToolSpec {
         }),
         Handler::blocking(|args, ctx| run(super::writable_workspace(ctx)?, args, ctx)),
     )
+    .path_subject("path")
     .concurrency_safe(false)
+    .access(access)
+}
+
+/// The access of an `edit_file` call: a write of its `path` (as `write_file`).
+pub fn access(args: &Value, ws: Option<&Workspace>) -> Result<Access, ToolError> {
+    super::path_access(args, ws, "path", Mode::Write)
 }
 
 fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {

@@ -18,7 +18,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::tool::{ToolError, ToolSpec, cap_output};
+use crate::tool::{Access, Resource, ToolError, ToolSpec, cap_output};
 use crate::workspace::{MAX_PATH_BYTES, Workspace};
 
 /// Output cap of `glob`, in bytes.
@@ -33,7 +33,8 @@ pub struct GlobArgs {
     pub pattern: String,
 }
 
-/// The `glob` spec: blocking, concurrency-safe.
+/// The `glob` spec: blocking, concurrency-safe; a call **reads the static prefix of its pattern**
+/// (see [`access`]).
 pub fn spec() -> ToolSpec {
     ToolSpec::typed_blocking(
         "glob",
@@ -41,7 +42,41 @@ pub fn spec() -> ToolSpec {
         |args: GlobArgs, ctx| run(ctx.workspace()?, &args.pattern),
     )
     .concurrency_safe(true)
+    .access(access)
     .output_cap(OUTPUT_CAP)
+}
+
+/// The access of a `glob` call: a read of the directory its pattern is confined to — the
+/// segments before the first one holding a glob metacharacter (`*?[{\`): `src/**/*.rs` reads
+/// `src`, `**/*.rs` or `*.md` reads the whole workspace, a pattern without metacharacters reads
+/// exactly the path it names. `.` segments are dropped as the walk drops them; a pattern the tool
+/// refuses (`..`, a leading `/`) makes the call exclusive (it is answered with the refusal).
+pub fn access(args: &serde_json::Value, ws: Option<&Workspace>) -> Result<Access, ToolError> {
+    let ws = ws.ok_or_else(|| ToolError::execution("no workspace"))?;
+    let pattern = args
+        .get("pattern")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| ToolError::invalid("argument 'pattern' must be a string"))?;
+    Ok(Access::read(static_prefix(ws, pattern)?))
+}
+
+/// The directory a pattern's matches all lie in (the workspace root when the first segment
+/// already holds a metacharacter).
+fn static_prefix(ws: &Workspace, pattern: &str) -> Result<Resource, ToolError> {
+    if pattern.starts_with('/') {
+        return Err(ToolError::permission(format!(
+            "path escapes workspace: {pattern}"
+        )));
+    }
+    let literal: Vec<&str> = pattern
+        .split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .take_while(|s| !s.contains(['*', '?', '[', '{', '\\']))
+        .collect();
+    if literal.is_empty() {
+        return Ok(Resource::root());
+    }
+    Resource::path(ws, &literal.join("/"))
 }
 
 /// A parsed pattern: its matcher and the two flags the walk needs.
@@ -164,6 +199,25 @@ mod tests {
                 "{p}"
             );
         }
+    }
+
+    #[test]
+    fn a_glob_reads_the_directory_before_its_first_metacharacter() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let prefix = |p: &str| {
+            static_prefix(&ws, p).map(|r| match r {
+                Resource::Path(p) => p.to_string_lossy().into_owned(),
+                other => format!("{other:?}"),
+            })
+        };
+        assert_eq!(prefix("src/**/*.rs").unwrap(), "src");
+        assert_eq!(prefix("./src/a/*.rs").unwrap(), "src/a");
+        assert_eq!(prefix("**/*.rs").unwrap(), ".");
+        assert_eq!(prefix("*.md").unwrap(), ".");
+        assert_eq!(prefix("src/main.rs").unwrap(), "src/main.rs");
+        assert_eq!(prefix("src/{a,b}/x").unwrap(), "src");
+        assert!(prefix("../x/*").is_err() && prefix("/etc/*").is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::tool::{ToolContext, ToolError, ToolSpec};
+use crate::tool::{Access, Mode, Resource, ToolContext, ToolError, ToolSpec};
 use crate::workspace::Workspace;
 
 pub mod bash;
@@ -28,6 +28,21 @@ pub fn builtin_tools() -> Vec<ToolSpec> {
         edit_file::spec(),
         glob::spec(),
     ]
+}
+
+/// The access of a call that touches the one workspace path in its argument `arg` (`read_file`
+/// reads it; `write_file` and `edit_file` write it). Without a workspace, or for a path the
+/// confinement refuses, there is nothing to declare: the error makes the call exclusive, and the
+/// call itself is then answered with the confinement's error.
+pub(crate) fn path_access(
+    args: &Value,
+    ws: Option<&Workspace>,
+    arg: &str,
+    mode: Mode,
+) -> Result<Access, ToolError> {
+    let ws = ws.ok_or_else(|| ToolError::execution("no workspace"))?;
+    let resource = Resource::path(ws, str_arg(args, arg)?)?;
+    Ok(Access::Set(vec![(resource, mode)]))
 }
 
 /// A required string argument. The schema already guarantees it, but handlers may be called

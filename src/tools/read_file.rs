@@ -21,7 +21,7 @@ use cap_std::fs::{OpenOptions, OpenOptionsExt};
 use serde_json::{Value, json};
 
 use crate::file_state::Stamp;
-use crate::tool::{Handler, ToolContext, ToolError, ToolSpec, cap_output};
+use crate::tool::{Access, Handler, Mode, ToolContext, ToolError, ToolSpec, cap_output};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
@@ -30,7 +30,8 @@ pub const OUTPUT_CAP: usize = 50_000;
 /// Largest file `read_file` and `edit_file` will load, in bytes (64 MiB).
 pub const MAX_TEXT_BYTES: u64 = 64 * 1024 * 1024;
 
-/// The `read_file` spec: blocking, concurrency-safe.
+/// The `read_file` spec: blocking, concurrency-safe; a call **reads its `path`** (see
+/// [`access`]).
 pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "read_file",
@@ -46,8 +47,15 @@ pub fn spec() -> ToolSpec {
         }),
         Handler::blocking(|args, ctx| run(ctx.workspace()?, args, ctx)),
     )
+    .path_subject("path")
     .concurrency_safe(true)
+    .access(access)
     .output_cap(OUTPUT_CAP)
+}
+
+/// The access of a `read_file` call: a read of its `path`, normalised like the confinement.
+pub fn access(args: &Value, ws: Option<&Workspace>) -> Result<Access, ToolError> {
+    super::path_access(args, ws, "path", Mode::Read)
 }
 
 fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {

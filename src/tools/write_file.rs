@@ -9,11 +9,12 @@
 use serde_json::{Value, json};
 
 use crate::file_state::{DirLock, Stamp};
-use crate::tool::{Handler, ToolContext, ToolError, ToolSpec};
+use crate::tool::{Access, Handler, Mode, ToolContext, ToolError, ToolSpec};
 use crate::tools::str_arg;
 use crate::workspace::Workspace;
 
-/// The `write_file` spec: blocking, not concurrency-safe.
+/// The `write_file` spec: blocking, not concurrency-safe (it never starts while the answer is
+/// still streaming); a call **writes its `path`** (see [`access`]).
 pub fn spec() -> ToolSpec {
     ToolSpec::new(
         "write_file",
@@ -29,7 +30,16 @@ pub fn spec() -> ToolSpec {
         }),
         Handler::blocking(|args, ctx| run(super::writable_workspace(ctx)?, args, ctx)),
     )
+    .path_subject("path")
     .concurrency_safe(false)
+    .access(access)
+}
+
+/// The access of a `write_file` call: a write of its `path`. The parent directories it may
+/// create are ancestors of that path, and a path conflicts with its ancestors (a listing of `a/`
+/// waits for a write of `a/b/c.txt`), so writing the path covers them.
+pub fn access(args: &Value, ws: Option<&Workspace>) -> Result<Access, ToolError> {
+    super::path_access(args, ws, "path", Mode::Write)
 }
 
 fn run(ws: &Workspace, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {

@@ -126,7 +126,7 @@ pub fn failing_tool(name: &str, code: ErrorCode, detail: &str) -> ToolSpec {
         name,
         "Always fails.",
         any_object(),
-        Handler::inline(move |_args, _ctx| Err(ToolError::new(code, detail.clone()))),
+        Handler::inline::<_, String>(move |_args, _ctx| Err(ToolError::new(code, detail.clone()))),
     )
     .concurrency_safe(true)
 }
@@ -299,4 +299,17 @@ pub fn ids(results: &[ToolDispatchResult]) -> Vec<String> {
 /// The outcome labels (`ok` or an error code) of results, in order.
 pub fn outcomes(results: &[ToolDispatchResult]) -> Vec<&'static str> {
     results.iter().map(ToolDispatchResult::outcome).collect()
+}
+
+/// One shared two-thread runtime for a property test's cases (a proptest body is synchronous;
+/// building a runtime per case would dominate its time).
+pub fn proptest_runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
 }

@@ -1,6 +1,7 @@
 """The asyncio client: the same API as the synchronous one, with ``await``."""
 
-from typing import Any, AsyncIterator, List, Optional, Tuple
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple
 
 import httpx
 
@@ -61,10 +62,21 @@ class AsyncSession:
             "POST", f"/v1/sessions/{self.id}/dispatch", params={"format": fmt}, content=body,
             headers={"content-type": "application/json"})
 
-    def stream(self, message: Any, format: Optional[str] = None) -> "AsyncDispatchStream":
+    def stream(self, message: Any, format: Optional[str] = None,
+               on_approval: Optional[Callable[[Any], bool]] = None) -> "AsyncDispatchStream":
+        """See :meth:`Session.stream` (``on_approval`` is a plain function here too)."""
         fmt, body = dispatch_request(message, format)
+
+        async def answer(request: Any) -> Any:
+            allow = bool(on_approval and on_approval(request))
+            return await self.approve(request["approval_id"], allow)
+
         return AsyncDispatchStream(self._client._http, f"/v1/sessions/{self.id}/dispatch",
-                                   {"format": fmt, "stream": "true"}, body)
+                                   {"format": fmt, "stream": "true"}, body, answer)
+
+    async def approve(self, approval_id: str, allow: bool) -> Any:
+        return await self._client._request(
+            "POST", f"/v1/sessions/{self.id}/approvals/{approval_id}", json={"allow": allow})
 
     async def info(self) -> Any:
         return await self._client._request("GET", f"/v1/sessions/{self.id}")
@@ -89,9 +101,11 @@ class AsyncSession:
 class AsyncDispatchStream:
     """``async for index, result in session.stream(msg)``; ``answer`` at the end."""
 
-    def __init__(self, http: httpx.AsyncClient, path: str, params: dict, body: bytes):
+    def __init__(self, http: httpx.AsyncClient, path: str, params: dict, body: bytes,
+                 answer_approval: Optional[Callable[[Any], Awaitable[Any]]] = None):
         self._http, self._path, self._params, self._body = http, path, params, body
         self._state = StreamState()
+        self._answer_approval = answer_approval
         self._iter: Optional[AsyncIterator[Tuple[int, Any]]] = None
 
     @property
@@ -111,6 +125,9 @@ class AsyncDispatchStream:
                 async for line in response.aiter_lines():
                     event = parser.feed(line.rstrip("\r"))
                     if event is None:
+                        continue
+                    if event[0] == "approval_required" and self._answer_approval is not None:
+                        await self._answer_approval(json.loads(event[1]))
                         continue
                     item = self._state.handle(*event)
                     if item is not None:

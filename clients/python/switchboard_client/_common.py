@@ -2,7 +2,7 @@
 
 import json
 import os
-from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import httpx
 
@@ -125,10 +125,18 @@ def parse_events(lines: Iterable[str]) -> Iterator[Tuple[str, str]]:
 class StreamState:
     """Interprets the events of a streamed dispatch."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_approval: Optional[Callable[[Any], Any]] = None) -> None:
         self.answer: Any = None
+        self.answer_approval = answer_approval
+        self.approvals: List[Any] = []
 
     def handle(self, event: str, data: str) -> Optional[Tuple[int, Any]]:
+        if event == "approval_required":
+            request = json.loads(data)
+            self.approvals.append(request)
+            if self.answer_approval is not None:
+                self.answer_approval(request)
+            return None
         if event == "result":
             item = json.loads(data)
             return item["index"], item["result"]

@@ -1,6 +1,6 @@
 """The synchronous client."""
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import httpx
 
@@ -67,12 +67,24 @@ class Session:
             "POST", f"/v1/sessions/{self.id}/dispatch", params={"format": fmt}, content=body,
             headers={"content-type": "application/json"})
 
-    def stream(self, message: Any, format: Optional[str] = None) -> "DispatchStream":
+    def stream(self, message: Any, format: Optional[str] = None,
+               on_approval: Optional[Callable[[Any], bool]] = None) -> "DispatchStream":
         """Like :meth:`dispatch`, yielding ``(index, result)`` as each call is answered; the
-        complete answer is ``.answer`` once the iteration ends."""
+        complete answer is ``.answer`` once the iteration ends. Under ``serve --policy``, a call
+        an ``ask`` rule holds is passed to ``on_approval(request)`` (``approval_id``,
+        ``tool_use_id``, ``tool_name``, ``tool_input``, ``subject``, ``rule``), whose truth
+        allows it; without ``on_approval`` it is denied at once."""
         fmt, body = dispatch_request(message, format)
         return DispatchStream(self._client._http, f"/v1/sessions/{self.id}/dispatch",
-                              {"format": fmt, "stream": "true"}, body)
+                              {"format": fmt, "stream": "true"}, body,
+                              lambda request: self.approve(
+                                  request["approval_id"],
+                                  bool(on_approval and on_approval(request))))
+
+    def approve(self, approval_id: str, allow: bool) -> Any:
+        """Answers a call waiting for approval (``unknown_approval`` if none of that id)."""
+        return self._client._request(
+            "POST", f"/v1/sessions/{self.id}/approvals/{approval_id}", json={"allow": allow})
 
     def info(self) -> Any:
         """``{"session_id", "workspace", "turns", "calls", "in_flight"}``."""
@@ -100,9 +112,10 @@ class Session:
 class DispatchStream:
     """The results of a streamed dispatch, as they come; ``answer`` at the end."""
 
-    def __init__(self, http: httpx.Client, path: str, params: dict, body: bytes):
+    def __init__(self, http: httpx.Client, path: str, params: dict, body: bytes,
+                 answer_approval: Optional[Callable[[Any], Any]] = None):
         self._http, self._path, self._params, self._body = http, path, params, body
-        self._state = StreamState()
+        self._state = StreamState(answer_approval)
         self._iter: Optional[Iterator[Tuple[int, Any]]] = None
 
     @property

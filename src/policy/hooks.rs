@@ -1,0 +1,644 @@
+//! Hooks: code that sees a call before it runs (`PreToolUse`: allow, deny, or replace its
+//! arguments) and its result after (`PostToolUse`: replace or annotate the content).
+//!
+//! Two kinds. In-process closures ([`Hook::pre`], [`Hook::post`], given to
+//! `Engine::builder().hook(…)`) cost a function call. External commands come from the policy
+//! file's `hooks` object in Claude Code's settings shape:
+//!
+//! ```json
+//! {"hooks": {"PreToolUse": [{"matcher": "bash|write_file",
+//!                            "hooks": [{"type": "command", "command": "./check.sh", "timeout": 10}]}]}}
+//! ```
+//!
+//! `matcher` is a regex over registry names (anchored; empty or `*`: every tool). A `command`
+//! hook is started per call with `bash -c`, in the workspace, with the same environment allowlist
+//! as `bash`; it reads Claude Code's hook input on stdin and answers with exit code 0 (stdout
+//! empty: no opinion; or decision JSON), or exit code 2 (denied, stderr is the reason). Stricter
+//! than Claude Code: any other exit code, a crash, a timeout (default 10 s) or stdout that is not
+//! JSON denies the call (fail closed). A `persistent` hook (`"type": "persistent"`) is started
+//! once and speaks JSON lines: one request line per call (the same input plus `"id"`), one answer
+//! line (the same output plus the `"id"`), so it costs a pipe round trip; it is restarted if it
+//! dies, and calls it had not answered are denied.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use regex::Regex;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{Mutex, oneshot};
+
+use super::rules::PolicyError;
+use crate::protocol::ToolDispatchResult;
+
+/// Default timeout of an external hook.
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest stdout or stderr kept from a per-call hook.
+const HOOK_OUTPUT_CAP: u64 = 64 * 1024;
+
+/// What a `PreToolUse` hook sees.
+#[derive(Debug)]
+pub struct PreToolUse<'a> {
+    /// The session's id.
+    pub session_id: &'a str,
+    /// The tool (registry name).
+    pub tool_name: &'a str,
+    /// The call's `tool_use_id`.
+    pub tool_use_id: &'a str,
+    /// The validated arguments.
+    pub tool_input: &'a Value,
+}
+
+/// What a `PreToolUse` hook decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreDecision {
+    /// No opinion: the rules decide.
+    Continue,
+    /// Run without asking (a deny rule still denies).
+    Allow,
+    /// Deny, with the reason the result carries.
+    Deny(String),
+    /// Replace the arguments (validated against the schema again).
+    Rewrite(Value),
+}
+
+/// What a `PostToolUse` hook sees.
+#[derive(Debug)]
+pub struct PostToolUse<'a> {
+    /// The session's id.
+    pub session_id: &'a str,
+    /// The tool.
+    pub tool_name: &'a str,
+    /// The call's `tool_use_id`.
+    pub tool_use_id: &'a str,
+    /// The arguments it ran with.
+    pub tool_input: &'a Value,
+    /// Its result (content and code).
+    pub result: &'a ToolDispatchResult,
+}
+
+/// What a `PostToolUse` hook does with the content. It never changes the code: the content of a
+/// failed call stays `Error [<code>]: …` with the hook's text as the detail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PostAction {
+    /// Leave it.
+    Keep,
+    /// Replace the content (the detail, for a failed call).
+    Replace(String),
+    /// Append a line to the content.
+    Annotate(String),
+}
+
+type PreFn = dyn Fn(&PreToolUse<'_>) -> PreDecision + Send + Sync;
+type PostFn = dyn Fn(&PostToolUse<'_>) -> PostAction + Send + Sync;
+
+/// An in-process hook: a named closure.
+#[derive(Clone)]
+pub enum Hook {
+    /// Before the call.
+    Pre(Arc<str>, Arc<PreFn>),
+    /// After the call.
+    Post(Arc<str>, Arc<PostFn>),
+}
+
+impl fmt::Debug for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Hook::Pre(label, _) => write!(f, "Hook::Pre({label})"),
+            Hook::Post(label, _) => write!(f, "Hook::Post({label})"),
+        }
+    }
+}
+
+impl Hook {
+    /// A `PreToolUse` closure named `name` (the audit log and denials say `hook:NAME`).
+    pub fn pre<F>(name: &str, f: F) -> Hook
+    where
+        F: Fn(&PreToolUse<'_>) -> PreDecision + Send + Sync + 'static,
+    {
+        Hook::Pre(Arc::from(format!("hook:{name}")), Arc::new(f))
+    }
+
+    /// A `PostToolUse` closure named `name`.
+    pub fn post<F>(name: &str, f: F) -> Hook
+    where
+        F: Fn(&PostToolUse<'_>) -> PostAction + Send + Sync + 'static,
+    {
+        Hook::Post(Arc::from(format!("hook:{name}")), Arc::new(f))
+    }
+}
+
+/// Applies a `PostToolUse` action to a result (the code never changes).
+pub fn apply_post(result: &mut ToolDispatchResult, action: PostAction) {
+    match (action, result.error) {
+        (PostAction::Keep, _) => {}
+        (PostAction::Replace(text), None) => result.content = text,
+        (PostAction::Replace(text), Some(code)) => {
+            result.content = format!("Error [{}]: {text}", code.as_str())
+        }
+        (PostAction::Annotate(text), _) => {
+            result.content.push('\n');
+            result.content.push_str(&text);
+        }
+    }
+}
+
+/// One external hook of the policy file.
+#[derive(Debug)]
+pub struct External {
+    matcher: Option<Regex>,
+    /// The command as written.
+    pub command: String,
+    /// `hook:COMMAND`, as the audit log and denials name it.
+    pub label: Arc<str>,
+    timeout: Duration,
+    persistent: Option<Persistent>,
+}
+
+/// The external `PreToolUse` hooks of a policy file.
+#[derive(Debug, Default)]
+pub struct ExternalHooks {
+    /// In file order.
+    pub pre: Vec<External>,
+}
+
+impl ExternalHooks {
+    /// Parses the `hooks` object; the error names the entry at fault.
+    pub fn from_json(hooks: &Value) -> Result<ExternalHooks, PolicyError> {
+        let err = |m: String| PolicyError(format!("hooks: {m}"));
+        let Some(obj) = hooks.as_object() else {
+            return Err(err("must be an object".into()));
+        };
+        let mut out = ExternalHooks::default();
+        for (event, groups) in obj {
+            if event != "PreToolUse" {
+                return Err(err(format!(
+                    "event \"{event}\" is not supported by external hooks (only PreToolUse; \
+                     PostToolUse hooks are in-process closures)"
+                )));
+            }
+            let Some(groups) = groups.as_array() else {
+                return Err(err(format!("\"{event}\" must be an array")));
+            };
+            for (i, group) in groups.iter().enumerate() {
+                let at = format!("{event}[{i}]");
+                let matcher = match group.get("matcher").and_then(Value::as_str) {
+                    None | Some("") | Some("*") => None,
+                    Some(m) => Some(
+                        Regex::new(&format!("^(?:{m})$"))
+                            .map_err(|e| err(format!("{at}: bad matcher \"{m}\": {e}")))?,
+                    ),
+                };
+                let Some(list) = group.get("hooks").and_then(Value::as_array) else {
+                    return Err(err(format!("{at}: \"hooks\" must be an array")));
+                };
+                for (j, h) in list.iter().enumerate() {
+                    let at = format!("{at}.hooks[{j}]");
+                    let kind = h.get("type").and_then(Value::as_str).unwrap_or("");
+                    let Some(command) = h.get("command").and_then(Value::as_str) else {
+                        return Err(err(format!("{at}: \"command\" must be a string")));
+                    };
+                    let timeout = match h.get("timeout") {
+                        None => DEFAULT_HOOK_TIMEOUT,
+                        Some(t) => match t.as_f64() {
+                            Some(s) if s > 0.0 && s <= 3600.0 => Duration::from_secs_f64(s),
+                            _ => {
+                                return Err(err(format!(
+                                    "{at}: \"timeout\" must be seconds in (0, 3600]"
+                                )));
+                            }
+                        },
+                    };
+                    let persistent = match kind {
+                        "command" => None,
+                        "persistent" => Some(Persistent::new(command)),
+                        other => {
+                            return Err(err(format!(
+                                "{at}: type \"{other}\" (expected \"command\" or \"persistent\")"
+                            )));
+                        }
+                    };
+                    out.pre.push(External {
+                        matcher: matcher.clone(),
+                        command: command.to_string(),
+                        label: Arc::from(format!("hook:{command}")),
+                        timeout,
+                        persistent,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// True when some hook runs for `tool`.
+    pub fn any_for(&self, tool: &str) -> bool {
+        self.pre.iter().any(|h| h.matches(tool))
+    }
+}
+
+/// Where an external hook runs: the workspace (if any) as its directory, `HOME` and `PWD`.
+#[derive(Debug, Clone, Copy)]
+pub struct HookPlace<'a> {
+    /// The session's workspace root.
+    pub workspace: Option<&'a std::path::Path>,
+}
+
+impl External {
+    /// True when the hook's matcher takes `tool`.
+    pub fn matches(&self, tool: &str) -> bool {
+        self.matcher.as_ref().is_none_or(|m| m.is_match(tool))
+    }
+
+    /// The process id of a persistent hook, while it runs.
+    pub async fn persistent_pid(&self) -> Option<u32> {
+        match &self.persistent {
+            Some(p) => p.pid().await,
+            None => None,
+        }
+    }
+
+    /// Runs the hook for one call.
+    pub async fn run(&self, input: &Value, place: HookPlace<'_>) -> PreDecision {
+        match &self.persistent {
+            Some(p) => p.ask(input, self.timeout, place).await,
+            None => run_command(&self.command, input, self.timeout, place).await,
+        }
+    }
+}
+
+fn command_for(command: &str, place: HookPlace<'_>) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(command);
+    cmd.env_clear();
+    for name in crate::tools::bash::INHERITED_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
+    if let Some(root) = place.workspace {
+        cmd.current_dir(root).env("HOME", root).env("PWD", root);
+    }
+    cmd.process_group(0).kill_on_drop(true);
+    cmd
+}
+
+fn kill_group(child: &Child) {
+    if let Some(pid) = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32))
+    {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+async fn run_command(
+    command: &str,
+    input: &Value,
+    timeout: Duration,
+    place: HookPlace<'_>,
+) -> PreDecision {
+    let mut cmd = command_for(command, place);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => return PreDecision::Deny(format!("hook {command:?} could not start: {e}")),
+    };
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let body = input.to_string();
+    let talk = async {
+        if let Some(mut s) = stdin.take() {
+            // A hook that does not read its input is fine.
+            let _ = s.write_all(body.as_bytes()).await;
+            drop(s);
+        }
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let read_out = async {
+            if let Some(s) = stdout.as_mut() {
+                let _ = s.take(HOOK_OUTPUT_CAP).read_to_end(&mut out).await;
+            }
+        };
+        let read_err = async {
+            if let Some(s) = stderr.as_mut() {
+                let _ = s.take(HOOK_OUTPUT_CAP).read_to_end(&mut err).await;
+            }
+        };
+        tokio::join!(read_out, read_err);
+        let status = child.wait().await;
+        (status, out, err)
+    };
+    let outcome = tokio::time::timeout(timeout, talk).await;
+    let (status, out, err) = match outcome {
+        Ok(done) => done,
+        Err(_) => {
+            kill_group(&child);
+            return PreDecision::Deny(format!(
+                "hook {command:?} did not answer within {} s (fail closed)",
+                timeout.as_secs_f64()
+            ));
+        }
+    };
+    kill_group(&child);
+    let stderr_text = String::from_utf8_lossy(&err).trim().to_string();
+    match status.map(|s| (s.code(), s)) {
+        Ok((Some(0), _)) => parse_output(command, &out),
+        Ok((Some(2), _)) => PreDecision::Deny(if stderr_text.is_empty() {
+            format!("blocked by hook {command:?}")
+        } else {
+            stderr_text
+        }),
+        Ok((Some(code), _)) => PreDecision::Deny(format!(
+            "hook {command:?} failed with exit code {code} (fail closed){}",
+            tail(&stderr_text)
+        )),
+        Ok((None, status)) => {
+            PreDecision::Deny(format!("hook {command:?} crashed ({status}) (fail closed)"))
+        }
+        Err(e) => PreDecision::Deny(format!("hook {command:?}: {e} (fail closed)")),
+    }
+}
+
+fn tail(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", super::audit::truncate(stderr, 512))
+    }
+}
+
+/// A hook's stdout: empty (no opinion) or Claude Code's decision JSON. Anything else denies.
+fn parse_output(command: &str, out: &[u8]) -> PreDecision {
+    let text = String::from_utf8_lossy(out);
+    if text.trim().is_empty() {
+        return PreDecision::Continue;
+    }
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(v) if v.is_object() => decision_of(&v),
+        _ => PreDecision::Deny(format!(
+            "hook {command:?} printed something that is not decision JSON (fail closed)"
+        )),
+    }
+}
+
+/// Claude Code's PreToolUse output: `hookSpecificOutput.permissionDecision` (`allow`, `deny`,
+/// `ask`) with `permissionDecisionReason` and `updatedInput`, or the older top-level
+/// `decision` (`approve`, `block`) with `reason`; `"continue": false` denies too.
+pub fn decision_of(v: &Value) -> PreDecision {
+    let specific = v.get("hookSpecificOutput");
+    let field = |name: &str| {
+        specific
+            .and_then(|s| s.get(name))
+            .or_else(|| v.get(name))
+            .cloned()
+    };
+    let reason = field("permissionDecisionReason")
+        .or_else(|| v.get("reason").cloned())
+        .or_else(|| v.get("stopReason").cloned())
+        .and_then(|r| r.as_str().map(str::to_string))
+        .unwrap_or_else(|| "denied by hook".into());
+    if v.get("continue") == Some(&Value::Bool(false)) {
+        return PreDecision::Deny(reason);
+    }
+    let decision = field("permissionDecision").or_else(|| v.get("decision").cloned());
+    match decision.as_ref().and_then(Value::as_str) {
+        Some("deny") | Some("block") => return PreDecision::Deny(reason),
+        Some("allow") | Some("approve") | None | Some("ask") => {}
+        Some(other) => return PreDecision::Deny(format!("hook answered \"{other}\"")),
+    }
+    if let Some(updated) = field("updatedInput") {
+        return PreDecision::Rewrite(updated);
+    }
+    match decision.as_ref().and_then(Value::as_str) {
+        Some("allow") | Some("approve") => PreDecision::Allow,
+        _ => PreDecision::Continue,
+    }
+}
+
+/// A long-lived hook process speaking JSON lines.
+pub struct Persistent {
+    command: String,
+    next: AtomicU64,
+    running: Mutex<Option<Running>>,
+}
+
+impl fmt::Debug for Persistent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Persistent({:?})", self.command)
+    }
+}
+
+type Waiting = Arc<std::sync::Mutex<Option<HashMap<u64, oneshot::Sender<Value>>>>>;
+
+struct Running {
+    stdin: ChildStdin,
+    /// `None` once the process's stdout ended: it is dead, restart it.
+    waiting: Waiting,
+    child: Child,
+}
+
+impl Persistent {
+    fn new(command: &str) -> Persistent {
+        Persistent {
+            command: command.to_string(),
+            next: AtomicU64::new(0),
+            running: Mutex::new(None),
+        }
+    }
+
+    /// The process's id, if it runs (for tests that kill it).
+    pub async fn pid(&self) -> Option<u32> {
+        self.running
+            .lock()
+            .await
+            .as_ref()
+            .and_then(|r| r.child.id())
+    }
+
+    fn start(&self, place: HookPlace<'_>) -> std::io::Result<Running> {
+        let mut cmd = command_for(&self.command, place);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout"))?;
+        let waiting: Waiting = Arc::new(std::sync::Mutex::new(Some(HashMap::new())));
+        let reader_waiting = Arc::clone(&waiting);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                let Some(id) = v.get("id").and_then(Value::as_u64) else {
+                    continue;
+                };
+                let tx = reader_waiting
+                    .lock()
+                    .ok()
+                    .and_then(|mut w| w.as_mut().and_then(|w| w.remove(&id)));
+                if let Some(tx) = tx {
+                    let _ = tx.send(v);
+                }
+            }
+            // Dead: every call still waiting is answered (its sender dropped) and no new one
+            // is accepted by this process.
+            if let Ok(mut w) = reader_waiting.lock() {
+                *w = None;
+            }
+        });
+        Ok(Running {
+            stdin,
+            waiting,
+            child,
+        })
+    }
+
+    async fn ask(&self, input: &Value, timeout: Duration, place: HookPlace<'_>) -> PreDecision {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut line = input.clone();
+        if let Some(obj) = line.as_object_mut() {
+            obj.insert("id".into(), json!(id));
+        }
+        let mut line = line.to_string();
+        line.push('\n');
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut running = self.running.lock().await;
+            let alive = running
+                .as_ref()
+                .is_some_and(|r| r.waiting.lock().is_ok_and(|w| w.is_some()));
+            if !alive {
+                if let Some(mut old) = running.take() {
+                    let _ = old.child.start_kill();
+                }
+                match self.start(place) {
+                    Ok(r) => *running = Some(r),
+                    Err(e) => {
+                        return PreDecision::Deny(format!(
+                            "hook {:?} could not start: {e} (fail closed)",
+                            self.command
+                        ));
+                    }
+                }
+            }
+            let Some(r) = running.as_mut() else {
+                return PreDecision::Deny("hook not running (fail closed)".into());
+            };
+            let registered = r
+                .waiting
+                .lock()
+                .ok()
+                .and_then(|mut w| w.as_mut().map(|w| w.insert(id, tx)))
+                .is_some();
+            if !registered || r.stdin.write_all(line.as_bytes()).await.is_err() {
+                return PreDecision::Deny(format!(
+                    "hook {:?} died (fail closed; it is restarted for the next call)",
+                    self.command
+                ));
+            }
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => decision_of(&answer),
+            Ok(Err(_)) => PreDecision::Deny(format!(
+                "hook {:?} died before answering (fail closed; it is restarted for the next call)",
+                self.command
+            )),
+            Err(_) => PreDecision::Deny(format!(
+                "hook {:?} did not answer within {} s (fail closed)",
+                self.command,
+                timeout.as_secs_f64()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claude_code_decision_json_is_understood() {
+        let deny = json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "deny", "permissionDecisionReason": "no rm"}});
+        assert_eq!(decision_of(&deny), PreDecision::Deny("no rm".into()));
+        let allow = json!({"hookSpecificOutput": {"permissionDecision": "allow"}});
+        assert_eq!(decision_of(&allow), PreDecision::Allow);
+        let old = json!({"decision": "block", "reason": "old style"});
+        assert_eq!(decision_of(&old), PreDecision::Deny("old style".into()));
+        let rewrite = json!({"hookSpecificOutput": {"permissionDecision": "allow",
+            "updatedInput": {"command": "ls"}}});
+        assert_eq!(
+            decision_of(&rewrite),
+            PreDecision::Rewrite(json!({"command": "ls"}))
+        );
+        assert_eq!(decision_of(&json!({})), PreDecision::Continue);
+        assert_eq!(
+            decision_of(&json!({"continue": false, "stopReason": "stop"})),
+            PreDecision::Deny("stop".into())
+        );
+    }
+
+    #[test]
+    fn only_pre_tool_use_command_and_persistent_hooks_parse() {
+        let ok = json!({"PreToolUse": [{"matcher": "bash|glob", "hooks": [
+            {"type": "command", "command": "true"},
+            {"type": "persistent", "command": "cat", "timeout": 2}]}]});
+        let hooks = ExternalHooks::from_json(&ok).unwrap();
+        assert_eq!(hooks.pre.len(), 2);
+        assert!(hooks.any_for("bash") && hooks.any_for("glob") && !hooks.any_for("bash2"));
+        for (bad, needle) in [
+            (json!({"PostToolUse": []}), "PostToolUse"),
+            (
+                json!({"PreToolUse": [{"matcher": "(", "hooks": []}]}),
+                "bad matcher",
+            ),
+            (
+                json!({"PreToolUse": [{"hooks": [{"type": "http", "command": "x"}]}]}),
+                "http",
+            ),
+            (
+                json!({"PreToolUse": [{"hooks": [{"type": "command"}]}]}),
+                "command",
+            ),
+        ] {
+            let e = ExternalHooks::from_json(&bad).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn post_actions_never_turn_a_failure_into_success() {
+        let mut r = ToolDispatchResult::error(
+            "t".into(),
+            "x".into(),
+            crate::ErrorCode::ExecutionError,
+            "boom",
+            Default::default(),
+        );
+        apply_post(&mut r, PostAction::Replace("all fine".into()));
+        assert_eq!(r.content, "Error [execution_error]: all fine");
+        assert_eq!(r.error, Some(crate::ErrorCode::ExecutionError));
+        let mut ok =
+            ToolDispatchResult::ok("t".into(), "x".into(), "hi".into(), Default::default());
+        apply_post(&mut ok, PostAction::Annotate("(checked)".into()));
+        assert_eq!(ok.content, "hi\n(checked)");
+    }
+}

@@ -1,0 +1,565 @@
+//! `policy`: the one layer that decides, for every validated call, whether it runs, with which
+//! arguments, and records what happened.
+//!
+//! ```text
+//!             ┌──────────── Policy::decide ────────────┐                       Policy::finish
+//! call ─► subject (confined path / command) ─► PreToolUse hooks ─► rules ─► [ask ─► Approver] ─► caps … handler … ─► PostToolUse hooks ─► audit line, metrics
+//!                                              (allow / deny / rewrite ─► schema again)   (timeout → deny, cancel → cancelled)
+//! ```
+//!
+//! The engine holds at most one [`Policy`] (shared by every session through its
+//! [`crate::SessionScope`]); `execute` enters it in one place, before the concurrency caps, so a
+//! call waiting for an approval or an external hook holds no worker and no place. An engine
+//! without a policy pays one `Option` check per call.
+//!
+//! Decision order: the tool's subject is confined first (a path that escapes the workspace is
+//! refused here exactly as the tool would refuse it), then the `PreToolUse` hooks run in order —
+//! in-process closures, then external commands — each may deny (the first denial wins), replace
+//! the arguments (validated against the schema again: `invalid_arguments` if they do not fit) or
+//! allow (skips an `ask`); then the rules decide on the final arguments: a deny rule always wins,
+//! an ask rule asks unless a hook allowed, allow rules and the default apply last.
+
+pub mod approval;
+pub mod audit;
+pub mod hooks;
+pub mod rules;
+
+use std::path::{Component, Path};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::PolicyMetrics;
+use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
+use crate::registry::RegisteredTool;
+use crate::tool::{SessionScope, ToolError};
+use crate::workspace::Workspace;
+
+pub use approval::{Approval, ApprovalRequest, Approvals, Approver, RefuseAll, TerminalApprover};
+pub use audit::AuditLog;
+pub use hooks::{Hook, PostAction, PostToolUse, PreDecision, PreToolUse};
+pub use rules::{Action, Confined, PolicyError, Rules, Subject};
+
+/// Default wait for an approval before the call is denied.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The policy of an engine: rules, hooks, approver, audit log.
+pub struct Policy {
+    rules: Rules,
+    hooks: Vec<Hook>,
+    external: hooks::ExternalHooks,
+    approver: Arc<dyn Approver>,
+    approval_timeout: Duration,
+    audit: Option<AuditLog>,
+    metrics: PolicyMetrics,
+    /// Whether any call could wait (an ask rule or default, an external hook).
+    may_wait: bool,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("rules", &self.rules.len())
+            .field("hooks", &self.hooks)
+            .field("external", &self.external.pre.len())
+            .field("audit", &self.audit.is_some())
+            .finish()
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy::from_parts(Rules::allow_all(), hooks::ExternalHooks::default())
+    }
+}
+
+impl Policy {
+    /// No rules (every call allowed), no hooks: add hooks or an audit log to it.
+    pub fn allow_all() -> Policy {
+        Policy::default()
+    }
+
+    fn from_parts(rules: Rules, external: hooks::ExternalHooks) -> Policy {
+        let mut policy = Policy {
+            rules,
+            hooks: Vec::new(),
+            external,
+            approver: Arc::new(RefuseAll),
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            audit: None,
+            metrics: PolicyMetrics::new(),
+            may_wait: false,
+        };
+        policy.refresh();
+        policy
+    }
+
+    fn refresh(&mut self) {
+        self.may_wait = !self.external.pre.is_empty() || self.rules.has_ask();
+    }
+
+    /// A policy from a file's JSON: `{"permissions": {…}, "hooks": {…}}` (both optional; other
+    /// keys of a Claude Code settings file are ignored).
+    pub fn from_json(v: &Value) -> Result<Policy, PolicyError> {
+        if !v.is_object() {
+            return Err(PolicyError("a policy file must hold a JSON object".into()));
+        }
+        let rules = match v.get("permissions") {
+            Some(p) => Rules::from_json(p)?,
+            None => Rules::allow_all(),
+        };
+        let external = match v.get("hooks") {
+            Some(h) => hooks::ExternalHooks::from_json(h)?,
+            None => hooks::ExternalHooks::default(),
+        };
+        Ok(Policy::from_parts(rules, external))
+    }
+
+    /// Reads a policy file; the error names the file and the rule at fault.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError(format!("cannot read policy {}: {e}", path.display())))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| PolicyError(format!("policy {}: not JSON: {e}", path.display())))?;
+        Policy::from_json(&v).map_err(|e| PolicyError(format!("policy {}: {e}", path.display())))
+    }
+
+    /// Adds an in-process hook (run in the order added, before external hooks).
+    pub fn hook(mut self, hook: Hook) -> Policy {
+        self.hooks.push(hook);
+        self
+    }
+
+    /// Who answers `ask` (default: [`RefuseAll`]).
+    pub fn approver(mut self, approver: Arc<dyn Approver>) -> Policy {
+        self.approver = approver;
+        self
+    }
+
+    /// How long an approval is waited for before the call is denied (default 60 s).
+    pub fn approval_timeout(mut self, timeout: Duration) -> Policy {
+        self.approval_timeout = timeout;
+        self
+    }
+
+    /// Writes one audit line per call to `log`.
+    pub fn audit(mut self, log: AuditLog) -> Policy {
+        self.audit = Some(log.with_metrics(self.metrics.clone()));
+        self
+    }
+
+    /// True when [`Policy::finish`] reads a call's arguments (an audit log, a PostToolUse
+    /// hook); otherwise they are not kept.
+    pub fn reads_args(&self) -> bool {
+        self.audit.is_some() || self.hooks.iter().any(|h| matches!(h, Hook::Post(..)))
+    }
+
+    /// The audit log, if any.
+    pub fn audit_log(&self) -> Option<&AuditLog> {
+        self.audit.as_ref()
+    }
+
+    /// The external hooks (tests reach a persistent hook's process through them).
+    pub fn external_hooks(&self) -> &hooks::ExternalHooks {
+        &self.external
+    }
+
+    /// True when a call of `tool` may have to wait (an approval, an external hook): such calls
+    /// never run in place, even with an inline handler.
+    pub fn waits_for(&self, tool: &str) -> bool {
+        self.may_wait && (self.rules.may_ask(tool) || self.external.any_for(tool))
+    }
+
+    /// Decides a call that cannot wait ([`Policy::waits_for`] is false): rules and in-process
+    /// hooks only.
+    pub fn decide_now(
+        &self,
+        call: &mut ToolCall,
+        tool: &RegisteredTool,
+        scope: &SessionScope,
+    ) -> Result<Ticket, Box<Refused>> {
+        let started = Instant::now();
+        let mut ticket = self.pre_hooks(call, tool, scope, started)?;
+        self.judge(call, tool, scope, &mut ticket)?;
+        match ticket.pending_ask.take() {
+            None => Ok(ticket),
+            Some(_) => Err(self.refuse(
+                ticket,
+                ToolError::permission("needs approval, and this call cannot wait for one"),
+                "refused",
+            )),
+        }
+    }
+
+    /// Decides a call: hooks, rules and, for `ask`, the approver (bounded by the approval
+    /// timeout; `cancelled` if `cancel` fires first).
+    pub async fn decide(
+        &self,
+        call: &mut ToolCall,
+        tool: &RegisteredTool,
+        scope: &SessionScope,
+        cancel: &CancellationToken,
+    ) -> Result<Ticket, Box<Refused>> {
+        let started = Instant::now();
+        let mut ticket = self.pre_hooks(call, tool, scope, started)?;
+        for hook in self.external.pre.iter().filter(|h| h.matches(&tool.name)) {
+            let input = json!({
+                "hook_event_name": "PreToolUse",
+                "session_id": scope.id(),
+                "tool_name": &*tool.name,
+                "tool_input": &call.arguments,
+                "tool_use_id": &*call.id,
+                "cwd": scope.workspace().map(|w| w.root().display().to_string()),
+            });
+            let place = hooks::HookPlace {
+                workspace: scope.workspace().map(Workspace::root),
+            };
+            let decision = tokio::select! {
+                d = hook.run(&input, place) => d,
+                () = cancel.cancelled() => {
+                    return Err(self.refuse(ticket, ToolError::new(ErrorCode::Cancelled, "cancelled while a hook was deciding"), "refused"));
+                }
+            };
+            self.apply_pre(call, tool, &mut ticket, &hook.label, decision)?;
+        }
+        self.judge(call, tool, scope, &mut ticket)?;
+        let Some(rule) = ticket.pending_ask.take() else {
+            return Ok(ticket);
+        };
+        let request = ApprovalRequest {
+            approval_id: String::new(),
+            session_id: scope.id().to_string(),
+            tool_use_id: call.id.to_string(),
+            tool_name: tool.name.to_string(),
+            tool_input: call.arguments.clone(),
+            subject: ticket.subject.clone(),
+            rule: rule.clone(),
+        };
+        let asked = self.approver.approve(request);
+        let answer = tokio::select! {
+            a = asked => a,
+            () = tokio::time::sleep(self.approval_timeout) => Err(format!(
+                "no approval within {} s", self.approval_timeout.as_secs_f64()
+            )),
+            () = cancel.cancelled() => {
+                return Err(self.refuse(ticket, ToolError::new(ErrorCode::Cancelled, "cancelled while waiting for approval"), "refused"));
+            }
+        };
+        ticket.by = By::Approver;
+        match answer {
+            Ok(()) => {
+                ticket.decision = "approved";
+                Ok(ticket)
+            }
+            Err(reason) => {
+                let what = rule
+                    .map(|r| format!("rule \"{r}\" asks for approval"))
+                    .unwrap_or_else(|| "the default asks for approval".into());
+                Err(self.refuse(
+                    ticket,
+                    ToolError::permission(format!("{what}: {reason}")),
+                    "refused",
+                ))
+            }
+        }
+    }
+
+    fn pre_hooks(
+        &self,
+        call: &mut ToolCall,
+        tool: &RegisteredTool,
+        scope: &SessionScope,
+        started: Instant,
+    ) -> Result<Ticket, Box<Refused>> {
+        let mut ticket = Ticket {
+            started,
+            decision: "allow",
+            by: By::Default,
+            subject: None,
+            hook_allowed: false,
+            pending_ask: None,
+        };
+        for hook in &self.hooks {
+            let Hook::Pre(name, f) = hook else { continue };
+            let decision = f(&PreToolUse {
+                session_id: scope.id(),
+                tool_name: &tool.name,
+                tool_use_id: &call.id,
+                tool_input: &call.arguments,
+            });
+            self.apply_pre(call, tool, &mut ticket, name, decision)?;
+        }
+        Ok(ticket)
+    }
+
+    fn apply_pre(
+        &self,
+        call: &mut ToolCall,
+        tool: &RegisteredTool,
+        ticket: &mut Ticket,
+        by: &Arc<str>,
+        decision: PreDecision,
+    ) -> Result<(), Box<Refused>> {
+        match decision {
+            PreDecision::Continue => Ok(()),
+            PreDecision::Allow => {
+                ticket.hook_allowed = true;
+                ticket.by = By::Label(Arc::clone(by));
+                Ok(())
+            }
+            PreDecision::Deny(reason) => {
+                ticket.by = By::Label(Arc::clone(by));
+                let t = std::mem::replace(ticket, Ticket::placeholder());
+                Err(self.refuse(
+                    t,
+                    ToolError::permission(format!("denied by {by}: {reason}")),
+                    "deny",
+                ))
+            }
+            PreDecision::Rewrite(args) => {
+                if let Err(detail) = crate::validation::check(&tool.validator, &args) {
+                    ticket.by = By::Label(Arc::clone(by));
+                    let t = std::mem::replace(ticket, Ticket::placeholder());
+                    return Err(self.refuse(
+                        t,
+                        ToolError::invalid(format!("arguments rewritten by {by}: {detail}")),
+                        "deny",
+                    ));
+                }
+                call.arguments = args;
+                ticket.by = By::Label(Arc::clone(by));
+                Ok(())
+            }
+        }
+    }
+
+    /// The rules, on the final arguments.
+    fn judge(
+        &self,
+        call: &ToolCall,
+        tool: &RegisteredTool,
+        scope: &SessionScope,
+        ticket: &mut Ticket,
+    ) -> Result<(), Box<Refused>> {
+        let subject = match tool.subject.as_ref().and_then(|f| f.of(&call.arguments)) {
+            None => None,
+            Some(Subject::Command(c)) => Some(Confined::Command(c)),
+            Some(Subject::Path(p)) => match confine(scope.workspace(), &p) {
+                Ok(path) => Some(Confined::Path(path)),
+                Err(e) => {
+                    ticket.by = By::Workspace;
+                    ticket.subject = Some(audit::truncate(&p, audit::SUBJECT_CAP));
+                    let t = std::mem::replace(ticket, Ticket::placeholder());
+                    return Err(self.refuse(t, e, "deny"));
+                }
+            },
+        };
+        ticket.subject = subject
+            .as_ref()
+            .map(|s| audit::truncate(s.text(), audit::SUBJECT_CAP));
+        if self.rules.allows_everything() {
+            return Ok(());
+        }
+        let (action, rule) = self.rules.decide(&tool.name, subject.as_ref());
+        // The label (a shared Arc) only when an audit line will name it: cloning it on every call
+        // would make every core write the same cache line.
+        let by = match rule {
+            None => By::Default,
+            Some(r) if self.audit.is_some() => By::Label(Arc::clone(r.label())),
+            Some(_) => By::Rule,
+        };
+        match action {
+            Action::Allow => {
+                if !ticket.hook_allowed {
+                    ticket.by = by;
+                }
+                Ok(())
+            }
+            Action::Ask if ticket.hook_allowed => Ok(()),
+            Action::Ask => {
+                ticket.by = by;
+                ticket.pending_ask = Some(rule.map(|r| r.text().to_string()));
+                Ok(())
+            }
+            Action::Deny => {
+                let detail = match rule {
+                    Some(r) => format!("denied by rule \"{}\"", r.text()),
+                    None => "denied by the policy's default".to_string(),
+                };
+                ticket.by = by;
+                let t = std::mem::replace(ticket, Ticket::placeholder());
+                Err(self.refuse(t, ToolError::permission(detail), "deny"))
+            }
+        }
+    }
+
+    fn refuse(&self, mut ticket: Ticket, error: ToolError, decision: &'static str) -> Box<Refused> {
+        ticket.decision = decision;
+        Box::new(Refused { ticket, error })
+    }
+
+    /// After the call: `PostToolUse` hooks, then the audit line and the decision metric.
+    pub fn finish(
+        &self,
+        ticket: &Ticket,
+        scope: &SessionScope,
+        tool: &RegisteredTool,
+        args: Option<&Value>,
+        result: &mut ToolDispatchResult,
+    ) {
+        let args = args.unwrap_or(&Value::Null);
+        if matches!(ticket.decision, "allow" | "approved") {
+            for hook in &self.hooks {
+                let Hook::Post(_, f) = hook else { continue };
+                let action = f(&PostToolUse {
+                    session_id: scope.id(),
+                    tool_name: &tool.name,
+                    tool_use_id: &result.tool_use_id,
+                    tool_input: args,
+                    result,
+                });
+                hooks::apply_post(result, action);
+            }
+        }
+        self.metrics
+            .decision(&tool.policy_decisions, &tool.name, ticket.decision);
+        if let Some(log) = &self.audit {
+            log.record(&audit::AuditLine {
+                time: audit::now_rfc3339(),
+                session: scope.id().to_string(),
+                tool_use_id: result.tool_use_id.to_string(),
+                tool: tool.name.to_string(),
+                subject: ticket.subject.clone(),
+                decision: ticket.decision,
+                by: ticket.by.as_str().to_string(),
+                outcome: result.error.map_or("ok", |c| c.as_str()),
+                duration_ms: ticket.started.elapsed().as_secs_f64() * 1e3,
+                args_sha256: audit::sha256_hex(args),
+                args: log.with_args().then(|| args.clone()),
+            });
+        }
+    }
+}
+
+/// What the policy decided about one call (carried to [`Policy::finish`]).
+#[derive(Debug)]
+pub struct Ticket {
+    started: Instant,
+    /// `allow`, `deny`, `approved`, `refused`.
+    pub decision: &'static str,
+    /// What decided: `rule:…`, `hook:…`, `approver`, `default`, `workspace`.
+    pub by: By,
+    /// The confined subject, truncated for the audit log.
+    pub subject: Option<String>,
+    hook_allowed: bool,
+    /// `Some(rule)` while an ask is still to be answered.
+    pending_ask: Option<Option<String>>,
+}
+
+impl Ticket {
+    fn placeholder() -> Ticket {
+        Ticket {
+            started: Instant::now(),
+            decision: "deny",
+            by: By::Default,
+            subject: None,
+            hook_allowed: false,
+            pending_ask: None,
+        }
+    }
+}
+
+/// What made a decision (the audit line's `by`).
+#[derive(Debug, Clone)]
+pub enum By {
+    /// The rules' default.
+    Default,
+    /// The approver's answer.
+    Approver,
+    /// The workspace refused the path (as the tool would).
+    Workspace,
+    /// A rule, not named (nothing records it: the policy has no audit log).
+    Rule,
+    /// A rule (`rule:TEXT`) or a hook (`hook:NAME`).
+    Label(Arc<str>),
+}
+
+impl By {
+    /// As written in the audit log.
+    pub fn as_str(&self) -> &str {
+        match self {
+            By::Default => "default",
+            By::Approver => "approver",
+            By::Workspace => "workspace",
+            By::Rule => "rule",
+            By::Label(l) => l,
+        }
+    }
+}
+
+/// A call the policy refused: its answer, and the ticket for the audit line.
+#[derive(Debug)]
+pub struct Refused {
+    /// What decided.
+    pub ticket: Ticket,
+    /// The call's answer.
+    pub error: ToolError,
+}
+
+/// The workspace-relative path a file tool would touch: `..` and escaping absolute paths are
+/// refused as the tool refuses them, and symlinks inside the workspace are followed, so a rule
+/// sees the file really touched. A path whose target does not exist yet is resolved as far as it
+/// exists. Without a workspace the path is only normalised.
+pub fn confine(workspace: Option<&Workspace>, path: &str) -> Result<String, ToolError> {
+    let Some(ws) = workspace else {
+        return Ok(slashed(Path::new(path.trim_start_matches("./"))));
+    };
+    let rel = ws.relative(path)?;
+    let root = ws.root();
+    let full = root.join(&rel);
+    // The deepest existing ancestor, canonicalised, plus the rest as written.
+    let mut existing = full.as_path();
+    let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+    let resolved = loop {
+        match std::fs::canonicalize(existing) {
+            Ok(c) => break Some(c),
+            Err(_) => match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) if parent.starts_with(root) => {
+                    rest.push(name);
+                    existing = parent;
+                }
+                _ => break None,
+            },
+        }
+    };
+    let Some(mut real) = resolved else {
+        return Ok(slashed(&rel));
+    };
+    for name in rest.into_iter().rev() {
+        real.push(name);
+    }
+    match real.strip_prefix(root) {
+        Ok(inside) if inside.as_os_str().is_empty() => Ok(".".into()),
+        Ok(inside) => Ok(slashed(inside)),
+        Err(_) => Err(ToolError::permission(format!(
+            "path escapes workspace: {path}"
+        ))),
+    }
+}
+
+fn slashed(p: &Path) -> String {
+    let parts: Vec<String> = p
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}

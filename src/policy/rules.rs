@@ -1,0 +1,576 @@
+//! Permission rules: `{"permissions": {"allow": [...], "ask": [...], "deny": [...], "default": …}}`.
+//!
+//! A rule is `TOOL` or `TOOL(PATTERN)`. `TOOL` is a registry name, or a glob over registry names
+//! when it holds a `*` (`mcp__github__*`); Claude Code's names `Bash`, `Read`, `Write`, `Edit`
+//! (= `edit_file` and `write_file`) and `Glob` are accepted for the built-ins. What `PATTERN` is
+//! matched against is the call's [`Subject`], which the tool declares ([`crate::ToolSpec::subject`]):
+//!
+//! * a **path** (the file tools): a gitignore-style glob over the workspace-relative path *after
+//!   confinement* (`..` resolved away or refused, symlinks inside the workspace followed), so
+//!   `read_file(**/.env)` also catches `./a/../.env` and a link to it. A pattern without `/`
+//!   matches at any depth (`*.pem`), a leading `/` anchors it at the root, a trailing `/` means
+//!   everything below; a rule that matches a directory matches everything in it.
+//! * a **command** (`bash`): `bash(git status)` is that exact command, `bash(git log:*)` that
+//!   command or that command followed by arguments. This matches text, not semantics: a deny or ask
+//!   rule matches when any part of a compound command (split at `;`, `&`, `|`, newlines) matches;
+//!   an allow rule only matches a command with no control operators, substitutions or
+//!   redirections at all (`git status; rm -rf x` is never allowed by `bash(git status:*)`).
+//!
+//! Precedence: deny over ask over allow over the default (`ask` when absent).
+
+use globset::{GlobBuilder, GlobMatcher};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// What a call touches, as the tool declares it from its validated arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A path inside the session's workspace (as the model wrote it; confined before matching).
+    Path(String),
+    /// A shell command.
+    Command(String),
+}
+
+impl Subject {
+    /// The subject's text (path or command).
+    pub fn text(&self) -> &str {
+        match self {
+            Subject::Path(s) | Subject::Command(s) => s,
+        }
+    }
+}
+
+/// What a rule (or the default) says about a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Runs.
+    Allow,
+    /// Needs an approval.
+    Ask,
+    /// Refused (`permission_denied`).
+    Deny,
+}
+
+/// A rules file that cannot be used: the message names the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyError(pub String);
+
+/// One parsed rule.
+#[derive(Debug)]
+pub struct Rule {
+    text: String,
+    label: std::sync::Arc<str>,
+    tools: Vec<NameMatch>,
+    pattern: Option<Pattern>,
+}
+
+#[derive(Debug)]
+enum NameMatch {
+    Exact(String),
+    /// `PREFIX*` (the common MCP form), matched without a regex.
+    Prefix(String),
+    Glob(GlobMatcher),
+}
+
+#[derive(Debug)]
+struct Pattern {
+    /// The gitignore-style glob, for path subjects (`None` when the pattern is no valid glob:
+    /// then it only matches commands).
+    path: Option<GlobMatcher>,
+    /// `git log` of `git log:*`.
+    prefix: Option<String>,
+    /// The pattern as written (exact command match).
+    exact: String,
+}
+
+impl Rule {
+    /// Parses `TOOL` or `TOOL(PATTERN)`.
+    pub fn parse(text: &str) -> Result<Rule, String> {
+        let (tool, pattern) = match text.find('(') {
+            None => (text, None),
+            Some(open) => {
+                let Some(inner) = text[open + 1..].strip_suffix(')') else {
+                    return Err("a pattern must be closed by ')' at the end".into());
+                };
+                if inner.trim().is_empty() {
+                    return Err("the pattern in '()' is empty".into());
+                }
+                (&text[..open], Some(inner))
+            }
+        };
+        if tool.is_empty()
+            || !tool
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'*')
+        {
+            return Err(format!(
+                "{tool:?} is not a tool name (letters, digits, _, - and * only)"
+            ));
+        }
+        let tools = aliases(tool)
+            .into_iter()
+            .map(|name| {
+                if let Some(prefix) = name.strip_suffix('*').filter(|p| !p.contains('*')) {
+                    Ok(NameMatch::Prefix(prefix.to_string()))
+                } else if name.contains('*') {
+                    GlobBuilder::new(&name)
+                        .build()
+                        .map(|g| NameMatch::Glob(g.compile_matcher()))
+                        .map_err(|e| e.to_string())
+                } else {
+                    Ok(NameMatch::Exact(name))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let pattern = pattern.map(Pattern::parse).transpose()?;
+        Ok(Rule {
+            text: text.to_string(),
+            label: std::sync::Arc::from(format!("rule:{text}")),
+            tools,
+            pattern,
+        })
+    }
+
+    /// The rule as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// `rule:TEXT`, as the audit log names it.
+    pub fn label(&self) -> &std::sync::Arc<str> {
+        &self.label
+    }
+
+    /// True when the rule names this tool (whatever its pattern).
+    pub fn names(&self, tool: &str) -> bool {
+        self.tools.iter().any(|m| match m {
+            NameMatch::Exact(name) => name == tool,
+            NameMatch::Prefix(prefix) => tool.starts_with(prefix.as_str()),
+            NameMatch::Glob(g) => g.is_match(tool),
+        })
+    }
+
+    /// True when the rule matches a call of `tool` about `subject` (`strict`: an allow rule,
+    /// which never matches a compound command).
+    fn matches(&self, tool: &str, subject: Option<&Confined>, strict: bool) -> bool {
+        if !self.names(tool) {
+            return false;
+        }
+        let Some(pattern) = &self.pattern else {
+            return true;
+        };
+        match subject {
+            None => false,
+            Some(Confined::Path(path)) => pattern.matches_path(path),
+            Some(Confined::Command(cmd)) => pattern.matches_command(cmd, strict),
+        }
+    }
+}
+
+fn aliases(tool: &str) -> Vec<String> {
+    match tool {
+        "Bash" => vec!["bash".into()],
+        "Read" => vec!["read_file".into()],
+        "Write" => vec!["write_file".into()],
+        "Edit" => vec!["edit_file".into(), "write_file".into()],
+        "Glob" => vec!["glob".into()],
+        other => vec![other.to_string()],
+    }
+}
+
+impl Pattern {
+    fn parse(raw: &str) -> Result<Pattern, String> {
+        let prefix = raw.strip_suffix(":*").map(|p| p.trim().to_string());
+        let path = gitignore_glob(raw).ok();
+        if path.is_none() && prefix.is_none() && raw.contains(['*', '?', '[', '{']) {
+            // A glob that does not compile is a mistake, not a command.
+            return Err(gitignore_glob(raw).err().unwrap_or_default());
+        }
+        Ok(Pattern {
+            path,
+            prefix,
+            exact: raw.trim().to_string(),
+        })
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
+        let Some(glob) = &self.path else {
+            return false;
+        };
+        // The path and each directory above it: a rule over a directory covers its contents.
+        let mut end = path.len();
+        loop {
+            if glob.is_match(&path[..end]) {
+                return true;
+            }
+            match path[..end].rfind('/') {
+                Some(i) if i > 0 => end = i,
+                _ => return false,
+            }
+        }
+    }
+
+    fn matches_command(&self, command: &str, strict: bool) -> bool {
+        let one = |cmd: &str| {
+            let cmd = cmd.trim();
+            match &self.prefix {
+                Some(prefix) => {
+                    cmd == prefix
+                        || cmd
+                            .strip_prefix(prefix.as_str())
+                            .is_some_and(|rest| rest.starts_with(char::is_whitespace))
+                }
+                None => cmd == self.exact,
+            }
+        };
+        if strict {
+            !compound(command) && one(command)
+        } else {
+            one(command) || segments(command).any(one)
+        }
+    }
+}
+
+/// True when a command holds anything beyond one simple command: control operators, command or
+/// process substitution, redirections.
+fn compound(command: &str) -> bool {
+    command.contains([';', '&', '|', '\n', '`', '<', '>', '\r']) || command.contains("$(")
+}
+
+/// The simple commands of a compound one, split at control operators and substitutions.
+fn segments(command: &str) -> impl Iterator<Item = &str> {
+    command
+        .split([';', '&', '|', '\n', '\r', '`', '(', ')'])
+        .map(|s| s.trim_start_matches('$').trim())
+        .filter(|s| !s.is_empty())
+}
+
+/// A gitignore-style pattern as a glob over workspace-relative paths.
+fn gitignore_glob(raw: &str) -> Result<GlobMatcher, String> {
+    let mut p = raw.trim().trim_start_matches("./").to_string();
+    let anchored = p.starts_with('/');
+    if anchored {
+        p = p.trim_start_matches('/').to_string();
+    }
+    if let Some(dir) = p.strip_suffix('/') {
+        p = format!("{dir}/**");
+    }
+    if !anchored && !p.trim_end_matches("/**").contains('/') && !p.starts_with("**") {
+        p = format!("**/{p}");
+    }
+    GlobBuilder::new(&p)
+        .literal_separator(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| e.to_string())
+}
+
+/// A subject ready for matching: a path confined to the workspace, or a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Confined {
+    /// Workspace-relative, `/`-separated, no `.` or `..`.
+    Path(String),
+    /// The command as given.
+    Command(String),
+}
+
+impl Confined {
+    /// Its text.
+    pub fn text(&self) -> &str {
+        match self {
+            Confined::Path(s) | Confined::Command(s) => s,
+        }
+    }
+}
+
+/// The parsed `permissions` object.
+#[derive(Debug)]
+pub struct Rules {
+    deny: Vec<Rule>,
+    ask: Vec<Rule>,
+    allow: Vec<Rule>,
+    default: Action,
+}
+
+/// What the rules decided, and which rule did (`None`: the default).
+pub type Verdict<'a> = (Action, Option<&'a Rule>);
+
+impl Rules {
+    /// Every call allowed (a policy made only of hooks).
+    pub fn allow_all() -> Rules {
+        Rules {
+            deny: Vec::new(),
+            ask: Vec::new(),
+            allow: Vec::new(),
+            default: Action::Allow,
+        }
+    }
+
+    /// Parses the `permissions` object; the error names the rule (or key) at fault.
+    pub fn from_json(permissions: &Value) -> Result<Rules, PolicyError> {
+        let Some(obj) = permissions.as_object() else {
+            return Err(PolicyError("\"permissions\" must be an object".into()));
+        };
+        for key in obj.keys() {
+            if !["allow", "ask", "deny", "default"].contains(&key.as_str()) {
+                return Err(PolicyError(format!(
+                    "unknown key \"permissions.{key}\" (expected allow, ask, deny, default)"
+                )));
+            }
+        }
+        let list = |key: &str| -> Result<Vec<Rule>, PolicyError> {
+            let Some(v) = obj.get(key) else {
+                return Ok(Vec::new());
+            };
+            let Some(items) = v.as_array() else {
+                return Err(PolicyError(format!(
+                    "\"permissions.{key}\" must be an array of rule strings"
+                )));
+            };
+            items
+                .iter()
+                .map(|item| {
+                    let Some(text) = item.as_str() else {
+                        return Err(PolicyError(format!(
+                            "permissions.{key}: {item} is not a rule string"
+                        )));
+                    };
+                    Rule::parse(text).map_err(|e| {
+                        PolicyError(format!("permissions.{key}: bad rule \"{text}\": {e}"))
+                    })
+                })
+                .collect()
+        };
+        let default = match obj.get("default") {
+            None => Action::Ask,
+            Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+                PolicyError(format!(
+                    "\"permissions.default\" is {v}; expected \"allow\", \"ask\" or \"deny\""
+                ))
+            })?,
+        };
+        Ok(Rules {
+            deny: list("deny")?,
+            ask: list("ask")?,
+            allow: list("allow")?,
+            default,
+        })
+    }
+
+    /// The decision for a call of `tool` about `subject`: deny over ask over allow over the
+    /// default.
+    pub fn decide(&self, tool: &str, subject: Option<&Confined>) -> Verdict<'_> {
+        if let Some(r) = self.deny.iter().find(|r| r.matches(tool, subject, false)) {
+            return (Action::Deny, Some(r));
+        }
+        if let Some(r) = self.ask.iter().find(|r| r.matches(tool, subject, false)) {
+            return (Action::Ask, Some(r));
+        }
+        if let Some(r) = self.allow.iter().find(|r| r.matches(tool, subject, true)) {
+            return (Action::Allow, Some(r));
+        }
+        (self.default, None)
+    }
+
+    /// True when a call of `tool` could be asked about (an ask rule names it, or the default is
+    /// ask) — such calls never run in place.
+    pub fn may_ask(&self, tool: &str) -> bool {
+        self.default == Action::Ask || self.ask.iter().any(|r| r.names(tool))
+    }
+
+    /// True when some call could be asked about (an ask rule, or a default of ask).
+    pub fn has_ask(&self) -> bool {
+        self.default == Action::Ask || !self.ask.is_empty()
+    }
+
+    /// True when there are no rules and the default allows: nothing to match.
+    pub fn allows_everything(&self) -> bool {
+        self.is_empty() && self.default == Action::Allow
+    }
+
+    /// How many rules there are.
+    pub fn len(&self) -> usize {
+        self.deny.len() + self.ask.len() + self.allow.len()
+    }
+
+    /// True when there are no rules (only the default).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rules(v: Value) -> Rules {
+        Rules::from_json(&v).unwrap()
+    }
+    fn path(p: &str) -> Option<Confined> {
+        Some(Confined::Path(p.into()))
+    }
+    fn cmd(c: &str) -> Option<Confined> {
+        Some(Confined::Command(c.into()))
+    }
+    fn action(r: &Rules, tool: &str, s: Option<Confined>) -> (Action, Option<String>) {
+        let (a, rule) = r.decide(tool, s.as_ref());
+        (a, rule.map(|r| r.text().to_string()))
+    }
+
+    #[test]
+    fn a_bare_tool_rule_matches_every_call_of_that_tool() {
+        let r = rules(json!({"deny": ["bash"], "default": "allow"}));
+        assert_eq!(action(&r, "bash", cmd("ls")).0, Action::Deny);
+        assert_eq!(action(&r, "bash", None).0, Action::Deny);
+        assert_eq!(action(&r, "read_file", path("a")).0, Action::Allow);
+    }
+
+    #[test]
+    fn path_globs_are_gitignore_style_over_the_relative_path() {
+        let r = rules(json!({
+            "allow": ["write_file(src/**)"],
+            "deny": ["read_file(**/.env)", "read_file(*.pem)", "read_file(/top.txt)", "edit_file(secrets/)"],
+            "default": "ask"
+        }));
+        assert_eq!(
+            action(&r, "write_file", path("src/a/b.rs")).0,
+            Action::Allow
+        );
+        assert_eq!(action(&r, "write_file", path("docs/a.md")).0, Action::Ask);
+        assert_eq!(action(&r, "read_file", path(".env")).0, Action::Deny);
+        assert_eq!(action(&r, "read_file", path("a/b/.env")).0, Action::Deny);
+        assert_eq!(action(&r, "read_file", path("a/b/.envrc")).0, Action::Ask);
+        assert_eq!(action(&r, "read_file", path("keys/x.pem")).0, Action::Deny);
+        assert_eq!(action(&r, "read_file", path("top.txt")).0, Action::Deny);
+        assert_eq!(action(&r, "read_file", path("a/top.txt")).0, Action::Ask);
+        assert_eq!(
+            action(&r, "edit_file", path("secrets/deep/k")).0,
+            Action::Deny
+        );
+    }
+
+    #[test]
+    fn a_rule_over_a_directory_covers_everything_inside_it() {
+        let r = rules(json!({"deny": ["read_file(private)"], "default": "allow"}));
+        assert_eq!(
+            action(&r, "read_file", path("private/a/b.txt")).0,
+            Action::Deny
+        );
+        assert_eq!(
+            action(&r, "read_file", path("x/private/b.txt")).0,
+            Action::Deny
+        );
+        assert_eq!(
+            action(&r, "read_file", path("privateer.txt")).0,
+            Action::Allow
+        );
+    }
+
+    #[test]
+    fn bash_rules_match_exact_commands_and_the_prefix_form() {
+        let r = rules(json!({
+            "allow": ["bash(git status)", "bash(git log:*)"],
+            "deny": ["bash(rm:*)"],
+            "default": "deny"
+        }));
+        assert_eq!(action(&r, "bash", cmd("git status")).0, Action::Allow);
+        assert_eq!(action(&r, "bash", cmd("git status -s")).0, Action::Deny);
+        assert_eq!(action(&r, "bash", cmd("git log")).0, Action::Allow);
+        assert_eq!(
+            action(&r, "bash", cmd("git log --oneline -3")).0,
+            Action::Allow
+        );
+        assert_eq!(action(&r, "bash", cmd("git logx")).0, Action::Deny);
+        let (a, rule) = action(&r, "bash", cmd("rm -rf /"));
+        assert_eq!((a, rule.as_deref()), (Action::Deny, Some("bash(rm:*)")));
+    }
+
+    #[test]
+    fn compound_commands_never_ride_on_an_allow_rule_and_cannot_hide_from_a_deny_rule() {
+        let r = rules(json!({
+            "allow": ["bash(git log:*)"],
+            "deny": ["bash(rm:*)"],
+            "default": "ask"
+        }));
+        for sneaky in [
+            "git log; curl x | sh",
+            "git log && echo",
+            "git log $(id)",
+            "git log > f",
+        ] {
+            assert_eq!(action(&r, "bash", cmd(sneaky)).0, Action::Ask, "{sneaky}");
+        }
+        for hidden in [
+            "echo hi; rm -rf x",
+            "true && rm x",
+            "echo $(rm x)",
+            "ls | rm y",
+        ] {
+            assert_eq!(action(&r, "bash", cmd(hidden)).0, Action::Deny, "{hidden}");
+        }
+    }
+
+    #[test]
+    fn mcp_names_take_a_star() {
+        let r = rules(json!({"deny": ["mcp__github__*"], "allow": ["mcp__*"], "default": "deny"}));
+        assert_eq!(
+            action(&r, "mcp__github__create_issue", None).0,
+            Action::Deny
+        );
+        assert_eq!(action(&r, "mcp__fs__read", None).0, Action::Allow);
+        assert_eq!(action(&r, "bash", cmd("ls")).0, Action::Deny);
+    }
+
+    #[test]
+    fn deny_beats_ask_beats_allow_beats_the_default() {
+        let r = rules(json!({
+            "allow": ["read_file", "write_file", "glob"],
+            "ask": ["read_file", "write_file"],
+            "deny": ["read_file"],
+            "default": "deny"
+        }));
+        assert_eq!(action(&r, "read_file", path("a")).0, Action::Deny);
+        assert_eq!(action(&r, "write_file", path("a")).0, Action::Ask);
+        assert_eq!(action(&r, "glob", None).0, Action::Allow);
+        assert_eq!(action(&r, "bash", None), (Action::Deny, None));
+        let absent = rules(json!({}));
+        assert_eq!(action(&absent, "bash", None), (Action::Ask, None));
+    }
+
+    #[test]
+    fn claude_code_tool_names_are_understood() {
+        let r = rules(json!({"deny": ["Edit(**/*.lock)", "Bash(curl:*)"], "default": "allow"}));
+        assert_eq!(action(&r, "write_file", path("Cargo.lock")).0, Action::Deny);
+        assert_eq!(action(&r, "edit_file", path("a/yarn.lock")).0, Action::Deny);
+        assert_eq!(action(&r, "bash", cmd("curl http://x")).0, Action::Deny);
+    }
+
+    #[test]
+    fn a_pattern_rule_never_matches_a_call_without_a_subject() {
+        let r = rules(json!({"deny": ["mytool(x)"], "default": "allow"}));
+        assert_eq!(action(&r, "mytool", None).0, Action::Allow);
+    }
+
+    #[test]
+    fn a_bad_rule_is_an_error_that_names_it() {
+        for (v, needle) in [
+            (
+                json!({"allow": ["read_file(src/[)"]}),
+                "bad rule \"read_file(src/[)\"",
+            ),
+            (json!({"deny": ["bash(ls"]}), "bad rule \"bash(ls\""),
+            (json!({"deny": ["bash()"]}), "bad rule \"bash()\""),
+            (json!({"deny": ["rm -rf"]}), "bad rule \"rm -rf\""),
+            (json!({"deny": [3]}), "permissions.deny: 3"),
+            (json!({"allow": "bash"}), "permissions.allow"),
+            (json!({"default": "maybe"}), "permissions.default"),
+            (json!({"alow": []}), "permissions.alow"),
+        ] {
+            let err = Rules::from_json(&v).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err} should contain {needle}");
+        }
+    }
+}
