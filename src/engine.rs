@@ -1,9 +1,13 @@
 //! The `Engine`: builds the actors, and is the library's front door.
 //!
 //! `Engine::builder()` → register tools, set pool size and caps → `build()`. The engine owns the
-//! Registry actor, a worker pool, and a few shared Scheduler actors (session-less dispatch round robin; each session pinned to one);
-//! [`Engine::session`] gives a session its own cancellation and pins it to one scheduler. Everything is reached through the
-//! `Engine` value (cheap to clone); there are no globals.
+//! Registry actor, a worker pool, a few shared Scheduler actors (session-less dispatch round
+//! robin; each session pinned to one) and the registry snapshot every turn is planned with.
+//! [`Engine::session`] gives a session its own cancellation and pins it to one scheduler.
+//! Everything is reached through the `Engine` value (cheap to clone); there are no globals.
+//!
+//! A turn is planned on the caller's task ([`crate::scheduler::prepare`]); a turn whose handlers
+//! are all inline also runs there, and only a turn that must wait goes to its scheduler actor.
 //!
 //! MCP servers ([`EngineBuilder::mcp_config`], [`EngineBuilder::mcp_server`]) start with the
 //! engine: `build()` starts them in the background (their tools appear as each comes up), and
@@ -15,8 +19,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use kameo::prelude::*;
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -28,10 +33,10 @@ use crate::metrics::EngineMetrics;
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{
     CatalogFormat, GetCatalog, GetSnapshot, Register, RegisteredTool, Registry, RegistryError,
-    Resolve, Unregister,
+    Resolve, Snapshot, Unregister,
 };
 use crate::sandbox::{Sandbox, SandboxConfig};
-use crate::scheduler::{DispatchTurn, Scheduler};
+use crate::scheduler::{self, RunTurn, Scheduler};
 use crate::session::Session;
 use crate::tool::{SessionScope, ToolSpec};
 use crate::worker::WorkerPool;
@@ -184,19 +189,13 @@ impl EngineBuilder {
         let mcp = crate::mcp::McpServers::spawn(&self.mcp, &registry);
         let workers = WorkerPool::spawn(workers_n, Arc::clone(&limiter), Arc::clone(&metrics));
         let schedulers = (0..self.schedulers.unwrap_or(workers_n))
-            .map(|_| {
-                Scheduler::spawn(Scheduler::new(
-                    registry.clone(),
-                    Arc::clone(&version),
-                    Arc::clone(&snapshot),
-                    workers.clone(),
-                ))
-            })
+            .map(|_| Scheduler::spawn(Scheduler::new(workers.clone())))
             .collect();
         Ok(Engine {
             inner: Arc::new(Inner {
                 registry,
                 version,
+                snapshot: ArcSwap::new(snapshot),
                 workers,
                 schedulers,
                 next: AtomicUsize::new(0),
@@ -224,6 +223,8 @@ impl EngineBuilder {
 struct Inner {
     registry: ActorRef<Registry>,
     version: Arc<AtomicU64>,
+    /// The registry view turns are planned with, replaced when `version` moves.
+    snapshot: ArcSwap<Snapshot>,
     workers: WorkerPool,
     schedulers: Vec<ActorRef<Scheduler>>,
     next: AtomicUsize,
@@ -446,16 +447,46 @@ impl Engine {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(EngineError::ShutDown);
         }
-        let turn = DispatchTurn {
-            calls,
-            cancel,
-            scope: Arc::clone(scope),
-            sink,
-        };
+        let arrived = Instant::now();
+        let snapshot = self.snapshot().await;
+        let mut plan = scheduler::prepare(snapshot, calls, arrived, Arc::clone(scope));
+        if let Some(sink) = sink {
+            plan.collector.attach_sink(sink);
+        }
+        if plan.all_inline() {
+            // Every handler is inline (microseconds, never waiting): the turn runs here, on the
+            // caller's task, with the same code and guarantees as on the scheduler, and no hop.
+            return Ok(plan.run_inline(&self.inner.workers, &cancel));
+        }
         scheduler
-            .ask(turn)
+            .ask(RunTurn { plan, cancel })
             .await
             .map_err(|e| EngineError::SchedulerUnavailable(e.to_string()))
+    }
+
+    /// The registry snapshot to plan a turn with: the cached one while the registry's version has
+    /// not moved (one atomic load and one reference count), else a fresh one from the Registry
+    /// actor (one message, after a registration or removal). If the registry cannot answer, the
+    /// last snapshot is used (the registry is gone only when the engine stops).
+    async fn snapshot(&self) -> Arc<Snapshot> {
+        let cached = self.inner.snapshot.load_full();
+        if cached.version == self.inner.version.load(Ordering::Acquire) {
+            return cached;
+        }
+        match self.inner.registry.ask(GetSnapshot).await {
+            Ok(fresh) => {
+                // Never replace a newer snapshot with an older one (two turns may refresh at once).
+                self.inner.snapshot.rcu(|current| {
+                    if current.version >= fresh.version {
+                        Arc::clone(current)
+                    } else {
+                        Arc::clone(&fresh)
+                    }
+                });
+                fresh
+            }
+            Err(_) => cached,
+        }
     }
 
     /// Shuts down cleanly: new turns are refused ([`EngineError::ShutDown`]); turns in flight get `grace` to

@@ -1,15 +1,19 @@
-//! The Scheduler actor: turns one turn's calls into a plan and runs it as a dependency graph.
+//! The scheduler: turns one turn's calls into a plan and runs it as a dependency graph.
 //!
-//! For each turn (one [`DispatchTurn`] message) it:
-//! 1. refreshes its cached registry [`Snapshot`] if the registry's version moved (at most one
-//!    registry message per turn, usually none);
+//! For each turn it:
+//! 1. takes the engine's cached registry [`Snapshot`] (re-fetched from the Registry actor only
+//!    when the registry's version moved, so usually no message at all);
 //! 2. answers, without occupying a worker, every call that cannot run: duplicate or missing
-//!    `tool_use_id`s, unknown tools, undecodable or schema-invalid arguments;
+//!    `tool_use_id`s, unknown tools, undecodable or schema-invalid arguments ([`prepare`]);
 //! 3. plans the rest (the pure planner, [`crate::plan`]): each call's access (what it reads and
 //!    writes, or exclusive) gives the earlier calls it conflicts with;
 //! 4. starts every call as soon as every earlier call it conflicts with has finished, subject to
 //!    the global and per-tool caps (taken in [`crate::execute`]), and collects the answers in
-//!    call order, exactly once each.
+//!    call order, exactly once each ([`TurnPlan::run`], [`TurnPlan::run_inline`]).
+//!
+//! Steps 1–3, and the whole turn when every handler is inline, run on the caller's task (see
+//! [`crate::Engine`]): a cheap turn costs no message and no wake-up of another core. A turn that
+//! must wait goes to a [`Scheduler`] actor as one [`RunTurn`] and runs on a task of its own.
 //!
 //! The rule, for a turn `W(a) W(b) R(a) X R(b)` (W/R: write/read of a path, X: exclusive):
 //!
@@ -24,16 +28,14 @@
 //! Read/read never conflicts; paths conflict with their ancestors; an exclusive call conflicts
 //! with everything. So the outcome equals running the calls one by one in model order.
 //!
-//! How the calls run: a turn whose handlers are all inline runs in place, in model order (one hop
-//! for a typical cheap turn; model order satisfies every wait). A turn where no call waits for
-//! another goes to one worker as one message, as before. Otherwise the calls that may start
-//! together go to a worker as one message; each answer comes back the moment its call ends and
-//! releases the calls that waited only for it. When any call must wait, the rest of the turn runs
-//! on a spawned task, so one scheduler can serve many sessions' turns at once and never blocks on
-//! a handler.
+//! How the calls run: a turn whose handlers are all inline runs in place, in model order, on the
+//! caller's task (no hop; model order satisfies every wait). A turn where no call waits for
+//! another goes to one worker as one message. Otherwise the calls that may start together go to a
+//! worker as one message; each answer comes back the moment its call ends and releases the calls
+//! that waited only for it. Such a turn runs on a task the scheduler actor spawns, so one
+//! scheduler serves many sessions' turns at once and never blocks on a handler.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -42,12 +44,12 @@ use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
-use crate::collector::{Collector, ResultSink};
+use crate::collector::Collector;
 use crate::execute::{self, CallEnv};
 use crate::observe;
 use crate::plan::{self, Graph, Planned, Stage};
 use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
-use crate::registry::{GetSnapshot, RegisteredTool, Registry, Snapshot};
+use crate::registry::{RegisteredTool, Snapshot};
 use crate::tool::SessionScope;
 use crate::worker::{RunStage, StageResults, WorkerPool};
 
@@ -75,7 +77,7 @@ pub struct TurnPlan {
 
 /// Plans a turn against a registry snapshot ([`plan::plan`]) and answers the rejected calls.
 pub fn prepare(
-    snapshot: &Arc<Snapshot>,
+    snapshot: Arc<Snapshot>,
     calls: Vec<ToolCall>,
     arrived: Instant,
     scope: Arc<SessionScope>,
@@ -86,9 +88,9 @@ pub fn prepare(
         .collect();
     let span = observe::turn_span(calls.len());
     let mut collector = Collector::new(identities);
-    let plan = plan::plan(snapshot, calls, scope.workspace());
+    let plan = plan::plan(&snapshot, calls, scope.workspace());
     for r in &plan.rejected {
-        let metrics = collector_metrics(snapshot, &collector, r.index);
+        let metrics = collector_metrics(&snapshot, &collector, r.index);
         collector.fill_error(r.index, r.code, &r.detail, metrics);
     }
     TurnPlan {
@@ -99,7 +101,7 @@ pub fn prepare(
         arrived,
         span,
         scope,
-        snapshot: Arc::clone(snapshot),
+        snapshot,
     }
 }
 
@@ -444,71 +446,41 @@ impl TurnPlan {
 type BatchReply =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<StageResults, String>> + Send>>;
 
-/// The Scheduler actor's state: a cached registry snapshot and the worker pool.
+/// The Scheduler actor: runs the turns that must wait (for a worker, a handler, or an earlier
+/// conflicting call) on a task of their own and replies with their ordered results.
+///
+/// Planning and all-inline turns never reach it: [`crate::Engine`] plans every turn on the
+/// caller's task with the engine's cached registry snapshot, and runs a turn whose handlers are
+/// all inline right there ([`TurnPlan::run_inline`]), which saves the round trip to the actor and
+/// the wake-up of another core it caused. Only a turn with async or blocking calls, or one whose
+/// calls wait for each other, is sent here as one [`RunTurn`] message.
 #[derive(Actor)]
 pub struct Scheduler {
-    registry: ActorRef<Registry>,
-    version: Arc<AtomicU64>,
-    snapshot: Arc<Snapshot>,
     workers: WorkerPool,
 }
 
 impl Scheduler {
-    /// A scheduler reading `registry` (whose version is published in `version`).
-    pub fn new(
-        registry: ActorRef<Registry>,
-        version: Arc<AtomicU64>,
-        snapshot: Arc<Snapshot>,
-        workers: WorkerPool,
-    ) -> Self {
-        Scheduler {
-            registry,
-            version,
-            snapshot,
-            workers,
-        }
-    }
-
-    async fn refresh(&mut self) {
-        if self.version.load(Ordering::Acquire) != self.snapshot.version
-            && let Ok(snapshot) = self.registry.ask(GetSnapshot).await
-        {
-            self.snapshot = snapshot;
-        }
+    /// A scheduler running turns on `workers`.
+    pub fn new(workers: WorkerPool) -> Self {
+        Scheduler { workers }
     }
 }
 
-/// Dispatch one turn; the reply is one result per call, in call order.
+/// Run one planned turn; the reply is one result per call, in call order.
 #[derive(Debug)]
-pub struct DispatchTurn {
-    /// The turn's calls, in model order.
-    pub calls: Vec<ToolCall>,
+pub struct RunTurn {
+    /// The planned turn (rejected calls already answered, a sink already attached).
+    pub plan: TurnPlan,
     /// Cancelling it answers the turn's open calls `cancelled`.
     pub cancel: CancellationToken,
-    /// The session the turn belongs to.
-    pub scope: Arc<SessionScope>,
-    /// Where each result also goes as soon as it is answered (streaming), if anywhere.
-    pub sink: Option<ResultSink>,
 }
 
-impl Message<DispatchTurn> for Scheduler {
+impl Message<RunTurn> for Scheduler {
     type Reply = DelegatedReply<Vec<ToolDispatchResult>>;
 
-    async fn handle(
-        &mut self,
-        msg: DispatchTurn,
-        ctx: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        let arrived = Instant::now();
-        self.refresh().await;
-        let mut plan = prepare(&self.snapshot, msg.calls, arrived, msg.scope);
-        if let Some(sink) = msg.sink {
-            plan.collector.attach_sink(sink);
-        }
-        if plan.all_inline() {
-            return ctx.reply(plan.run_inline(&self.workers, &msg.cancel));
-        }
+    async fn handle(&mut self, msg: RunTurn, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let workers = self.workers.clone();
-        ctx.spawn(async move { plan.run(&workers, &msg.cancel).await })
+        let RunTurn { plan, cancel } = msg;
+        ctx.spawn(async move { plan.run(&workers, &cancel).await })
     }
 }

@@ -1,12 +1,13 @@
 //! A [`Session`]: one agent conversation's handle on the engine — its own cancellation and its
 //! [`SessionScope`] (id and workspace) that every call of the session sees in its
-//! [`crate::ToolContext`]. It has no actor of its own: its turns all go through one of the
-//! engine's shared schedulers, the same one for the session's whole life (picked round robin when
-//! it opens), which keeps an idle session to a few hundred bytes.
+//! [`crate::ToolContext`]. It has no actor of its own, which keeps an idle session to a few hundred
+//! bytes: a turn is planned on the task that dispatches it, runs there when every handler is
+//! inline, and otherwise goes to one of the engine's shared schedulers — the same one for the
+//! session's whole life (picked round robin when it opens).
 //!
-//! Turns of one session are planned in the order they are dispatched (one scheduler, one
-//! mailbox); a turn that must wait runs on its own task, so turns of other sessions on the same
-//! scheduler do not wait for it. Cancelling a session cancels only its own turns.
+//! Turns of one session are planned in the order they are dispatched; a turn that must wait runs
+//! on its own task, so other turns (of this session or others on the same scheduler) do not wait
+//! for it. Cancelling a session cancels only its own turns.
 
 use std::sync::Arc;
 
