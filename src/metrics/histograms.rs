@@ -1,26 +1,28 @@
-//! Pre-aggregated histograms: fixed buckets, atomic adds, per-thread shards, no upkeep.
+//! Pre-aggregated histograms: fixed buckets, per-thread shards, no upkeep.
 //!
 //! Every histogram Switchboard records (`_seconds` latencies, calls per turn and per stage) is
 //! one [`ShardedHistogram`]: per shard, one counter per bucket (plus one past the last bound) and
-//! the sum, each an `AtomicU64`. A sample is one `fetch_add` on its bucket and one uncontended
-//! compare-and-swap on the sum, in the shard of the recording thread, so concurrent calls on
-//! different threads never write the same cache line (each shard starts on its own 128-byte
-//! line). [`Histograms::render`] sums the shards and writes Prometheus text (`_bucket{le=…}`
-//! cumulative, `+Inf`, `_sum`, `_count`), exactly as `metrics-exporter-prometheus` renders a
-//! bucketed histogram.
+//! the sum, each an `AtomicU64`, each shard starting on its own 128-byte line. A thread that
+//! records takes a shard *of its own* the first time (a process-wide slot, given back when the
+//! thread exits, so a later thread continues the same counts): as its only writer it adds with a
+//! plain load and store, no locked instruction, and no two threads ever write the same cache line.
+//! Threads beyond the owned shards (only when more threads record at once than there are shards)
+//! share one more shard and add to it with atomic read-modify-writes. [`Histograms::render`] sums
+//! the shards and writes Prometheus text (`_bucket{le=…}` cumulative, `+Inf`, `_sum`, `_count`),
+//! exactly as `metrics-exporter-prometheus` renders a bucketed histogram.
 //!
 //! Memory is fixed when a series is registered and never grows with traffic: a series holds
-//! `shards × ⌈(buckets + 2) / 16⌉ × 128` bytes, i.e. 256 bytes per shard for the 20 duration
-//! buckets and 128 bytes for the 11 count buckets, with `shards` = 2 × CPUs rounded up to a
-//! power of two, between 4 and 64 (4 on a 2-CPU machine: 1 KiB per latency series). Series are
-//! bounded by the labels (registered tools, routes, providers, MCP servers), so the whole set is
-//! bounded too, with no upkeep task. A scrape that lands while a sample is being added may see its
-//! bucket before its sum (never a lost or double count).
+//! `(shards + 1) × ⌈(buckets + 2) / 16⌉ × 128` bytes, i.e. 256 bytes per shard for the 20 duration
+//! buckets and 128 bytes for the 11 count buckets, with `shards` = 2 × CPUs rounded up to a power
+//! of two, between 4 and 64 (4 owned + 1 shared on a 2-CPU machine: 1,280 bytes per latency
+//! series). Series are bounded by the labels (registered tools, routes, providers, MCP servers), so
+//! the whole set is bounded too, with no upkeep task. A scrape that lands while a sample is being
+//! added may see its bucket before its sum (never a lost or double count).
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use metrics::{
@@ -40,25 +42,70 @@ impl Line {
     }
 }
 
-/// The next shard handed to a thread that records for the first time.
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+/// Shard slots owned by threads (the most any series has).
+const MAX_OWNED: usize = 64;
+
+/// A thread's slot before it recorded for the first time.
+const UNASSIGNED: usize = usize::MAX;
+/// The slot of a thread that owns no shard (all owned, or the thread is exiting).
+const SHARED: usize = usize::MAX - 1;
+
+/// Slots given back by threads that exited, and the next never-used slot.
+static FREE_SLOTS: Mutex<(Vec<usize>, usize)> = Mutex::new((Vec::new(), 0));
 
 thread_local! {
-    /// This thread's shard number (before masking), given out round robin on first use.
-    static THREAD_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// This thread's shard slot: `UNASSIGNED`, `SHARED`, or the slot it owns.
+    static SLOT: Cell<usize> = const { Cell::new(UNASSIGNED) };
+    /// Gives the owned slot back when the thread exits.
+    static SLOT_OWNER: SlotOwner = const { SlotOwner };
 }
 
-#[inline]
-fn thread_shard() -> usize {
-    THREAD_SHARD.with(|s| {
-        let v = s.get();
-        if v != usize::MAX {
-            return v;
+/// Owns nothing itself: its destructor (run when the thread exits) gives the thread's slot back.
+struct SlotOwner;
+
+impl Drop for SlotOwner {
+    fn drop(&mut self) {
+        // Whatever this thread records from now on (other destructors) goes to the shared shard.
+        let slot = SLOT.try_with(|s| s.replace(SHARED)).unwrap_or(SHARED);
+        if slot < MAX_OWNED {
+            FREE_SLOTS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+                .push(slot);
         }
-        let v = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
-        s.set(v);
-        v
-    })
+    }
+}
+
+/// This thread's slot: the one it owns, or `SHARED`.
+#[inline]
+fn thread_slot() -> usize {
+    let slot = SLOT.try_with(Cell::get).unwrap_or(SHARED);
+    if slot != UNASSIGNED {
+        return slot;
+    }
+    take_slot()
+}
+
+#[cold]
+fn take_slot() -> usize {
+    // Registering the owner first: if the thread is already exiting this fails and it shares.
+    if SLOT_OWNER.try_with(|_| ()).is_err() {
+        return SHARED;
+    }
+    let slot = {
+        let mut free = FREE_SLOTS.lock().unwrap_or_else(PoisonError::into_inner);
+        match free.0.pop() {
+            Some(slot) => slot,
+            None if free.1 < MAX_OWNED => {
+                free.1 += 1;
+                free.1 - 1
+            }
+            None => SHARED,
+        }
+    };
+    let _ = SLOT.try_with(|s| s.set(slot));
+    slot
 }
 
 /// Shards per histogram on this machine: 2 × CPUs rounded up to a power of two, 4 to 64.
@@ -72,8 +119,8 @@ pub struct ShardedHistogram {
     bounds: &'static [f64],
     /// Lines per shard.
     stride: usize,
-    /// Shards − 1 (the shard count is a power of two).
-    mask: usize,
+    /// Shards owned by one thread each; shard `owned` is the shared one.
+    owned: usize,
     lines: Box<[Line]>,
 }
 
@@ -99,17 +146,17 @@ pub struct HistogramSnapshot {
 }
 
 impl ShardedHistogram {
-    /// An empty histogram with these bounds (ascending) and `shards` shards (rounded up to a
-    /// power of two, at least 1).
+    /// An empty histogram with these bounds (ascending), `shards` shards owned by one thread
+    /// each (1 to 64) and one shared by every other thread.
     pub fn new(bounds: &'static [f64], shards: usize) -> Self {
-        let shards = shards.max(1).next_power_of_two();
+        let owned = shards.clamp(1, MAX_OWNED);
         let words = bounds.len() + 2;
         let stride = words.div_ceil(LINE_WORDS);
         ShardedHistogram {
             bounds,
             stride,
-            mask: shards - 1,
-            lines: (0..shards * stride).map(|_| Line::new()).collect(),
+            owned,
+            lines: (0..(owned + 1) * stride).map(|_| Line::new()).collect(),
         }
     }
 
@@ -124,12 +171,28 @@ impl ShardedHistogram {
         if value.is_nan() || n == 0 {
             return;
         }
-        let shard = thread_shard() & self.mask;
-        // The first bound ≥ value (values above every bound go to the overflow counter).
-        let bucket = self.bounds.partition_point(|b| *b < value);
+        // The first bound ≥ value (values above every bound go to the overflow counter): a
+        // linear scan, since most samples (sub-millisecond calls, small turns) fall in the first
+        // few buckets and its branch is predictable (a binary search cost 3× as much here).
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|b| value <= *b)
+            .unwrap_or(self.bounds.len());
+        let slot = thread_slot();
+        let add = value * n as f64;
+        if slot < self.owned {
+            // This thread is the shard's only writer: a plain load and store is an exact add.
+            let count = self.word(slot, bucket);
+            count.store(count.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+            let sum = self.word(slot, self.bounds.len() + 1);
+            let next = f64::from_bits(sum.load(Ordering::Relaxed)) + add;
+            sum.store(next.to_bits(), Ordering::Relaxed);
+            return;
+        }
+        let shard = self.owned;
         self.word(shard, bucket).fetch_add(n, Ordering::Relaxed);
         let sum = self.word(shard, self.bounds.len() + 1);
-        let add = value * n as f64;
         let mut current = sum.load(Ordering::Relaxed);
         loop {
             let next = (f64::from_bits(current) + add).to_bits();
@@ -144,7 +207,7 @@ impl ShardedHistogram {
     pub fn snapshot(&self) -> HistogramSnapshot {
         let mut counts = vec![0u64; self.bounds.len() + 1];
         let mut sum = 0.0;
-        for shard in 0..=self.mask {
+        for shard in 0..=self.owned {
             for (i, c) in counts.iter_mut().enumerate() {
                 *c += self.word(shard, i).load(Ordering::Relaxed);
             }
@@ -409,14 +472,15 @@ mod tests {
         set.series(&key).record(1.0);
         set.series(&key).record(1.0);
         assert_eq!(set.series(&key).snapshot().count, 2);
-        assert_eq!(set.memory_bytes(), 2 * 128);
+        // Two owned shards and the shared one, one 128-byte line each for three bounds.
+        assert_eq!(set.memory_bytes(), 3 * 128);
     }
 
     #[test]
     fn concurrent_adds_from_many_threads_sum_exactly() {
         const THREADS: usize = 8;
         const EACH: u64 = 20_000;
-        // Fewer shards than threads, so some threads share a shard and contend on it.
+        // Fewer owned shards than threads, so some threads add to the shared shard at once.
         let h = Arc::new(ShardedHistogram::new(BOUNDS, 4));
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
