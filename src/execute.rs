@@ -102,7 +102,9 @@ pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
         Some(policy) => match check_policy(policy, call, &tool, env).await {
             Ok((call, decided)) => {
                 let mut result = waiting(call, &tool, env).await;
-                decided.finish(policy, &tool, env.scope, &mut result);
+                decided
+                    .finish_waiting(policy, &tool, env, &mut result)
+                    .await;
                 result
             }
             Err(refused) => refused,
@@ -269,6 +271,21 @@ impl Decided {
         result: &mut ToolDispatchResult,
     ) {
         policy.finish(&self.ticket, scope, tool, self.args.as_ref(), result);
+    }
+
+    /// The after-layer of a call that took the waiting stack: also the external `PostToolUse`
+    /// hooks (bounded by their timeouts and the turn's cancellation; they hold no place).
+    async fn finish_waiting(
+        self,
+        policy: &Policy,
+        tool: &RegisteredTool,
+        env: CallEnv<'_>,
+        result: &mut ToolDispatchResult,
+    ) {
+        let args = self.args.as_ref();
+        policy
+            .finish_waiting(&self.ticket, env.scope, tool, args, env.cancel, result)
+            .await;
     }
 }
 
