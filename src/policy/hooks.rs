@@ -36,10 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use regex::Regex;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{Mutex, oneshot};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
 
 use super::rules::PolicyError;
 use crate::protocol::ToolDispatchResult;
@@ -526,10 +526,17 @@ pub fn decision_of(v: &Value) -> PreDecision {
 }
 
 /// A long-lived hook process speaking JSON lines.
+///
+/// Any number of requests are in flight on the one process: each line carries an `"id"` and its
+/// answer is matched by it, in whatever order the hook answers. A call registers its answer
+/// slot and queues its line without waiting for anything (a plain mutex, held for a map insert and
+/// a channel send); one writer task per process writes every queued line in one `write`, so
+/// calls never queue behind each other's writes, and one reader task hands each answer line to
+/// the call it answers.
 pub struct Persistent {
     command: String,
     next: AtomicU64,
-    running: Mutex<Option<Running>>,
+    running: std::sync::Mutex<Option<Running>>,
 }
 
 impl fmt::Debug for Persistent {
@@ -538,13 +545,29 @@ impl fmt::Debug for Persistent {
     }
 }
 
+/// The calls waiting for an answer, by request id; `None` once the process is dead (its stdout
+/// ended or a write failed): dropping the senders answers every waiting call, and no new one is
+/// accepted by this process.
 type Waiting = Arc<std::sync::Mutex<Option<HashMap<u64, oneshot::Sender<Value>>>>>;
 
 struct Running {
-    stdin: ChildStdin,
-    /// `None` once the process's stdout ended: it is dead, restart it.
+    /// Request lines for the writer task.
+    lines: mpsc::UnboundedSender<Vec<u8>>,
     waiting: Waiting,
     child: Child,
+}
+
+impl Running {
+    fn alive(&self) -> bool {
+        self.waiting.lock().is_ok_and(|w| w.is_some())
+    }
+}
+
+/// Marks a process dead: every call still waiting is answered (its sender dropped).
+fn dead(waiting: &Waiting) {
+    if let Ok(mut w) = waiting.lock() {
+        *w = None;
+    }
 }
 
 impl Persistent {
@@ -552,7 +575,7 @@ impl Persistent {
         Persistent {
             command: command.to_string(),
             next: AtomicU64::new(0),
-            running: Mutex::new(None),
+            running: std::sync::Mutex::new(None),
         }
     }
 
@@ -560,7 +583,7 @@ impl Persistent {
     pub async fn pid(&self) -> Option<u32> {
         self.running
             .lock()
-            .await
+            .ok()?
             .as_ref()
             .and_then(|r| r.child.id())
     }
@@ -571,7 +594,7 @@ impl Persistent {
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         let mut child = cmd.spawn()?;
-        let stdin = child
+        let mut stdin = child
             .stdin
             .take()
             .ok_or_else(|| std::io::Error::other("no stdin"))?;
@@ -598,63 +621,75 @@ impl Persistent {
                     let _ = tx.send(v);
                 }
             }
-            // Dead: every call still waiting is answered (its sender dropped) and no new one
-            // is accepted by this process.
-            if let Ok(mut w) = reader_waiting.lock() {
-                *w = None;
+            dead(&reader_waiting);
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer_waiting = Arc::clone(&waiting);
+        tokio::spawn(async move {
+            // Everything queued by the time the writer runs goes out in one write.
+            while let Some(mut batch) = rx.recv().await {
+                while let Ok(more) = rx.try_recv() {
+                    batch.extend_from_slice(&more);
+                }
+                if stdin.write_all(&batch).await.is_err() {
+                    dead(&writer_waiting);
+                    break;
+                }
             }
         });
         Ok(Running {
-            stdin,
+            lines: tx,
             waiting,
             child,
         })
     }
 
+    /// Queues one request; the receiver gets its answer line. `Err` is the call's failure.
+    fn send(
+        &self,
+        id: u64,
+        line: Vec<u8>,
+        place: HookPlace<'_>,
+    ) -> Result<oneshot::Receiver<Value>, Reply> {
+        let mut running = self
+            .running
+            .lock()
+            .map_err(|_| Reply::Failed(format!("hook {:?} is not running", self.command)))?;
+        if !running.as_ref().is_some_and(Running::alive) {
+            if let Some(mut old) = running.take() {
+                let _ = old.child.start_kill();
+            }
+            let started = self.start(place).map_err(|e| {
+                Reply::Failed(format!("hook {:?} could not start: {e}", self.command))
+            })?;
+            *running = Some(started);
+        }
+        let died = || {
+            Reply::Failed(format!(
+                "hook {:?} died; it is restarted for the next call",
+                self.command
+            ))
+        };
+        let r = running.as_ref().ok_or_else(died)?;
+        let (tx, rx) = oneshot::channel();
+        let registered = r
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.as_mut().map(|w| w.insert(id, tx)))
+            .is_some();
+        if !registered || r.lines.send(line).is_err() {
+            return Err(died());
+        }
+        Ok(rx)
+    }
+
     async fn ask(&self, input: &Value, timeout: Duration, place: HookPlace<'_>) -> Reply {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut line = input.clone();
-        if let Some(obj) = line.as_object_mut() {
-            obj.insert("id".into(), json!(id));
-        }
-        let mut line = line.to_string();
-        line.push('\n');
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut running = self.running.lock().await;
-            let alive = running
-                .as_ref()
-                .is_some_and(|r| r.waiting.lock().is_ok_and(|w| w.is_some()));
-            if !alive {
-                if let Some(mut old) = running.take() {
-                    let _ = old.child.start_kill();
-                }
-                match self.start(place) {
-                    Ok(r) => *running = Some(r),
-                    Err(e) => {
-                        return Reply::Failed(format!(
-                            "hook {:?} could not start: {e}",
-                            self.command
-                        ));
-                    }
-                }
-            }
-            let Some(r) = running.as_mut() else {
-                return Reply::Failed(format!("hook {:?} is not running", self.command));
-            };
-            let registered = r
-                .waiting
-                .lock()
-                .ok()
-                .and_then(|mut w| w.as_mut().map(|w| w.insert(id, tx)))
-                .is_some();
-            if !registered || r.stdin.write_all(line.as_bytes()).await.is_err() {
-                return Reply::Failed(format!(
-                    "hook {:?} died; it is restarted for the next call",
-                    self.command
-                ));
-            }
-        }
+        let rx = match self.send(id, request_line(id, input), place) {
+            Ok(rx) => rx,
+            Err(failed) => return failed,
+        };
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => Reply::Json(answer),
             Ok(Err(_)) => Reply::Failed(format!(
@@ -670,9 +705,25 @@ impl Persistent {
     }
 }
 
+/// `input` (an object) as one request line with `"id"` first, without copying the input.
+fn request_line(id: u64, input: &Value) -> Vec<u8> {
+    let mut line = format!("{{\"id\":{id}").into_bytes();
+    let body = serde_json::to_vec(input).unwrap_or_default();
+    match body.strip_prefix(b"{") {
+        Some(b"}") | None => line.push(b'}'),
+        Some(rest) => {
+            line.push(b',');
+            line.extend_from_slice(rest);
+        }
+    }
+    line.push(b'\n');
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn claude_code_decision_json_is_understood() {
@@ -742,6 +793,19 @@ mod tests {
             ToolDispatchResult::ok("t".into(), "x".into(), "hi".into(), Default::default());
         apply_post(&mut ok, PostAction::Annotate("(checked)".into()));
         assert_eq!(ok.content, "hi\n(checked)");
+    }
+
+    #[test]
+    fn request_lines_put_the_id_first_and_end_with_a_newline() {
+        let line = request_line(7, &json!({"tool_name": "x", "tool_input": {"a": [1]}}));
+        assert_eq!(line.last(), Some(&b'\n'));
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            v,
+            json!({"id": 7, "tool_name": "x", "tool_input": {"a": [1]}})
+        );
+        assert!(line.starts_with(b"{\"id\":7,"));
+        assert_eq!(request_line(3, &json!({})), b"{\"id\":3}\n");
     }
 
     #[test]
