@@ -680,3 +680,37 @@ async fn a_rewrite_that_changes_what_a_call_touches_is_refused() {
         "first"
     );
 }
+
+#[tokio::test]
+async fn a_cancelled_turn_stops_waiting_for_a_post_tool_use_hook_and_keeps_the_result() {
+    let engine = post_engine(post_hook("command", "sleep 30", 20.0));
+    let token = engine.turn_token();
+    let dispatch = engine.dispatch_with_cancel(
+        vec![call("a", "echo", json!({"text": "hi"}))],
+        token.clone(),
+    );
+    let canceller = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        token.cancel();
+    };
+    let begun = std::time::Instant::now();
+    let (results, ()) = tokio::time::timeout(BOUND, async {
+        futures::future::join(dispatch, canceller).await
+    })
+    .await
+    .expect("answered within the bound");
+    let results = results.unwrap();
+    assert!(
+        begun.elapsed() < Duration::from_secs(10),
+        "the hook was not waited for"
+    );
+    assert_eq!(results[0].error, None, "{}", results[0].content);
+    assert!(
+        results[0].content.starts_with("echo:hi\n")
+            && results[0]
+                .content
+                .contains("was stopped: the turn was cancelled"),
+        "{}",
+        results[0].content
+    );
+}

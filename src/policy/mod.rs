@@ -475,10 +475,11 @@ impl Policy {
                     workspace: scope.workspace().map(Workspace::root),
                 };
                 let (reply, cancelled) = tokio::select! {
-                    r = hook.reply(&input, place) => (r, false),
+                    biased;
                     () = cancel.cancelled() => (hooks::Reply::Failed(format!(
                         "hook {:?} was stopped: the turn was cancelled", hook.command
                     )), true),
+                    r = hook.reply(&input, place) => (r, false),
                 };
                 if let hooks::Reply::Failed(what) = &reply {
                     tracing::warn!(hook = %hook.label, tool_use_id = %result.tool_use_id, "PostToolUse hook failed: {what}");
