@@ -14,8 +14,9 @@
 //! ([`crate::policy`]) comes first, so a call waiting for an approval or an external hook holds
 //! no concurrency place; without a policy it costs one `Option` check. Inline handlers are cheap
 //! and cannot be interrupted, so they skip the caps and the deadline: policy → handler → cap, in
-//! place — unless the policy may make them wait ([`runs_in_place`]), and then they take the
-//! waiting stack. The in-flight gauge is held by a guard for as long as a handler may run.
+//! place — unless the policy may make them wait ([`runs_in_place`]): then the policy is awaited
+//! on the waiting path and the handler still runs in place after it (never refused by the caps).
+//! The in-flight gauge is held by a guard for as long as a handler may run.
 //!
 //! Where each kind runs: inline in place (no task, no spawn); async on the caller's task (a
 //! worker's stage task polls a stage's async calls together); blocking on tokio's blocking pool,
@@ -101,8 +102,14 @@ pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
         None => waiting(call, &tool, env).await,
         Some(policy) => match check_policy(policy, call, &tool, env).await {
             Ok((call, decided)) => {
-                let mut result = waiting(call, &tool, env).await;
-                decided.finish(policy, &tool, env.scope, &mut result);
+                // An inline handler that waited only for the policy still runs in place.
+                let mut result = match tool.handler {
+                    Handler::Inline(_) => inline(call, &tool, env),
+                    _ => waiting(call, &tool, env).await,
+                };
+                decided
+                    .finish_waiting(policy, &tool, env, &mut result)
+                    .await;
                 result
             }
             Err(refused) => refused,
@@ -269,6 +276,21 @@ impl Decided {
         result: &mut ToolDispatchResult,
     ) {
         policy.finish(&self.ticket, scope, tool, self.args.as_ref(), result);
+    }
+
+    /// The after-layer of a call that took the waiting stack: also the external `PostToolUse`
+    /// hooks (bounded by their timeouts and the turn's cancellation; they hold no place).
+    async fn finish_waiting(
+        self,
+        policy: &Policy,
+        tool: &RegisteredTool,
+        env: CallEnv<'_>,
+        result: &mut ToolDispatchResult,
+    ) {
+        let args = self.args.as_ref();
+        policy
+            .finish_waiting(&self.ticket, env.scope, tool, args, env.cancel, result)
+            .await;
     }
 }
 

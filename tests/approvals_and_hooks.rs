@@ -1,7 +1,9 @@
 //! `ask` rules wait for an approver (approved, refused, timed out, cancelled) without holding a
-//! concurrency place; hooks allow, deny, rewrite (re-validated) and fail closed; a persistent
-//! hook killed mid-turn denies what it had not answered and is restarted. Every turn keeps one
-//! answer per call, in order.
+//! concurrency place; PreToolUse hooks allow, deny, rewrite (re-validated, and never beyond what
+//! the planned call touches) and fail closed; a persistent hook killed mid-turn denies what it
+//! had not answered and is restarted. External PostToolUse hooks annotate or replace content
+//! (never a failure's code) and, when they fail, keep the result with a note. Every turn keeps
+//! one answer per call, in order.
 
 mod common;
 
@@ -421,4 +423,294 @@ async fn a_closure_can_be_the_approver() {
     .await;
     assert_eq!(outcomes(&results), ["ok", "permission_denied"]);
     assert!(results[1].content.ends_with("nope"));
+}
+
+fn post_hook(kind: &str, command: &str, timeout: f64) -> serde_json::Value {
+    json!({"hooks": {"PostToolUse": [
+        {"matcher": "echo|fails", "hooks": [{"type": kind, "command": command, "timeout": timeout}]}
+    ]}})
+}
+
+fn post_engine(policy: serde_json::Value) -> Engine {
+    external(
+        policy,
+        vec![
+            common::echo_tool("echo"),
+            common::failing_tool("fails", ErrorCode::ExecutionError, "boom"),
+            common::echo_tool("unhooked"),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn external_post_tool_use_hooks_see_the_result_and_annotate_or_replace_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen.jsonl");
+    // Claude Code's PostToolUse outputs, chosen by the call's text.
+    let script = format!(
+        "input=$(cat); printf '%s\\n' \"$input\" >> {seen}; \
+         case \"$input\" in \
+           *context*) echo '{{\"hookSpecificOutput\":{{\"hookEventName\":\"PostToolUse\",\"additionalContext\":\"formatted by the hook\"}}}}';; \
+           *block*) echo '{{\"decision\":\"block\",\"reason\":\"lint failed: line 3\"}}';; \
+           *stderr*) echo 'fed back from stderr' >&2; exit 2;; \
+           *) echo '{{\"hookSpecificOutput\":{{\"updatedMCPToolOutput\":\"[redacted]\"}}}}';; \
+         esac",
+        seen = seen.display()
+    );
+    let engine = post_engine(post_hook("command", &script, 10.0));
+    let results = turn(
+        &engine,
+        vec![
+            call("a", "echo", json!({"text": "context"})),
+            call("b", "echo", json!({"text": "block"})),
+            call("c", "echo", json!({"text": "stderr"})),
+            call("d", "echo", json!({"text": "secret"})),
+            call("e", "fails", json!({"text": "secret"})),
+            call("f", "unhooked", json!({"text": "secret"})),
+        ],
+    )
+    .await;
+    assert_eq!(ids(&results), ["a", "b", "c", "d", "e", "f"]);
+    let label = format!("hook:{script}");
+    assert_eq!(results[0].content, "echo:context\nformatted by the hook");
+    assert_eq!(
+        results[1].content,
+        format!("echo:block\n{label}: lint failed: line 3")
+    );
+    assert_eq!(
+        results[2].content,
+        format!("echo:stderr\n{label}: fed back from stderr")
+    );
+    assert_eq!(results[3].content, "[redacted]");
+    // A failed call stays failed, whatever the hook answers.
+    assert_eq!(results[4].error, Some(ErrorCode::ExecutionError));
+    assert_eq!(results[4].content, "Error [execution_error]: [redacted]");
+    assert_eq!(results[5].content, "echo:secret");
+    assert_eq!(
+        outcomes(&results),
+        ["ok", "ok", "ok", "ok", "execution_error", "ok"]
+    );
+    // What the hook saw: Claude Code's PostToolUse input, one line per hooked call.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&seen)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "the unmatched tool is not hooked");
+    let a = lines.iter().find(|l| l["tool_use_id"] == "a").unwrap();
+    assert_eq!(a["hook_event_name"], "PostToolUse");
+    assert_eq!(a["session_id"], "engine");
+    assert_eq!(a["tool_name"], "echo");
+    assert_eq!(a["tool_input"], json!({"text": "context"}));
+    assert_eq!(
+        a["tool_response"],
+        json!({"content": "echo:context", "is_error": false, "error_code": null})
+    );
+    let e = lines.iter().find(|l| l["tool_use_id"] == "e").unwrap();
+    assert_eq!(
+        e["tool_response"],
+        json!({"content": "Error [execution_error]: boom", "is_error": true,
+               "error_code": "execution_error"})
+    );
+}
+
+#[tokio::test]
+async fn a_failing_post_tool_use_hook_keeps_the_result_and_says_so() {
+    for (command, needle) in [
+        ("exit 1", "failed with exit code 1"),
+        ("kill -9 $$", "crashed"),
+        ("sleep 30", "did not answer within 0.5 s"),
+        ("echo 'this is not json'", "not decision JSON"),
+    ] {
+        let engine = post_engine(post_hook("command", command, 0.5));
+        let results = turn(
+            &engine,
+            vec![
+                call("a", "echo", json!({"text": "hi"})),
+                call("b", "fails", json!({})),
+            ],
+        )
+        .await;
+        // The call ran: its result and code are kept, with the hook's failure appended.
+        assert_eq!(results[0].error, None, "{command}: {}", results[0].content);
+        let note = format!("hook:{command} failed: ");
+        let first = results[0].content.strip_prefix("echo:hi\n").unwrap_or("");
+        assert!(
+            first.starts_with(&note)
+                && first.contains(needle)
+                && first.ends_with("(the result above is kept)"),
+            "{command}: {}",
+            results[0].content
+        );
+        assert_eq!(results[1].error, Some(ErrorCode::ExecutionError));
+        assert!(
+            results[1]
+                .content
+                .starts_with("Error [execution_error]: boom\n")
+                && results[1].content.contains(needle),
+            "{command}: {}",
+            results[1].content
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_persistent_post_tool_use_hook_annotates_and_a_killed_one_keeps_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("post.py");
+    std::fs::write(
+        &script,
+        "import json, sys\n\
+         for line in sys.stdin:\n\
+         \x20   req = json.loads(line)\n\
+         \x20   if req['tool_input'].get('text') == 'hang':\n\
+         \x20       continue\n\
+         \x20   ctx = req['hook_event_name'] + ' saw ' + req['tool_response']['content']\n\
+         \x20   print(json.dumps({'id': req['id'], 'hookSpecificOutput': {'additionalContext': ctx}}), flush=True)\n",
+    )
+    .unwrap();
+    let engine = post_engine(post_hook(
+        "persistent",
+        &format!("python3 {}", script.display()),
+        10.0,
+    ));
+    let calls: Vec<_> = (0..20)
+        .map(|i| call(&format!("t{i}"), "echo", json!({"text": format!("n{i}")})))
+        .collect();
+    let results = turn(&engine, calls).await;
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(
+            r.content,
+            format!("echo:n{i}\nPostToolUse saw echo:n{i}"),
+            "answers are matched to their calls by id"
+        );
+    }
+    let hook = &engine.policy().unwrap().external_hooks().post[0];
+    let pid = hook.persistent_pid().await.expect("the hook runs");
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = std::process::Command::new("kill")
+            .arg("-9")
+            .arg(pid.to_string())
+            .status();
+    };
+    let (results, ()) = futures::future::join(
+        turn(&engine, vec![call("h", "echo", json!({"text": "hang"}))]),
+        killer,
+    )
+    .await;
+    assert_eq!(results[0].error, None);
+    assert!(
+        results[0].content.starts_with("echo:hang\n") && results[0].content.contains("died"),
+        "{}",
+        results[0].content
+    );
+    let results = turn(&engine, vec![call("z", "echo", json!({"text": "z"}))]).await;
+    assert_eq!(results[0].content, "echo:z\nPostToolUse saw echo:z");
+    assert_ne!(hook.persistent_pid().await.expect("restarted"), pid);
+}
+
+#[tokio::test]
+async fn a_rewrite_that_changes_what_a_call_touches_is_refused() {
+    let ws = tempfile::tempdir().unwrap();
+    let workspace = switchboard::Workspace::open(ws.path()).unwrap();
+    // Redirects call "c1" to the file call "c0" writes; upper-cases the content of "c2" (same
+    // file: allowed).
+    let engine = Engine::builder()
+        .tools(switchboard::tools::builtin_tools())
+        .workspace(workspace)
+        .hook(Hook::pre("redirect", |ev| match ev.tool_use_id {
+            "c1" => PreDecision::Rewrite(json!({"path": "a.txt", "content": "sneaky"})),
+            "c2" => PreDecision::Rewrite(json!({"path": "c.txt", "content": "UPPER"})),
+            _ => PreDecision::Continue,
+        }))
+        .build()
+        .unwrap();
+    let w = |id: &str, path: &str, content: &str| {
+        call(id, "write_file", json!({"path": path, "content": content}))
+    };
+    let results = turn(
+        &engine,
+        vec![
+            w("c0", "a.txt", "first"),
+            w("c1", "b.txt", "second"),
+            w("c2", "c.txt", "lower"),
+        ],
+    )
+    .await;
+    assert_eq!(outcomes(&results), ["ok", "permission_denied", "ok"]);
+    assert_eq!(
+        results[1].content,
+        "Error [permission_denied]: arguments rewritten by hook:redirect would write \"a.txt\", \
+         which the call as planned does not; a hook may not change what a call touches (the \
+         turn's order was planned from the model's arguments)"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "first"
+    );
+    assert!(!ws.path().join("b.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("c.txt")).unwrap(),
+        "UPPER"
+    );
+
+    // The same rule for an external hook's `updatedInput`.
+    let redirect =
+        "echo '{\"hookSpecificOutput\":{\"updatedInput\":{\"path\":\"a.txt\",\"content\":\"x\"}}}'";
+    let engine = Engine::builder()
+        .tools(switchboard::tools::builtin_tools())
+        .workspace(switchboard::Workspace::open(ws.path()).unwrap())
+        .policy(
+            Policy::from_json(&json!({"hooks": {"PreToolUse": [{"matcher": "write_file",
+                "hooks": [{"type": "command", "command": redirect}]}]}}))
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let results = turn(&engine, vec![w("d0", "d.txt", "mine")]).await;
+    assert_eq!(outcomes(&results), ["permission_denied"]);
+    assert!(
+        results[0].content.contains("would write \"a.txt\""),
+        "{}",
+        results[0].content
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "first"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_turn_stops_waiting_for_a_post_tool_use_hook_and_keeps_the_result() {
+    let engine = post_engine(post_hook("command", "sleep 30", 20.0));
+    let token = engine.turn_token();
+    let dispatch = engine.dispatch_with_cancel(
+        vec![call("a", "echo", json!({"text": "hi"}))],
+        token.clone(),
+    );
+    let canceller = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        token.cancel();
+    };
+    let begun = std::time::Instant::now();
+    let (results, ()) = tokio::time::timeout(BOUND, async {
+        futures::future::join(dispatch, canceller).await
+    })
+    .await
+    .expect("answered within the bound");
+    let results = results.unwrap();
+    assert!(
+        begun.elapsed() < Duration::from_secs(10),
+        "the hook was not waited for"
+    );
+    assert_eq!(results[0].error, None, "{}", results[0].content);
+    assert!(
+        results[0].content.starts_with("echo:hi\n")
+            && results[0]
+                .content
+                .contains("was stopped: the turn was cancelled"),
+        "{}",
+        results[0].content
+    );
 }

@@ -202,3 +202,126 @@ async fn what_rules_and_hooks_cost_per_call() {
         c.engine.shutdown(Duration::from_secs(5)).await;
     }
 }
+
+/// Mean µs of `n` runs of `f` (after `n`, at most 200, unmeasured ones).
+async fn mean_us<F, Fut>(n: usize, mut f: F) -> f64
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let warm = n.min(200);
+    for i in 0..warm {
+        f(i).await;
+    }
+    let begun = Instant::now();
+    for i in 0..n {
+        f(warm + i).await;
+    }
+    begun.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// The engine process's `write` system calls so far (Linux `/proc/self/io`).
+fn writes_so_far() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("syscw: ")
+                    .and_then(|n| n.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Where a lone call's time goes with a persistent hook: the hook's round trip alone (the
+/// engine's `External::run`, no dispatch), a call that takes the waiting stack without any
+/// process (an `ask` answered at once by an in-process approver), and the whole call; then the
+/// hook alone with 512 requests in flight (what 64 sessions × 8 calls put on it), per request:
+/// wall time and the engine's `write` calls. With `jq` installed, the same for a hook in jq.
+///
+/// ```sh
+/// cargo test --release --test policy_overhead_figure where_a_persistent_hook_call_spends_its_time -- --ignored --nocapture
+/// ```
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: run it with --ignored --nocapture (release build)"]
+async fn where_a_persistent_hook_call_spends_its_time() {
+    use futures::FutureExt;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("hook.py");
+    std::fs::write(&script, PERSISTENT).unwrap();
+    let jq = std::process::Command::new("jq")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut commands = vec![("python", format!("python3 {}", script.display()))];
+    if jq {
+        commands.push(("jq", "jq --unbuffered -c '{id: .id}'".to_string()));
+    }
+    let none = build(None, None);
+    let asking = build(
+        Some(
+            Policy::from_json(&json!({"permissions": {"ask": ["noop"]}}))
+                .unwrap()
+                .approver(std::sync::Arc::new(|_req| async { Ok(()) }.boxed())),
+        ),
+        None,
+    );
+    let lone = |engine: &Engine| {
+        let session = engine.session();
+        move |i: usize| {
+            let session = session.clone();
+            async move {
+                let calls = vec![ToolCall::new(
+                    format!("a{i}"),
+                    "noop",
+                    json!({"text": TEXT, "n": 0}),
+                )];
+                let r = session.dispatch(calls).await.unwrap();
+                assert!(r[0].error.is_none(), "{}", r[0].content);
+            }
+        }
+    };
+    let input = json!({"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "noop",
+        "tool_input": {"text": TEXT, "n": 0}, "tool_use_id": "a1", "cwd": null});
+    let place = switchboard::policy::hooks::HookPlace { workspace: None };
+    println!(
+        "| hook | round | no policy | waiting stack (ask, approved in-process) | hook round trip alone | whole call with the hook | 512 in flight: µs per request | engine writes per request |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (name, command) in commands {
+        let hooked = build(
+            Some(Policy::from_json(&hooks("persistent", &command)).unwrap()),
+            None,
+        );
+        let hook = &hooked.policy().unwrap().external_hooks().pre[0];
+        for round in 0..3 {
+            let a = mean_us(2_000, lone(&none)).await;
+            let b = mean_us(2_000, lone(&asking)).await;
+            let c = mean_us(2_000, |_| async {
+                let d = hook.run(&input, place).await;
+                assert_eq!(d, PreDecision::Continue);
+            })
+            .await;
+            let d = mean_us(2_000, lone(&hooked)).await;
+            let bursts = 20;
+            let writes = writes_so_far();
+            let e = mean_us(bursts, |_| async {
+                let all = (0..SESSIONS * CALLS).map(|_| hook.run(&input, place));
+                for d in futures::future::join_all(all).await {
+                    assert_eq!(d, PreDecision::Continue);
+                }
+            })
+            .await
+                / (SESSIONS * CALLS) as f64;
+            // The warm-up bursts count too.
+            let per = (writes_so_far() - writes) as f64 / (2 * bursts * SESSIONS * CALLS) as f64;
+            println!(
+                "| {name} | {round} | {a:.1} µs | {b:.1} µs | {c:.1} µs | {d:.1} µs | {e:.1} µs | {per:.3} |"
+            );
+        }
+        hooked.shutdown(Duration::from_secs(5)).await;
+    }
+    for e in [none, asking] {
+        e.shutdown(Duration::from_secs(5)).await;
+    }
+}

@@ -7,18 +7,26 @@
 //!
 //! ```json
 //! {"hooks": {"PreToolUse": [{"matcher": "bash|write_file",
-//!                            "hooks": [{"type": "command", "command": "./check.sh", "timeout": 10}]}]}}
+//!                            "hooks": [{"type": "command", "command": "./check.sh", "timeout": 10}]}],
+//!            "PostToolUse": [{"matcher": "write_file",
+//!                             "hooks": [{"type": "command", "command": "./lint.sh"}]}]}}
 //! ```
 //!
 //! `matcher` is a regex over registry names (anchored; empty or `*`: every tool). A `command`
 //! hook is started per call with `bash -c`, in the workspace, with the same environment allowlist
 //! as `bash`; it reads Claude Code's hook input on stdin and answers with exit code 0 (stdout
-//! empty: no opinion; or decision JSON), or exit code 2 (denied, stderr is the reason). Stricter
-//! than Claude Code: any other exit code, a crash, a timeout (default 10 s) or stdout that is not
-//! JSON denies the call (fail closed). A `persistent` hook (`"type": "persistent"`) is started
-//! once and speaks JSON lines: one request line per call (the same input plus `"id"`), one answer
-//! line (the same output plus the `"id"`), so it costs a pipe round trip; it is restarted if it
-//! dies, and calls it had not answered are denied.
+//! empty: no opinion; or decision JSON), or exit code 2 (stderr is the reason). A `persistent`
+//! hook (`"type": "persistent"`) is started once and speaks JSON lines: one request line per call
+//! (the same input plus `"id"`), one answer line (the same output plus the `"id"`), so it costs a
+//! pipe round trip; it is restarted if it dies, and calls it had not answered get the hook's
+//! failure.
+//!
+//! What a failure means depends on the event ([`Reply::Failed`]: any other exit code, a crash, a
+//! timeout — default 10 s —, stdout that is not JSON, a persistent hook that died). Before the
+//! call (`PreToolUse`) it **denies** (fail closed, stricter than Claude Code). After the call
+//! (`PostToolUse`) the call has already run, so its result is **kept, code and all**, and a line
+//! naming the hook's failure is appended: an effect that happened is never reported as failed,
+//! and a failed call never turns into a success.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -28,10 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use regex::Regex;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{Mutex, oneshot};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
 
 use super::rules::PolicyError;
 use crate::protocol::ToolDispatchResult;
@@ -134,17 +142,27 @@ impl Hook {
     }
 }
 
-/// Applies a `PostToolUse` action to a result (the code never changes).
+/// Applies a `PostToolUse` action to a result (the code never changes). A replaced result is
+/// text only (its images are gone with the rest of the content); an annotation of a result with
+/// images is one more text block after them.
 pub fn apply_post(result: &mut ToolDispatchResult, action: PostAction) {
     match (action, result.error) {
         (PostAction::Keep, _) => {}
-        (PostAction::Replace(text), None) => result.content = text,
+        (PostAction::Replace(text), None) => {
+            result.content = text;
+            result.blocks = None;
+        }
         (PostAction::Replace(text), Some(code)) => {
             result.content = format!("Error [{}]: {text}", code.as_str())
         }
         (PostAction::Annotate(text), _) => {
             result.content.push('\n');
             result.content.push_str(&text);
+            if let Some(blocks) = result.blocks.take() {
+                let mut blocks = blocks.into_vec();
+                blocks.push(crate::protocol::Block::text(text));
+                result.blocks = Some(blocks.into_boxed_slice());
+            }
         }
     }
 }
@@ -161,11 +179,13 @@ pub struct External {
     persistent: Option<Persistent>,
 }
 
-/// The external `PreToolUse` hooks of a policy file.
+/// The external hooks of a policy file.
 #[derive(Debug, Default)]
 pub struct ExternalHooks {
-    /// In file order.
+    /// `PreToolUse`, in file order.
     pub pre: Vec<External>,
+    /// `PostToolUse`, in file order.
+    pub post: Vec<External>,
 }
 
 impl ExternalHooks {
@@ -177,12 +197,15 @@ impl ExternalHooks {
         };
         let mut out = ExternalHooks::default();
         for (event, groups) in obj {
-            if event != "PreToolUse" {
-                return Err(err(format!(
-                    "event \"{event}\" is not supported by external hooks (only PreToolUse; \
-                     PostToolUse hooks are in-process closures)"
-                )));
-            }
+            let post = match event.as_str() {
+                "PreToolUse" => false,
+                "PostToolUse" => true,
+                _ => {
+                    return Err(err(format!(
+                        "event \"{event}\" is not supported (only PreToolUse and PostToolUse)"
+                    )));
+                }
+            };
             let Some(groups) = groups.as_array() else {
                 return Err(err(format!("\"{event}\" must be an array")));
             };
@@ -224,7 +247,8 @@ impl ExternalHooks {
                             )));
                         }
                     };
-                    out.pre.push(External {
+                    let list = if post { &mut out.post } else { &mut out.pre };
+                    list.push(External {
                         matcher: matcher.clone(),
                         command: command.to_string(),
                         label: Arc::from(format!("hook:{command}")),
@@ -237,9 +261,14 @@ impl ExternalHooks {
         Ok(out)
     }
 
-    /// True when some hook runs for `tool`.
+    /// True when some hook (before or after) runs for `tool`.
     pub fn any_for(&self, tool: &str) -> bool {
-        self.pre.iter().any(|h| h.matches(tool))
+        self.pre.iter().chain(&self.post).any(|h| h.matches(tool))
+    }
+
+    /// True when the file names no hook at all.
+    pub fn is_empty(&self) -> bool {
+        self.pre.is_empty() && self.post.is_empty()
     }
 }
 
@@ -264,13 +293,85 @@ impl External {
         }
     }
 
-    /// Runs the hook for one call.
-    pub async fn run(&self, input: &Value, place: HookPlace<'_>) -> PreDecision {
+    /// Runs the hook for one call: its answer, not yet read as a decision.
+    pub async fn reply(&self, input: &Value, place: HookPlace<'_>) -> Reply {
         match &self.persistent {
             Some(p) => p.ask(input, self.timeout, place).await,
             None => run_command(&self.command, input, self.timeout, place).await,
         }
     }
+
+    /// Runs a `PreToolUse` hook for one call.
+    pub async fn run(&self, input: &Value, place: HookPlace<'_>) -> PreDecision {
+        pre_decision(self.reply(input, place).await)
+    }
+}
+
+/// What an external hook answered, before it is read as a `PreToolUse` decision
+/// ([`pre_decision`]) or `PostToolUse` actions ([`post_actions`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// Exit 0 and nothing on stdout: no opinion.
+    Silent,
+    /// Exit 0 and a JSON object on stdout (or a persistent hook's answer line).
+    Json(Value),
+    /// Exit 2: stderr (or a default text) is the reason.
+    Blocked(String),
+    /// It did not answer as a hook must: what went wrong (exit code, crash, timeout, not JSON,
+    /// could not start, died).
+    Failed(String),
+}
+
+/// A `PreToolUse` hook's answer as a decision: a failure denies (fail closed).
+pub fn pre_decision(reply: Reply) -> PreDecision {
+    match reply {
+        Reply::Silent => PreDecision::Continue,
+        Reply::Json(v) => decision_of(&v),
+        Reply::Blocked(reason) => PreDecision::Deny(reason),
+        Reply::Failed(what) => PreDecision::Deny(format!("{what} (fail closed)")),
+    }
+}
+
+/// A `PostToolUse` hook's answer as what it does to the result, in order (Claude Code's
+/// output): `hookSpecificOutput.updatedMCPToolOutput` replaces the content (a string as is,
+/// other JSON as its text); `decision: "block"` with `reason`, `"continue": false` with
+/// `stopReason`, and exit 2 with stderr append `LABEL: reason`;
+/// `hookSpecificOutput.additionalContext` appends its text. A failure keeps the result and
+/// appends `LABEL failed: … (the result above is kept)`: the call already ran.
+pub fn post_actions(label: &str, reply: Reply) -> Vec<PostAction> {
+    let v = match reply {
+        Reply::Silent => return Vec::new(),
+        Reply::Blocked(reason) => return vec![PostAction::Annotate(format!("{label}: {reason}"))],
+        Reply::Failed(what) => {
+            return vec![PostAction::Annotate(format!(
+                "{label} failed: {what} (the result above is kept)"
+            ))];
+        }
+        Reply::Json(v) => v,
+    };
+    let specific = v.get("hookSpecificOutput");
+    let mut actions = Vec::new();
+    if let Some(updated) = specific.and_then(|s| s.get("updatedMCPToolOutput")) {
+        actions.push(PostAction::Replace(match updated {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        }));
+    }
+    let text = |name: &str| v.get(name).and_then(Value::as_str);
+    if v.get("decision").and_then(Value::as_str) == Some("block") {
+        let reason = text("reason").unwrap_or("blocked");
+        actions.push(PostAction::Annotate(format!("{label}: {reason}")));
+    } else if v.get("continue") == Some(&Value::Bool(false)) {
+        let reason = text("stopReason").unwrap_or("asks to stop");
+        actions.push(PostAction::Annotate(format!("{label}: {reason}")));
+    }
+    if let Some(context) = specific
+        .and_then(|s| s.get("additionalContext"))
+        .and_then(Value::as_str)
+    {
+        actions.push(PostAction::Annotate(context.to_string()));
+    }
+    actions
 }
 
 fn command_for(command: &str, place: HookPlace<'_>) -> Command {
@@ -303,14 +404,14 @@ async fn run_command(
     input: &Value,
     timeout: Duration,
     place: HookPlace<'_>,
-) -> PreDecision {
+) -> Reply {
     let mut cmd = command_for(command, place);
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(child) => child,
-        Err(e) => return PreDecision::Deny(format!("hook {command:?} could not start: {e}")),
+        Err(e) => return Reply::Failed(format!("hook {command:?} could not start: {e}")),
     };
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
@@ -343,8 +444,8 @@ async fn run_command(
         Ok(done) => done,
         Err(_) => {
             kill_group(&child);
-            return PreDecision::Deny(format!(
-                "hook {command:?} did not answer within {} s (fail closed)",
+            return Reply::Failed(format!(
+                "hook {command:?} did not answer within {} s",
                 timeout.as_secs_f64()
             ));
         }
@@ -353,19 +454,17 @@ async fn run_command(
     let stderr_text = String::from_utf8_lossy(&err).trim().to_string();
     match status.map(|s| (s.code(), s)) {
         Ok((Some(0), _)) => parse_output(command, &out),
-        Ok((Some(2), _)) => PreDecision::Deny(if stderr_text.is_empty() {
+        Ok((Some(2), _)) => Reply::Blocked(if stderr_text.is_empty() {
             format!("blocked by hook {command:?}")
         } else {
             stderr_text
         }),
-        Ok((Some(code), _)) => PreDecision::Deny(format!(
-            "hook {command:?} failed with exit code {code} (fail closed){}",
+        Ok((Some(code), _)) => Reply::Failed(format!(
+            "hook {command:?} failed with exit code {code}{}",
             tail(&stderr_text)
         )),
-        Ok((None, status)) => {
-            PreDecision::Deny(format!("hook {command:?} crashed ({status}) (fail closed)"))
-        }
-        Err(e) => PreDecision::Deny(format!("hook {command:?}: {e} (fail closed)")),
+        Ok((None, status)) => Reply::Failed(format!("hook {command:?} crashed ({status})")),
+        Err(e) => Reply::Failed(format!("hook {command:?}: {e}")),
     }
 }
 
@@ -377,16 +476,17 @@ fn tail(stderr: &str) -> String {
     }
 }
 
-/// A hook's stdout: empty (no opinion) or Claude Code's decision JSON. Anything else denies.
-fn parse_output(command: &str, out: &[u8]) -> PreDecision {
+/// A hook's stdout: empty (no opinion) or Claude Code's decision JSON; anything else is a
+/// failure.
+fn parse_output(command: &str, out: &[u8]) -> Reply {
     let text = String::from_utf8_lossy(out);
     if text.trim().is_empty() {
-        return PreDecision::Continue;
+        return Reply::Silent;
     }
     match serde_json::from_str::<Value>(text.trim()) {
-        Ok(v) if v.is_object() => decision_of(&v),
-        _ => PreDecision::Deny(format!(
-            "hook {command:?} printed something that is not decision JSON (fail closed)"
+        Ok(v) if v.is_object() => Reply::Json(v),
+        _ => Reply::Failed(format!(
+            "hook {command:?} printed something that is not decision JSON"
         )),
     }
 }
@@ -426,10 +526,17 @@ pub fn decision_of(v: &Value) -> PreDecision {
 }
 
 /// A long-lived hook process speaking JSON lines.
+///
+/// Any number of requests are in flight on the one process: each line carries an `"id"` and its
+/// answer is matched by it, in whatever order the hook answers. A call registers its answer
+/// slot and queues its line without waiting for anything (a plain mutex, held for a map insert and
+/// a channel send); one writer task per process writes every queued line in one `write`, so
+/// calls never queue behind each other's writes, and one reader task hands each answer line to
+/// the call it answers.
 pub struct Persistent {
     command: String,
     next: AtomicU64,
-    running: Mutex<Option<Running>>,
+    running: std::sync::Mutex<Option<Running>>,
 }
 
 impl fmt::Debug for Persistent {
@@ -438,13 +545,29 @@ impl fmt::Debug for Persistent {
     }
 }
 
+/// The calls waiting for an answer, by request id; `None` once the process is dead (its stdout
+/// ended or a write failed): dropping the senders answers every waiting call, and no new one is
+/// accepted by this process.
 type Waiting = Arc<std::sync::Mutex<Option<HashMap<u64, oneshot::Sender<Value>>>>>;
 
 struct Running {
-    stdin: ChildStdin,
-    /// `None` once the process's stdout ended: it is dead, restart it.
+    /// Request lines for the writer task.
+    lines: mpsc::UnboundedSender<Vec<u8>>,
     waiting: Waiting,
     child: Child,
+}
+
+impl Running {
+    fn alive(&self) -> bool {
+        self.waiting.lock().is_ok_and(|w| w.is_some())
+    }
+}
+
+/// Marks a process dead: every call still waiting is answered (its sender dropped).
+fn dead(waiting: &Waiting) {
+    if let Ok(mut w) = waiting.lock() {
+        *w = None;
+    }
 }
 
 impl Persistent {
@@ -452,7 +575,7 @@ impl Persistent {
         Persistent {
             command: command.to_string(),
             next: AtomicU64::new(0),
-            running: Mutex::new(None),
+            running: std::sync::Mutex::new(None),
         }
     }
 
@@ -460,7 +583,7 @@ impl Persistent {
     pub async fn pid(&self) -> Option<u32> {
         self.running
             .lock()
-            .await
+            .ok()?
             .as_ref()
             .and_then(|r| r.child.id())
     }
@@ -471,7 +594,7 @@ impl Persistent {
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         let mut child = cmd.spawn()?;
-        let stdin = child
+        let mut stdin = child
             .stdin
             .take()
             .ok_or_else(|| std::io::Error::other("no stdin"))?;
@@ -498,71 +621,83 @@ impl Persistent {
                     let _ = tx.send(v);
                 }
             }
-            // Dead: every call still waiting is answered (its sender dropped) and no new one
-            // is accepted by this process.
-            if let Ok(mut w) = reader_waiting.lock() {
-                *w = None;
+            dead(&reader_waiting);
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer_waiting = Arc::clone(&waiting);
+        tokio::spawn(async move {
+            // Everything queued by the time the writer runs goes out in one write.
+            while let Some(mut batch) = rx.recv().await {
+                while let Ok(more) = rx.try_recv() {
+                    batch.extend_from_slice(&more);
+                }
+                if stdin.write_all(&batch).await.is_err() {
+                    dead(&writer_waiting);
+                    break;
+                }
             }
         });
         Ok(Running {
-            stdin,
+            lines: tx,
             waiting,
             child,
         })
     }
 
-    async fn ask(&self, input: &Value, timeout: Duration, place: HookPlace<'_>) -> PreDecision {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut line = input.clone();
-        if let Some(obj) = line.as_object_mut() {
-            obj.insert("id".into(), json!(id));
+    /// Queues one request; the receiver gets its answer line. `Err` is the call's failure.
+    fn send(
+        &self,
+        id: u64,
+        line: Vec<u8>,
+        place: HookPlace<'_>,
+    ) -> Result<oneshot::Receiver<Value>, Reply> {
+        let mut running = self
+            .running
+            .lock()
+            .map_err(|_| Reply::Failed(format!("hook {:?} is not running", self.command)))?;
+        if !running.as_ref().is_some_and(Running::alive) {
+            if let Some(mut old) = running.take() {
+                let _ = old.child.start_kill();
+            }
+            let started = self.start(place).map_err(|e| {
+                Reply::Failed(format!("hook {:?} could not start: {e}", self.command))
+            })?;
+            *running = Some(started);
         }
-        let mut line = line.to_string();
-        line.push('\n');
+        let died = || {
+            Reply::Failed(format!(
+                "hook {:?} died; it is restarted for the next call",
+                self.command
+            ))
+        };
+        let r = running.as_ref().ok_or_else(died)?;
         let (tx, rx) = oneshot::channel();
-        {
-            let mut running = self.running.lock().await;
-            let alive = running
-                .as_ref()
-                .is_some_and(|r| r.waiting.lock().is_ok_and(|w| w.is_some()));
-            if !alive {
-                if let Some(mut old) = running.take() {
-                    let _ = old.child.start_kill();
-                }
-                match self.start(place) {
-                    Ok(r) => *running = Some(r),
-                    Err(e) => {
-                        return PreDecision::Deny(format!(
-                            "hook {:?} could not start: {e} (fail closed)",
-                            self.command
-                        ));
-                    }
-                }
-            }
-            let Some(r) = running.as_mut() else {
-                return PreDecision::Deny("hook not running (fail closed)".into());
-            };
-            let registered = r
-                .waiting
-                .lock()
-                .ok()
-                .and_then(|mut w| w.as_mut().map(|w| w.insert(id, tx)))
-                .is_some();
-            if !registered || r.stdin.write_all(line.as_bytes()).await.is_err() {
-                return PreDecision::Deny(format!(
-                    "hook {:?} died (fail closed; it is restarted for the next call)",
-                    self.command
-                ));
-            }
+        let registered = r
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.as_mut().map(|w| w.insert(id, tx)))
+            .is_some();
+        if !registered || r.lines.send(line).is_err() {
+            return Err(died());
         }
+        Ok(rx)
+    }
+
+    async fn ask(&self, input: &Value, timeout: Duration, place: HookPlace<'_>) -> Reply {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let rx = match self.send(id, request_line(id, input), place) {
+            Ok(rx) => rx,
+            Err(failed) => return failed,
+        };
         match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(answer)) => decision_of(&answer),
-            Ok(Err(_)) => PreDecision::Deny(format!(
-                "hook {:?} died before answering (fail closed; it is restarted for the next call)",
+            Ok(Ok(answer)) => Reply::Json(answer),
+            Ok(Err(_)) => Reply::Failed(format!(
+                "hook {:?} died before answering; it is restarted for the next call",
                 self.command
             )),
-            Err(_) => PreDecision::Deny(format!(
-                "hook {:?} did not answer within {} s (fail closed)",
+            Err(_) => Reply::Failed(format!(
+                "hook {:?} did not answer within {} s",
                 self.command,
                 timeout.as_secs_f64()
             )),
@@ -570,9 +705,25 @@ impl Persistent {
     }
 }
 
+/// `input` (an object) as one request line with `"id"` first, without copying the input.
+fn request_line(id: u64, input: &Value) -> Vec<u8> {
+    let mut line = format!("{{\"id\":{id}").into_bytes();
+    let body = serde_json::to_vec(input).unwrap_or_default();
+    match body.strip_prefix(b"{") {
+        Some(b"}") | None => line.push(b'}'),
+        Some(rest) => {
+            line.push(b',');
+            line.extend_from_slice(rest);
+        }
+    }
+    line.push(b'\n');
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn claude_code_decision_json_is_understood() {
@@ -597,15 +748,17 @@ mod tests {
     }
 
     #[test]
-    fn only_pre_tool_use_command_and_persistent_hooks_parse() {
+    fn only_tool_use_command_and_persistent_hooks_parse() {
         let ok = json!({"PreToolUse": [{"matcher": "bash|glob", "hooks": [
             {"type": "command", "command": "true"},
-            {"type": "persistent", "command": "cat", "timeout": 2}]}]});
+            {"type": "persistent", "command": "cat", "timeout": 2}]}],
+            "PostToolUse": [{"matcher": "write_file", "hooks": [{"type": "command", "command": "true"}]}]});
         let hooks = ExternalHooks::from_json(&ok).unwrap();
-        assert_eq!(hooks.pre.len(), 2);
+        assert_eq!((hooks.pre.len(), hooks.post.len()), (2, 1));
         assert!(hooks.any_for("bash") && hooks.any_for("glob") && !hooks.any_for("bash2"));
+        assert!(hooks.any_for("write_file") && !hooks.any_for("read_file"));
         for (bad, needle) in [
-            (json!({"PostToolUse": []}), "PostToolUse"),
+            (json!({"Stop": []}), "Stop"),
             (
                 json!({"PreToolUse": [{"matcher": "(", "hooks": []}]}),
                 "bad matcher",
@@ -640,5 +793,82 @@ mod tests {
             ToolDispatchResult::ok("t".into(), "x".into(), "hi".into(), Default::default());
         apply_post(&mut ok, PostAction::Annotate("(checked)".into()));
         assert_eq!(ok.content, "hi\n(checked)");
+    }
+
+    #[test]
+    fn request_lines_put_the_id_first_and_end_with_a_newline() {
+        let line = request_line(7, &json!({"tool_name": "x", "tool_input": {"a": [1]}}));
+        assert_eq!(line.last(), Some(&b'\n'));
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            v,
+            json!({"id": 7, "tool_name": "x", "tool_input": {"a": [1]}})
+        );
+        assert!(line.starts_with(b"{\"id\":7,"));
+        assert_eq!(request_line(3, &json!({})), b"{\"id\":3}\n");
+    }
+
+    #[test]
+    fn claude_code_post_tool_use_output_is_understood() {
+        let label = "hook:lint";
+        assert_eq!(post_actions(label, Reply::Silent), []);
+        let block = json!({"decision": "block", "reason": "lint failed",
+            "hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": "see docs"}});
+        assert_eq!(
+            post_actions(label, Reply::Json(block)),
+            [
+                PostAction::Annotate("hook:lint: lint failed".into()),
+                PostAction::Annotate("see docs".into())
+            ]
+        );
+        let replaced = json!({"hookSpecificOutput": {"updatedMCPToolOutput": "redacted"}});
+        assert_eq!(
+            post_actions(label, Reply::Json(replaced)),
+            [PostAction::Replace("redacted".into())]
+        );
+        assert_eq!(
+            post_actions(label, Reply::Blocked("from stderr".into())),
+            [PostAction::Annotate("hook:lint: from stderr".into())]
+        );
+        assert_eq!(
+            post_actions(label, Reply::Failed("exit code 1".into())),
+            [PostAction::Annotate(
+                "hook:lint failed: exit code 1 (the result above is kept)".into()
+            )]
+        );
+        // A failed call stays failed whatever the hook does.
+        let mut r = ToolDispatchResult::error(
+            "t".into(),
+            "x".into(),
+            crate::ErrorCode::Timeout,
+            "slow",
+            Default::default(),
+        );
+        for a in post_actions(
+            label,
+            Reply::Json(json!({"hookSpecificOutput": {"updatedMCPToolOutput": "fine"}})),
+        ) {
+            apply_post(&mut r, a);
+        }
+        assert_eq!(r.content, "Error [timeout]: fine");
+        assert_eq!(r.error, Some(crate::ErrorCode::Timeout));
+    }
+
+    #[test]
+    fn post_actions_keep_images_and_blocks_consistent() {
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+        let output = crate::protocol::ToolOutput::blocks([
+            crate::protocol::Block::text("shot"),
+            crate::protocol::Block::image("image/png", png),
+        ]);
+        let mut r =
+            ToolDispatchResult::from_output("t".into(), "x".into(), output, Default::default());
+        apply_post(&mut r, PostAction::Annotate("(checked)".into()));
+        assert!(r.content.ends_with("\n(checked)"), "{}", r.content);
+        let blocks = r.blocks.as_deref().unwrap();
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[2], crate::protocol::Block::text("(checked)"));
+        apply_post(&mut r, PostAction::Replace("gone".into()));
+        assert_eq!((r.content.as_str(), r.blocks.is_none()), ("gone", true));
     }
 }

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::PolicyMetrics;
 use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
 use crate::registry::RegisteredTool;
-use crate::tool::{SessionScope, ToolError};
+use crate::tool::{Access, Mode, Resource, SessionScope, ToolError, access_of};
 use crate::workspace::Workspace;
 
 pub use approval::{Approval, ApprovalRequest, Approvals, Approver, RefuseAll, TerminalApprover};
@@ -63,7 +63,8 @@ impl std::fmt::Debug for Policy {
         f.debug_struct("Policy")
             .field("rules", &self.rules.len())
             .field("hooks", &self.hooks)
-            .field("external", &self.external.pre.len())
+            .field("external_pre", &self.external.pre.len())
+            .field("external_post", &self.external.post.len())
             .field("audit", &self.audit.is_some())
             .finish()
     }
@@ -97,7 +98,7 @@ impl Policy {
     }
 
     fn refresh(&mut self) {
-        self.may_wait = !self.external.pre.is_empty() || self.rules.has_ask();
+        self.may_wait = !self.external.is_empty() || self.rules.has_ask();
     }
 
     /// A policy from a file's JSON: `{"permissions": {…}, "hooks": {…}}` (both optional; other
@@ -153,7 +154,9 @@ impl Policy {
     /// True when [`Policy::finish`] reads a call's arguments (an audit log, a PostToolUse
     /// hook); otherwise they are not kept.
     pub fn reads_args(&self) -> bool {
-        self.audit.is_some() || self.hooks.iter().any(|h| matches!(h, Hook::Post(..)))
+        self.audit.is_some()
+            || !self.external.post.is_empty()
+            || self.hooks.iter().any(|h| matches!(h, Hook::Post(..)))
     }
 
     /// The audit log, if any.
@@ -166,8 +169,8 @@ impl Policy {
         &self.external
     }
 
-    /// True when a call of `tool` may have to wait (an approval, an external hook): such calls
-    /// never run in place, even with an inline handler.
+    /// True when a call of `tool` may have to wait (an approval, an external hook before or
+    /// after it): such calls never run in place, even with an inline handler.
     pub fn waits_for(&self, tool: &str) -> bool {
         self.may_wait && (self.rules.may_ask(tool) || self.external.any_for(tool))
     }
@@ -222,7 +225,7 @@ impl Policy {
                     return Err(self.refuse(ticket, ToolError::new(ErrorCode::Cancelled, "cancelled while a hook was deciding"), "refused"));
                 }
             };
-            self.apply_pre(call, tool, &mut ticket, &hook.label, decision)?;
+            self.apply_pre(call, tool, scope, &mut ticket, &hook.label, decision)?;
         }
         self.judge(call, tool, scope, &mut ticket)?;
         let Some(rule) = ticket.pending_ask.take() else {
@@ -289,7 +292,7 @@ impl Policy {
                 tool_use_id: &call.id,
                 tool_input: &call.arguments,
             });
-            self.apply_pre(call, tool, &mut ticket, name, decision)?;
+            self.apply_pre(call, tool, scope, &mut ticket, name, decision)?;
         }
         Ok(ticket)
     }
@@ -298,6 +301,7 @@ impl Policy {
         &self,
         call: &mut ToolCall,
         tool: &RegisteredTool,
+        scope: &SessionScope,
         ticket: &mut Ticket,
         by: &Arc<str>,
         decision: PreDecision,
@@ -325,6 +329,25 @@ impl Policy {
                     return Err(self.refuse(
                         t,
                         ToolError::invalid(format!("arguments rewritten by {by}: {detail}")),
+                        "deny",
+                    ));
+                }
+                // The call's place in the turn's conflict graph was planned from the arguments
+                // it had; rewritten ones may touch only what those did.
+                let ws = scope.workspace();
+                let access = |a: &Value| {
+                    access_of(tool.access.as_ref(), tool.policy.concurrency_safe, a, ws)
+                };
+                if let Err(beyond) = within(&access(&call.arguments), &access(&args)) {
+                    ticket.by = By::Label(Arc::clone(by));
+                    let t = std::mem::replace(ticket, Ticket::placeholder());
+                    return Err(self.refuse(
+                        t,
+                        ToolError::permission(format!(
+                            "arguments rewritten by {by} would {beyond}, which the call as planned \
+                             does not; a hook may not change what a call touches (the turn's \
+                             order was planned from the model's arguments)"
+                        )),
                         "deny",
                     ));
                 }
@@ -400,7 +423,9 @@ impl Policy {
         Box::new(Refused { ticket, error })
     }
 
-    /// After the call: `PostToolUse` hooks, then the audit line and the decision metric.
+    /// After a call that could not wait (it ran in place): in-process `PostToolUse` hooks, then
+    /// the audit line and the decision metric. External `PostToolUse` hooks need
+    /// [`Policy::finish_waiting`] (a call one of them matches never runs in place).
     pub fn finish(
         &self,
         ticket: &Ticket,
@@ -410,19 +435,95 @@ impl Policy {
         result: &mut ToolDispatchResult,
     ) {
         let args = args.unwrap_or(&Value::Null);
-        if matches!(ticket.decision, "allow" | "approved") {
-            for hook in &self.hooks {
-                let Hook::Post(_, f) = hook else { continue };
-                let action = f(&PostToolUse {
-                    session_id: scope.id(),
-                    tool_name: &tool.name,
-                    tool_use_id: &result.tool_use_id,
-                    tool_input: args,
-                    result,
+        if ticket.ran() {
+            self.post_in_process(scope, tool, args, result);
+        }
+        self.record(ticket, scope, tool, args, result);
+    }
+
+    /// After a call: in-process `PostToolUse` hooks, then the file's external ones, then the
+    /// audit line and the decision metric. The call already ran: a hook that fails, hangs past
+    /// its timeout or is cut short by the turn's cancellation leaves the result (and its code)
+    /// as it was, with a line saying so appended.
+    pub async fn finish_waiting(
+        &self,
+        ticket: &Ticket,
+        scope: &SessionScope,
+        tool: &RegisteredTool,
+        args: Option<&Value>,
+        cancel: &CancellationToken,
+        result: &mut ToolDispatchResult,
+    ) {
+        let args = args.unwrap_or(&Value::Null);
+        if ticket.ran() {
+            self.post_in_process(scope, tool, args, result);
+            for hook in self.external.post.iter().filter(|h| h.matches(&tool.name)) {
+                let input = json!({
+                    "hook_event_name": "PostToolUse",
+                    "session_id": scope.id(),
+                    "tool_name": &*tool.name,
+                    "tool_input": args,
+                    "tool_response": {
+                        "content": &result.content,
+                        "is_error": result.error.is_some(),
+                        "error_code": result.error.map(|c| c.as_str()),
+                    },
+                    "tool_use_id": &*result.tool_use_id,
+                    "cwd": scope.workspace().map(|w| w.root().display().to_string()),
                 });
-                hooks::apply_post(result, action);
+                let place = hooks::HookPlace {
+                    workspace: scope.workspace().map(Workspace::root),
+                };
+                let (reply, cancelled) = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => (hooks::Reply::Failed(format!(
+                        "hook {:?} was stopped: the turn was cancelled", hook.command
+                    )), true),
+                    r = hook.reply(&input, place) => (r, false),
+                };
+                if let hooks::Reply::Failed(what) = &reply {
+                    tracing::warn!(hook = %hook.label, tool_use_id = %result.tool_use_id, "PostToolUse hook failed: {what}");
+                }
+                for action in hooks::post_actions(&hook.label, reply) {
+                    hooks::apply_post(result, action);
+                }
+                if cancelled {
+                    break;
+                }
             }
         }
+        self.record(ticket, scope, tool, args, result);
+    }
+
+    fn post_in_process(
+        &self,
+        scope: &SessionScope,
+        tool: &RegisteredTool,
+        args: &Value,
+        result: &mut ToolDispatchResult,
+    ) {
+        for hook in &self.hooks {
+            let Hook::Post(_, f) = hook else { continue };
+            let action = f(&PostToolUse {
+                session_id: scope.id(),
+                tool_name: &tool.name,
+                tool_use_id: &result.tool_use_id,
+                tool_input: args,
+                result,
+            });
+            hooks::apply_post(result, action);
+        }
+    }
+
+    /// The decision metric and the audit line.
+    fn record(
+        &self,
+        ticket: &Ticket,
+        scope: &SessionScope,
+        tool: &RegisteredTool,
+        args: &Value,
+        result: &ToolDispatchResult,
+    ) {
         self.metrics
             .decision(&tool.policy_decisions, &tool.name, ticket.decision);
         if let Some(log) = &self.audit {
@@ -459,6 +560,11 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// True when the policy let the call run (`PostToolUse` hooks see only such calls).
+    fn ran(&self) -> bool {
+        matches!(self.decision, "allow" | "approved")
+    }
+
     fn placeholder() -> Ticket {
         Ticket {
             started: Instant::now(),
@@ -506,6 +612,42 @@ pub struct Refused {
     pub ticket: Ticket,
     /// The call's answer.
     pub error: ToolError,
+}
+
+/// `Ok` when a call with access `new` conflicts with nothing a call with `planned` does not:
+/// every resource of `new` is one of `planned`'s or lies inside one (a path under a planned
+/// directory), in a mode no stronger (a planned read does not cover a write). `Err` says what
+/// `new` touches beyond (`write "b.txt"`). An exclusive plan covers everything.
+pub fn within(planned: &Access, new: &Access) -> Result<(), String> {
+    let (planned, new) = match (planned, new) {
+        (Access::Exclusive, _) => return Ok(()),
+        (Access::Set(_), Access::Exclusive) => {
+            return Err("run exclusive (conflict with every call)".into());
+        }
+        (Access::Set(p), Access::Set(n)) => (p, n),
+    };
+    let inside = |r: &Resource, outer: &Resource| match (r, outer) {
+        (Resource::Path(a), Resource::Path(b)) => b == Path::new(".") || a.starts_with(b),
+        (Resource::Named(a), Resource::Named(b)) => a == b,
+        _ => false,
+    };
+    for (r, m) in new {
+        let covered = planned
+            .iter()
+            .any(|(pr, pm)| inside(r, pr) && (*m == Mode::Read || *pm == Mode::Write));
+        if !covered {
+            let verb = match m {
+                Mode::Read => "read",
+                Mode::Write => "write",
+            };
+            let what = match r {
+                Resource::Path(p) => format!("\"{}\"", p.display()),
+                Resource::Named(n) => format!("resource \"{n}\""),
+            };
+            return Err(format!("{verb} {what}"));
+        }
+    }
+    Ok(())
 }
 
 /// The workspace-relative path a file tool would touch: `..` and escaping absolute paths are
@@ -561,5 +703,36 @@ fn slashed(p: &Path) -> String {
         ".".into()
     } else {
         parts.join("/")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Resource {
+        Resource::Path(std::path::PathBuf::from(s))
+    }
+
+    #[test]
+    fn a_rewrite_may_narrow_what_a_call_touches_but_never_widen_it() {
+        let planned = Access::write(p("a.txt"));
+        assert_eq!(within(&planned, &Access::write(p("a.txt"))), Ok(()));
+        assert_eq!(within(&planned, &Access::read(p("a.txt"))), Ok(()));
+        assert_eq!(within(&planned, &Access::none()), Ok(()));
+        assert_eq!(
+            within(&planned, &Access::write(p("b.txt"))),
+            Err("write \"b.txt\"".into())
+        );
+        assert!(within(&Access::read(p("a.txt")), &Access::write(p("a.txt"))).is_err());
+        assert!(within(&Access::write(p("dir")), &Access::write(p("dir/x"))).is_ok());
+        assert!(within(&Access::write(p("dir/x")), &Access::write(p("dir"))).is_err());
+        assert!(within(&Access::write(Resource::root()), &Access::write(p("x/y"))).is_ok());
+        assert!(within(&Access::Exclusive, &Access::write(p("x"))).is_ok());
+        assert!(within(&planned, &Access::Exclusive).is_err());
+        let db = Access::write(Resource::named("db:users"));
+        assert!(within(&db, &Access::read(Resource::named("db:users"))).is_ok());
+        assert!(within(&db, &Access::read(Resource::named("db:orders"))).is_err());
+        assert!(within(&db, &Access::read(p("db:users"))).is_err());
     }
 }
