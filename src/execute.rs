@@ -75,7 +75,7 @@ pub struct CallEnv<'a> {
 /// a turn of such calls needs no task and no worker.
 pub fn runs_in_place(tool: &RegisteredTool, scope: &SessionScope) -> bool {
     matches!(tool.handler, Handler::Inline(_))
-        && scope.policy().is_none_or(|p| !p.waits_for(&tool.name))
+        && scope.policy().is_none_or(|p| !p.waits_for_tool(tool))
 }
 
 /// The kind's name, for logs: `inline`, `async` or `blocking`.

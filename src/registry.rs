@@ -53,6 +53,8 @@ pub struct RegisteredTool {
     pub subject: Option<crate::tool::SubjectOf>,
     /// The policy's decision counters of this tool, made on its first decision.
     pub policy_decisions: crate::metrics::DecisionCounters,
+    /// The permission rules that name this tool, found on its first decision.
+    pub policy_rules: std::sync::OnceLock<crate::policy::RuleIndex>,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
@@ -227,6 +229,7 @@ impl Registry {
             validator,
             subject: spec.subject,
             policy_decisions: Default::default(),
+            policy_rules: Default::default(),
         })
     }
 

@@ -40,7 +40,7 @@ use crate::workspace::Workspace;
 pub use approval::{Approval, ApprovalRequest, Approvals, Approver, RefuseAll, TerminalApprover};
 pub use audit::AuditLog;
 pub use hooks::{Hook, PostAction, PostToolUse, PreDecision, PreToolUse};
-pub use rules::{Action, Confined, PolicyError, Rules, Subject};
+pub use rules::{Action, Confined, PolicyError, RuleIndex, Rules, Subject};
 
 /// Default wait for an approval before the call is denied.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -173,6 +173,29 @@ impl Policy {
     /// after it): such calls never run in place, even with an inline handler.
     pub fn waits_for(&self, tool: &str) -> bool {
         self.may_wait && (self.rules.may_ask(tool) || self.external.any_for(tool))
+    }
+
+    /// [`Policy::waits_for`] of a registered tool, worked out on its first call and kept in its
+    /// rule index ([`RegisteredTool::policy_rules`]).
+    pub fn waits_for_tool(&self, tool: &RegisteredTool) -> bool {
+        if !self.may_wait {
+            return false;
+        }
+        match self.index(tool) {
+            Some(index) => index.waits.unwrap_or_else(|| self.waits_for(&tool.name)),
+            None => self.waits_for(&tool.name),
+        }
+    }
+
+    /// The tool's rule index, made by these rules on first use (`None` if another policy's rules
+    /// made it, e.g. a tool shared by engines with different policies).
+    fn index<'t>(&self, tool: &'t RegisteredTool) -> Option<&'t RuleIndex> {
+        let index = tool.policy_rules.get_or_init(|| {
+            let mut index = self.rules.index_for(&tool.name);
+            index.waits = Some(self.waits_for(&tool.name));
+            index
+        });
+        self.rules.owns(index).then_some(index)
     }
 
     /// Decides a call that cannot wait ([`Policy::waits_for`] is false): rules and in-process
@@ -387,7 +410,10 @@ impl Policy {
         if self.rules.allows_everything() {
             return Ok(());
         }
-        let (action, rule) = self.rules.decide(&tool.name, subject.as_ref());
+        let (action, rule) = match self.index(tool) {
+            Some(index) => self.rules.decide_among(index, &tool.name, subject.as_ref()),
+            None => self.rules.decide(&tool.name, subject.as_ref()),
+        };
         // The label (a shared Arc) only when an audit line will name it: cloning it on every call
         // would make every core write the same cache line.
         let by = match rule {

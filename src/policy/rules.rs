@@ -294,8 +294,34 @@ pub struct Rules {
     default: Action,
 }
 
+/// The first of `rules` at positions `at` that matches the call.
+fn first_of<'r>(
+    rules: &'r [Rule],
+    at: &[u32],
+    tool: &str,
+    subject: Option<&Confined>,
+    strict: bool,
+) -> Option<&'r Rule> {
+    at.iter()
+        .map(|&i| &rules[i as usize])
+        .find(|r| r.matches(tool, subject, strict))
+}
+
 /// What the rules decided, and which rule did (`None`: the default).
 pub type Verdict<'a> = (Action, Option<&'a Rule>);
+
+/// The positions of the rules that name one tool ([`Rules::index_for`]), and which rules they
+/// are positions in (by address, so an index is never used with other rules).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleIndex {
+    rules: usize,
+    deny: Box<[u32]>,
+    ask: Box<[u32]>,
+    allow: Box<[u32]>,
+    /// Whether a call of the tool may wait ([`crate::policy::Policy::waits_for`]), when the
+    /// policy filled it in.
+    pub(crate) waits: Option<bool>,
+}
 
 impl Rules {
     /// Every call allowed (a policy made only of hooks).
@@ -359,6 +385,55 @@ impl Rules {
         })
     }
 
+    /// The rules that name `tool` (whatever their patterns), by position: [`Rules::decide_among`]
+    /// then matches only those. A registered tool keeps its index
+    /// ([`crate::registry::RegisteredTool::policy_rules`]), so a call walks the handful of rules
+    /// about its tool, not the whole file.
+    pub fn index_for(&self, tool: &str) -> RuleIndex {
+        let positions = |rules: &[Rule]| -> Box<[u32]> {
+            (0u32..)
+                .zip(rules)
+                .filter(|(_, r)| r.names(tool))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        RuleIndex {
+            rules: self as *const Rules as usize,
+            deny: positions(&self.deny),
+            ask: positions(&self.ask),
+            allow: positions(&self.allow),
+            waits: None,
+        }
+    }
+
+    /// True when `index` was made by these rules.
+    pub fn owns(&self, index: &RuleIndex) -> bool {
+        index.rules == self as *const Rules as usize
+    }
+
+    /// [`Rules::decide`] through an index made by [`Rules::index_for`] for the same tool (an
+    /// index made by other rules is ignored: the call walks every rule).
+    pub fn decide_among(
+        &self,
+        index: &RuleIndex,
+        tool: &str,
+        subject: Option<&Confined>,
+    ) -> Verdict<'_> {
+        if !self.owns(index) {
+            return self.decide(tool, subject);
+        }
+        if let Some(r) = first_of(&self.deny, &index.deny, tool, subject, false) {
+            return (Action::Deny, Some(r));
+        }
+        if let Some(r) = first_of(&self.ask, &index.ask, tool, subject, false) {
+            return (Action::Ask, Some(r));
+        }
+        if let Some(r) = first_of(&self.allow, &index.allow, tool, subject, true) {
+            return (Action::Allow, Some(r));
+        }
+        (self.default, None)
+    }
+
     /// The decision for a call of `tool` about `subject`: deny over ask over allow over the
     /// default.
     pub fn decide(&self, tool: &str, subject: Option<&Confined>) -> Verdict<'_> {
@@ -418,6 +493,55 @@ mod tests {
     fn action(r: &Rules, tool: &str, s: Option<Confined>) -> (Action, Option<String>) {
         let (a, rule) = r.decide(tool, s.as_ref());
         (a, rule.map(|r| r.text().to_string()))
+    }
+
+    #[test]
+    fn an_index_of_the_rules_naming_a_tool_decides_as_all_rules_do() {
+        let r = rules(json!({
+            "deny": ["bash(rm:*)", "read_file(**/.env)", "mcp__github__*", "Write(.git/**)"],
+            "ask": ["write_file(src/**)", "bash(git push:*)", "mcp__fs__write*"],
+            "allow": ["bash(git status)", "read_file", "mcp__github__list*", "glob"],
+            "default": "ask"
+        }));
+        let other = rules(json!({"deny": ["read_file"], "default": "allow"}));
+        let cases = [
+            ("bash", cmd("rm -rf /")),
+            ("bash", cmd("git status")),
+            ("bash", cmd("git push origin")),
+            ("bash", cmd("ls")),
+            ("read_file", path("a/.env")),
+            ("read_file", path("src/x.rs")),
+            ("write_file", path("src/x.rs")),
+            ("write_file", path(".git/config")),
+            ("write_file", path("README.md")),
+            ("mcp__github__list_issues", None),
+            ("mcp__fs__write_file", None),
+            ("glob", None),
+            ("noop", None),
+        ];
+        for (tool, subject) in &cases {
+            let index = r.index_for(tool);
+            let via_index = r.decide_among(&index, tool, subject.as_ref());
+            let all = r.decide(tool, subject.as_ref());
+            assert_eq!(
+                (via_index.0, via_index.1.map(Rule::text)),
+                (all.0, all.1.map(Rule::text)),
+                "{tool} {subject:?}"
+            );
+            // An index made by other rules is never trusted.
+            let foreign = other.index_for(tool);
+            let checked = r.decide_among(&foreign, tool, subject.as_ref());
+            assert_eq!(
+                checked.0, all.0,
+                "{tool} {subject:?} with another policy's index"
+            );
+        }
+        // The index holds only the rules that name the tool.
+        assert_eq!(
+            r.index_for("noop").deny.len() + r.index_for("noop").allow.len(),
+            0
+        );
+        assert_eq!(r.index_for("bash").deny.len(), 1);
     }
 
     #[test]
