@@ -422,6 +422,7 @@ impl Rules {
         if !self.owns(index) {
             return self.decide(tool, subject);
         }
+        // The precedence: deny over ask over allow over the default.
         if let Some(r) = first_of(&self.deny, &index.deny, tool, subject, false) {
             return (Action::Deny, Some(r));
         }
@@ -436,17 +437,10 @@ impl Rules {
 
     /// The decision for a call of `tool` about `subject`: deny over ask over allow over the
     /// default.
+    /// Walks every rule (it builds the tool's index first); calls of a registered tool go through
+    /// its kept index instead ([`Rules::decide_among`]).
     pub fn decide(&self, tool: &str, subject: Option<&Confined>) -> Verdict<'_> {
-        if let Some(r) = self.deny.iter().find(|r| r.matches(tool, subject, false)) {
-            return (Action::Deny, Some(r));
-        }
-        if let Some(r) = self.ask.iter().find(|r| r.matches(tool, subject, false)) {
-            return (Action::Ask, Some(r));
-        }
-        if let Some(r) = self.allow.iter().find(|r| r.matches(tool, subject, true)) {
-            return (Action::Allow, Some(r));
-        }
-        (self.default, None)
+        self.decide_among(&self.index_for(tool), tool, subject)
     }
 
     /// True when a call of `tool` could be asked about (an ask rule names it, or the default is
@@ -496,7 +490,7 @@ mod tests {
     }
 
     #[test]
-    fn an_index_of_the_rules_naming_a_tool_decides_as_all_rules_do() {
+    fn a_tool_s_index_holds_the_rules_that_name_it_and_decides_with_their_precedence() {
         let r = rules(json!({
             "deny": ["bash(rm:*)", "read_file(**/.env)", "mcp__github__*", "Write(.git/**)"],
             "ask": ["write_file(src/**)", "bash(git push:*)", "mcp__fs__write*"],
@@ -505,36 +499,72 @@ mod tests {
         }));
         let other = rules(json!({"deny": ["read_file"], "default": "allow"}));
         let cases = [
-            ("bash", cmd("rm -rf /")),
-            ("bash", cmd("git status")),
-            ("bash", cmd("git push origin")),
-            ("bash", cmd("ls")),
-            ("read_file", path("a/.env")),
-            ("read_file", path("src/x.rs")),
-            ("write_file", path("src/x.rs")),
-            ("write_file", path(".git/config")),
-            ("write_file", path("README.md")),
-            ("mcp__github__list_issues", None),
-            ("mcp__fs__write_file", None),
-            ("glob", None),
-            ("noop", None),
+            ("bash", cmd("rm -rf /"), Action::Deny, Some("bash(rm:*)")),
+            (
+                "bash",
+                cmd("git status"),
+                Action::Allow,
+                Some("bash(git status)"),
+            ),
+            (
+                "bash",
+                cmd("git push origin"),
+                Action::Ask,
+                Some("bash(git push:*)"),
+            ),
+            ("bash", cmd("ls"), Action::Ask, None),
+            (
+                "read_file",
+                path("a/.env"),
+                Action::Deny,
+                Some("read_file(**/.env)"),
+            ),
+            (
+                "read_file",
+                path("src/x.rs"),
+                Action::Allow,
+                Some("read_file"),
+            ),
+            (
+                "write_file",
+                path("src/x.rs"),
+                Action::Ask,
+                Some("write_file(src/**)"),
+            ),
+            (
+                "write_file",
+                path(".git/config"),
+                Action::Deny,
+                Some("Write(.git/**)"),
+            ),
+            ("write_file", path("README.md"), Action::Ask, None),
+            (
+                "mcp__github__list_issues",
+                None,
+                Action::Deny,
+                Some("mcp__github__*"),
+            ),
+            (
+                "mcp__fs__write_file",
+                None,
+                Action::Ask,
+                Some("mcp__fs__write*"),
+            ),
+            ("glob", None, Action::Allow, Some("glob")),
+            ("noop", None, Action::Ask, None),
         ];
-        for (tool, subject) in &cases {
+        for (tool, subject, action, rule) in &cases {
             let index = r.index_for(tool);
-            let via_index = r.decide_among(&index, tool, subject.as_ref());
-            let all = r.decide(tool, subject.as_ref());
+            let (a, by) = r.decide_among(&index, tool, subject.as_ref());
             assert_eq!(
-                (via_index.0, via_index.1.map(Rule::text)),
-                (all.0, all.1.map(Rule::text)),
+                (a, by.map(Rule::text)),
+                (*action, *rule),
                 "{tool} {subject:?}"
             );
-            // An index made by other rules is never trusted.
+            // An index made by other rules is never trusted: the call walks these rules.
             let foreign = other.index_for(tool);
-            let checked = r.decide_among(&foreign, tool, subject.as_ref());
-            assert_eq!(
-                checked.0, all.0,
-                "{tool} {subject:?} with another policy's index"
-            );
+            let (a, _) = r.decide_among(&foreign, tool, subject.as_ref());
+            assert_eq!(a, *action, "{tool} {subject:?} with another policy's index");
         }
         // The index holds only the rules that name the tool.
         assert_eq!(
