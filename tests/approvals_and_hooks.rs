@@ -257,6 +257,48 @@ fn external(policy: serde_json::Value, tools: Vec<ToolSpec>) -> Engine {
         .unwrap()
 }
 
+/// Per-call hooks that fail (with a 0.5 s timeout), and what their failure message says.
+const FAILING_HOOKS: [(&str, &str); 4] = [
+    ("exit 1", "failed with exit code 1"),
+    ("kill -9 $$", "crashed"),
+    ("sleep 30", "did not answer within 0.5 s"),
+    ("echo 'this is not json'", "not decision JSON"),
+];
+
+/// A persistent hook in Python: for each request line `req` (never answering one whose
+/// `tool_input.text` is `hang`), runs `body` (Python lines that set `out`) and prints `out`.
+/// Returns the command that starts it.
+fn python_hook(dir: &tempfile::TempDir, body: &str) -> String {
+    let script = dir.path().join("hook.py");
+    let body: String = body
+        .lines()
+        .map(|l| format!("    {}\n", l.trim()))
+        .collect();
+    std::fs::write(
+        &script,
+        format!(
+            "import json, sys\n\
+             for line in sys.stdin:\n\
+             \x20   req = json.loads(line)\n\
+             \x20   if req['tool_input'].get('text') == 'hang':\n\
+             \x20       continue\n\
+             {body}\
+             \x20   print(json.dumps(out), flush=True)\n"
+        ),
+    )
+    .unwrap();
+    format!("python3 {}", script.display())
+}
+
+/// Kills process `pid` after `delay`.
+async fn kill_after(pid: u32, delay: Duration) {
+    tokio::time::sleep(delay).await;
+    let _ = std::process::Command::new("kill")
+        .arg("-9")
+        .arg(pid.to_string())
+        .status();
+}
+
 fn command_hook(command: &str, timeout: f64) -> serde_json::Value {
     json!({"permissions": {"default": "allow"}, "hooks": {"PreToolUse": [
         {"matcher": "echo", "hooks": [{"type": "command", "command": command, "timeout": timeout}]}
@@ -300,16 +342,11 @@ async fn external_command_hooks_see_claude_code_input_and_decide() {
 
 #[tokio::test]
 async fn external_hooks_fail_closed() {
-    for (command, needle) in [
-        ("exit 1", "failed with exit code 1"),
-        ("kill -9 $$", "crashed"),
-        ("sleep 30", "did not answer within 0.5 s"),
-        ("echo 'this is not json'", "not decision JSON"),
-        (
-            "echo '{\"hookSpecificOutput\":{\"updatedInput\":{\"text\":3}}}'",
-            "rewritten by hook",
-        ),
-    ] {
+    let rewrite_to_invalid = (
+        "echo '{\"hookSpecificOutput\":{\"updatedInput\":{\"text\":3}}}'",
+        "rewritten by hook",
+    );
+    for (command, needle) in FAILING_HOOKS.into_iter().chain([rewrite_to_invalid]) {
         let engine = external(command_hook(command, 0.5), vec![common::echo_tool("echo")]);
         let results = turn(&engine, vec![call("a", "echo", json!({"text": "hi"}))]).await;
         assert!(
@@ -328,21 +365,13 @@ async fn external_hooks_fail_closed() {
 #[tokio::test]
 async fn a_persistent_hook_answers_many_calls_and_is_restarted_after_being_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("hook.py");
-    std::fs::write(
-        &script,
-        "import json, sys\n\
-         for line in sys.stdin:\n\
-         \x20   req = json.loads(line)\n\
-         \x20   if req['tool_input'].get('text') == 'hang':\n\
-         \x20       continue\n\
-         \x20   deny = req['tool_input'].get('text') == 'no'\n\
-         \x20   out = {'id': req['id'], 'hookSpecificOutput': {'permissionDecision': 'deny' if deny else 'allow', 'permissionDecisionReason': 'said no'}}\n\
-         \x20   print(json.dumps(out), flush=True)\n",
-    )
-    .unwrap();
+    let command = python_hook(
+        &dir,
+        "deny = req['tool_input'].get('text') == 'no'\n\
+         out = {'id': req['id'], 'hookSpecificOutput': {'permissionDecision': 'deny' if deny else 'allow', 'permissionDecisionReason': 'said no'}}",
+    );
     let policy = json!({"hooks": {"PreToolUse": [{"matcher": "echo", "hooks": [
-        {"type": "persistent", "command": format!("python3 {}", script.display()), "timeout": 10}
+        {"type": "persistent", "command": command, "timeout": 10}
     ]}]}});
     let engine = external(policy, vec![common::echo_tool("echo")]);
     let calls: Vec<_> = (0..40)
@@ -363,13 +392,7 @@ async fn a_persistent_hook_answers_many_calls_and_is_restarted_after_being_kille
     let hook = &engine.policy().unwrap().external_hooks().pre[0];
     let pid = hook.persistent_pid().await.expect("the hook runs");
     // A call the hook never answers; the hook is killed while it waits.
-    let killer = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let _ = std::process::Command::new("kill")
-            .arg("-9")
-            .arg(pid.to_string())
-            .status();
-    };
+    let killer = kill_after(pid, Duration::from_millis(300));
     let (results, ()) = futures::future::join(
         turn(
             &engine,
@@ -516,12 +539,7 @@ async fn external_post_tool_use_hooks_see_the_result_and_annotate_or_replace_it(
 
 #[tokio::test]
 async fn a_failing_post_tool_use_hook_keeps_the_result_and_says_so() {
-    for (command, needle) in [
-        ("exit 1", "failed with exit code 1"),
-        ("kill -9 $$", "crashed"),
-        ("sleep 30", "did not answer within 0.5 s"),
-        ("echo 'this is not json'", "not decision JSON"),
-    ] {
+    for (command, needle) in FAILING_HOOKS {
         let engine = post_engine(post_hook("command", command, 0.5));
         let results = turn(
             &engine,
@@ -557,23 +575,12 @@ async fn a_failing_post_tool_use_hook_keeps_the_result_and_says_so() {
 #[tokio::test]
 async fn a_persistent_post_tool_use_hook_annotates_and_a_killed_one_keeps_results() {
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("post.py");
-    std::fs::write(
-        &script,
-        "import json, sys\n\
-         for line in sys.stdin:\n\
-         \x20   req = json.loads(line)\n\
-         \x20   if req['tool_input'].get('text') == 'hang':\n\
-         \x20       continue\n\
-         \x20   ctx = req['hook_event_name'] + ' saw ' + req['tool_response']['content']\n\
-         \x20   print(json.dumps({'id': req['id'], 'hookSpecificOutput': {'additionalContext': ctx}}), flush=True)\n",
-    )
-    .unwrap();
-    let engine = post_engine(post_hook(
-        "persistent",
-        &format!("python3 {}", script.display()),
-        10.0,
-    ));
+    let command = python_hook(
+        &dir,
+        "ctx = req['hook_event_name'] + ' saw ' + req['tool_response']['content']\n\
+         out = {'id': req['id'], 'hookSpecificOutput': {'additionalContext': ctx}}",
+    );
+    let engine = post_engine(post_hook("persistent", &command, 10.0));
     let calls: Vec<_> = (0..20)
         .map(|i| call(&format!("t{i}"), "echo", json!({"text": format!("n{i}")})))
         .collect();
@@ -587,13 +594,7 @@ async fn a_persistent_post_tool_use_hook_annotates_and_a_killed_one_keeps_result
     }
     let hook = &engine.policy().unwrap().external_hooks().post[0];
     let pid = hook.persistent_pid().await.expect("the hook runs");
-    let killer = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let _ = std::process::Command::new("kill")
-            .arg("-9")
-            .arg(pid.to_string())
-            .status();
-    };
+    let killer = kill_after(pid, Duration::from_millis(300));
     let (results, ()) = futures::future::join(
         turn(&engine, vec![call("h", "echo", json!({"text": "hang"}))]),
         killer,

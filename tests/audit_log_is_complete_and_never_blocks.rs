@@ -43,8 +43,17 @@ async fn run_sessions(engine: &Engine) {
         .expect("every session finished");
 }
 
-fn policy() -> Policy {
-    Policy::from_json(&json!({"permissions": {"deny": ["denied"], "default": "allow"}})).unwrap()
+/// An engine with `echo` and `denied` (denied by a rule) that audits into `log`.
+fn engine(log: &AuditLog) -> Engine {
+    let policy =
+        Policy::from_json(&json!({"permissions": {"deny": ["denied"], "default": "allow"}}))
+            .unwrap();
+    Engine::builder()
+        .tool(common::echo_tool("echo"))
+        .tool(common::echo_tool("denied"))
+        .policy(policy.audit(log.clone()))
+        .build()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,12 +61,7 @@ async fn every_call_of_64_sessions_has_one_parseable_audit_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::open(&path, false).unwrap();
-    let engine = Engine::builder()
-        .tool(common::echo_tool("echo"))
-        .tool(common::echo_tool("denied"))
-        .policy(policy().audit(log.clone()))
-        .build()
-        .unwrap();
+    let engine = engine(&log);
     run_sessions(&engine).await;
     engine.shutdown(Duration::from_secs(5)).await;
     let text = std::fs::read_to_string(&path).unwrap();
@@ -99,12 +103,7 @@ async fn a_log_nobody_reads_drops_and_counts_lines_but_never_holds_a_call() {
     assert!(made.success());
     // Opened read-write: no reader needed to open it; the pipe fills after 64 KiB.
     let log = AuditLog::open_with(&fifo, true, 16).unwrap();
-    let engine = Engine::builder()
-        .tool(common::echo_tool("echo"))
-        .tool(common::echo_tool("denied"))
-        .policy(policy().audit(log.clone()))
-        .build()
-        .unwrap();
+    let engine = engine(&log);
     run_sessions(&engine).await;
     assert!(log.dropped() > 0, "a full pipe must drop lines");
     assert!(log.dropped() < (SESSIONS * TURNS * CALLS) as u64);
