@@ -134,7 +134,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Number of shared scheduler actors used by [`Engine::dispatch`] (default: as many as workers).
+    /// Number of shared scheduler actors (default: as many as workers). They run the turns that
+    /// must wait — session-less ones round robin, a session's always on the one it was pinned to
+    /// when it opened; a turn of inline handlers runs on the caller's task and never reaches one.
     pub fn schedulers(mut self, n: usize) -> Self {
         self.schedulers = Some(n.max(1));
         self

@@ -8,8 +8,8 @@
 //! [`GetSnapshot`] → `Arc<Snapshot>`.
 //!
 //! The hot path does not ask the registry per turn: every change bumps a shared version number, and
-//! schedulers keep an `Arc<Snapshot>` they re-fetch only when that number moved. Validators are
-//! compiled once, at registration.
+//! the engine keeps one `Arc<Snapshot>` (in an `ArcSwap`) that a turn re-fetches only when that
+//! number moved. Validators are compiled once, at registration.
 
 use std::collections::HashMap;
 use std::sync::Arc;
