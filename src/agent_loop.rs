@@ -35,6 +35,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::engine::EngineError;
+use crate::engine::Session;
 use crate::plan;
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, encode_anthropic};
 use crate::provider::{
@@ -42,7 +43,6 @@ use crate::provider::{
     tool_call_of, tool_calls_of,
 };
 use crate::registry::CatalogFormat;
-use crate::session::Session;
 use crate::tool::Access;
 
 /// The seed's default turn limit.

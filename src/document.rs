@@ -12,9 +12,9 @@ use std::future::Future;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::Session;
 use crate::engine::{Engine, EngineError};
 use crate::protocol::{self, ToolCall, ToolDispatchResult, WireFormat};
-use crate::session::Session;
 
 /// Why a document got no answer. Nothing of it ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -37,10 +37,12 @@ use crate::registry::{
 };
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::{self, RunTurn, Scheduler};
-use crate::session::Session;
 use crate::tool::{SessionScope, ToolSpec};
 use crate::worker::WorkerPool;
+
+mod session;
 use crate::workspace::Workspace;
+pub use session::Session;
 
 /// Default global cap on calls running at once (async and blocking handlers).
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
@@ -209,8 +211,7 @@ impl EngineBuilder {
                 metrics,
                 scope: Arc::new(
                     SessionScope::new("engine", self.workspace.clone())
-                        .with_sandbox(Arc::clone(&sandbox))
-                        .with_policy(policy.clone()),
+                        .with_sandbox(Arc::clone(&sandbox)),
                 ),
                 policy,
                 sandbox,
@@ -244,7 +245,8 @@ struct Inner {
     /// The OS sandbox every scope of this engine carries.
     sandbox: Arc<Sandbox>,
     mcp: crate::mcp::McpServers,
-    /// The permission policy every scope of this engine carries.
+    /// The permission policy every call of this engine goes through (beside its scope, which
+    /// tools see; tools never see the policy).
     policy: Option<Arc<crate::policy::Policy>>,
 }
 
@@ -394,45 +396,6 @@ impl Engine {
         &self.inner.workers
     }
 
-    /// A new session in the engine's workspace ([`EngineBuilder::workspace`]): its own
-    /// cancellation, and one of the engine's shared schedulers for all its turns (no actor of
-    /// its own).
-    pub fn session(&self) -> Session {
-        self.open_session(self.inner.workspace.clone())
-    }
-
-    /// A new session whose built-in tools are confined to `workspace`: one engine serves
-    /// sessions in different directories.
-    pub fn session_in(&self, workspace: Workspace) -> Session {
-        self.open_session(Some(workspace))
-    }
-
-    fn open_session(&self, workspace: Option<Workspace>) -> Session {
-        let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
-        let scope = Arc::new(
-            SessionScope::new(format!("s{n}"), workspace)
-                .with_sandbox(Arc::clone(&self.inner.sandbox))
-                .with_policy(self.inner.policy.clone()),
-        );
-        // The session's turns all go through one of the engine's schedulers (the same one for the
-        // session's whole life, so they are planned in the order they are dispatched); no actor
-        // per session.
-        let i = (n as usize) % self.inner.schedulers.len();
-        let scheduler = self.inner.schedulers[i].clone();
-        self.inner.metrics.sessions(1.0);
-        Session::new(
-            self.clone(),
-            scheduler,
-            scope,
-            self.inner.root.child_token(),
-        )
-    }
-
-    /// A session closed (called once per session, when its last handle is dropped).
-    pub(crate) fn session_closed(&self) {
-        self.inner.metrics.sessions(-1.0);
-    }
-
     pub(crate) async fn dispatch_on(
         &self,
         scheduler: &ActorRef<Scheduler>,
@@ -451,7 +414,13 @@ impl Engine {
         }
         let arrived = Instant::now();
         let snapshot = self.snapshot().await;
-        let mut plan = scheduler::prepare(snapshot, calls, arrived, Arc::clone(scope));
+        let mut plan = scheduler::prepare(
+            snapshot,
+            calls,
+            arrived,
+            Arc::clone(scope),
+            self.inner.policy.clone(),
+        );
         if let Some(sink) = sink {
             plan.collector.attach_sink(sink);
         }

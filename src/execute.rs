@@ -67,24 +67,16 @@ pub struct CallEnv<'a> {
     pub metrics: &'a EngineMetrics,
     /// The turn's span (parent of every call span).
     pub span: &'a Span,
-    /// The session the turn belongs to.
+    /// The session the turn belongs to (what its tools see).
     pub scope: &'a Arc<SessionScope>,
+    /// The engine's permission policy, if any (what its tools never see).
+    pub policy: Option<&'a Policy>,
 }
 
 /// True when the call runs in place (an inline handler the session's policy never makes wait):
 /// a turn of such calls needs no task and no worker.
-pub fn runs_in_place(tool: &RegisteredTool, scope: &SessionScope) -> bool {
-    matches!(tool.handler, Handler::Inline(_))
-        && scope.policy().is_none_or(|p| !p.waits_for_tool(tool))
-}
-
-/// The kind's name, for logs: `inline`, `async` or `blocking`.
-pub fn kind_name(handler: &Handler) -> &'static str {
-    match handler {
-        Handler::Inline(_) => "inline",
-        Handler::Async(_) => "async",
-        Handler::Blocking(_) => "blocking",
-    }
+pub fn runs_in_place(tool: &RegisteredTool, policy: Option<&Policy>) -> bool {
+    matches!(tool.handler, Handler::Inline(_)) && policy.is_none_or(|p| !p.waits_for_tool(tool))
 }
 
 /// A call's answer: its index in the turn, its result, and its tool (handed back rather than
@@ -94,11 +86,11 @@ pub type Answered = (usize, ToolDispatchResult, Arc<RegisteredTool>);
 
 /// Runs one call through the stack. Never fails: every outcome is a result.
 pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
-    if runs_in_place(&planned.tool, env.scope) {
+    if runs_in_place(&planned.tool, env.policy) {
         return run_in_place(planned, env);
     }
     let Planned { index, call, tool } = planned;
-    let result = match env.scope.policy() {
+    let result = match env.policy {
         None => waiting(call, &tool, env).await,
         Some(policy) => match check_policy(policy, call, &tool, env).await {
             Ok((call, decided)) => {
@@ -157,7 +149,7 @@ async fn waiting(
 /// answered `execution_error` — callers check [`runs_in_place`] first.
 pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> Answered {
     let Planned { index, call, tool } = planned;
-    let result = match env.scope.policy() {
+    let result = match env.policy {
         None => inline(call, &tool, env),
         Some(policy) => match check_policy_now(policy, call, &tool, env) {
             Ok((call, decided)) => {

@@ -23,7 +23,7 @@ use std::time::SystemTime;
 use cap_std::fs::{Metadata, MetadataExt};
 use rustix::fs::{FlockOperation, flock};
 
-use crate::tool::ToolError;
+use crate::protocol::ToolError;
 use crate::workspace::Workspace;
 
 /// A file's identity and version as seen at one moment.

@@ -1,4 +1,74 @@
-#![doc = include_str!("../README.md")]
+//! Switchboard: the tool-dispatch engine of an LLM agent harness.
+//!
+//! A model answers with `tool_use` blocks; Switchboard turns each into exactly one execution (or
+//! a clear refusal) and hands back exactly one `tool_result` per call, in the order the model
+//! asked — for thousands of sessions in one process. Every problem of a call (an unknown tool,
+//! invalid arguments, a panicking handler, a path outside the workspace, a timeout) is a result
+//! with a stable [`ErrorCode`]; only an engine fault ([`EngineError`]) fails a request.
+//!
+//! ```
+//! use switchboard::{Engine, Handler, ToolCall, ToolSpec};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::builder()
+//!     .tool(ToolSpec::new("echo", "Echo the text back.",
+//!         serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+//!         Handler::inline(|args, _ctx| Ok(args["text"].as_str().unwrap_or("").to_string()))))
+//!     .build()?;
+//! let results = engine
+//!     .dispatch(vec![ToolCall::new("t1", "echo", serde_json::json!({"text": "hi"}))])
+//!     .await?;
+//! assert_eq!(results[0].content, "hi");
+//! # Ok(()) }
+//! ```
+//!
+//! # The pipeline
+//!
+//! ```text
+//! provider turn ─► ToolCall[] ─► plan ─► call graph ─► workers ─► collector ─► tool_result[]
+//!    (decode)       (protocol)   (snapshot of the registry;     (execute: policy, caps,
+//!                                 admission; what each call      deadline, handler, output cap)
+//!                                 reads and writes)
+//! ```
+//!
+//! # Layers
+//!
+//! Imports point down this table (a module may use its own row and the rows above it here);
+//! the `layering` test reads it and every `crate::` / `super::` path of `src/`, and fails on an
+//! import of a higher row or a module missing from it. A module sits in the row of the longest
+//! prefix of its path listed here.
+//!
+//! | layer | modules | what lives there |
+//! | --- | --- | --- |
+//! | foundation | `protocol`, `validation`, `metrics`, `breaker`, `limiter`, `process_env`, `process_guard`, `tls` | wire formats, error codes, `ToolError`, the output cap, schemas, metric handles, small primitives |
+//! | confinement | `workspace`, `file_state`, `sandbox` | the workspace directory handle, per-session file stamps, the OS sandbox |
+//! | tool | `tool`, `typed` | `ToolSpec`, `Handler`, `ToolContext`, `SessionScope`, `Access`, `Subject` |
+//! | built-in tools | `tools` | `bash`, `read_file`, `write_file`, `edit_file`, `glob` |
+//! | registry | `policy::rules`, `registry` | permission rules and their per-tool index; the Registry actor and its snapshot |
+//! | planning | `plan`, `observe`, `collector` | admission and the dependency graph; spans and metrics of a call; one slot per call |
+//! | policy | `policy` | approvals, hooks, the audit log: the layer every call passes before it runs |
+//! | execution | `execute`, `worker`, `scheduler`, `baseline` | the per-call layer stack, the worker pool, the scheduler, the direct baseline |
+//! | MCP client | `mcp` | MCP servers' tools as registry entries, supervised |
+//! | engine | `engine` | the `Engine`, its builder and sessions |
+//! | conversation | `document`, `provider`, `providers`, `agent_loop` | one wire document in and out; model providers; the agent loop |
+//! | front-end support | `exporter`, `testing`, `command` | the `/metrics` exporter, the workload tools, what subcommands share |
+//! | front ends | `demo`, `run_cmd`, `serve`, `load`, `mcp::serve`, `mcp::list`, `mcp::command` | the subcommands: demo, run/chat, the HTTP sidecar, the load generator, `mcp-serve`, `mcp list` |
+//! | CLI | `cli` | argument parsing and the dispatch of subcommands |
+//!
+//! # Where to add things
+//!
+//! * A tool: a [`ToolSpec`] (best [`ToolSpec::typed`]) registered with
+//!   [`EngineBuilder::tool`] or [`Engine::register`]; a built-in gets a file in `tools/`.
+//! * A per-call layer (rate limits, …): a small function in `execute`, in the stack's order.
+//! * A scheduling rule: `plan` — pure functions over the registry snapshot, unit-tested there.
+//! * A model provider: a [`provider::Provider`] beside `providers/anthropic.rs`.
+//! * A front end (an HTTP server, another CLI command): open sessions with
+//!   [`Engine::session_in`] and answer documents with [`document::dispatch_document`]; it adds
+//!   no second path through the engine.
+//! * A metric: declared once in `metrics` with cached handles, recorded from `observe`.
+//!
+//! The user documentation is `README.md` and the pages of `docs/`.
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -17,6 +87,8 @@ pub mod engine;
 pub mod execute;
 pub mod exporter;
 pub mod file_state;
+#[cfg(test)]
+mod layering;
 pub(crate) mod limiter;
 #[cfg(feature = "cli")]
 pub mod load;
@@ -25,6 +97,7 @@ pub mod metrics;
 pub(crate) mod observe;
 pub mod plan;
 pub mod policy;
+pub mod process_env;
 pub mod process_guard;
 pub mod protocol;
 pub mod provider;
@@ -36,9 +109,9 @@ pub mod sandbox;
 pub(crate) mod scheduler;
 #[cfg(feature = "cli")]
 pub mod serve;
-pub mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tls;
 pub mod tool;
 pub mod tools;
 pub mod typed;
@@ -46,12 +119,11 @@ pub mod validation;
 pub mod worker;
 pub mod workspace;
 
-pub use engine::{Engine, EngineBuilder, EngineError};
+pub use engine::{Engine, EngineBuilder, EngineError, Session};
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};
-pub use session::Session;
 pub use tool::{
-    Access, Block, CommitGate, Handler, Image, Mode, Resource, SessionScope, ToolContext,
+    Access, Block, CommitGate, Handler, Image, Mode, Resource, SessionScope, Subject, ToolContext,
     ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolSpec,
 };
 pub use workspace::Workspace;

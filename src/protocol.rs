@@ -12,12 +12,16 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+mod cap;
 mod content;
 mod raw;
+mod tool_error;
 
+pub use cap::cap_output;
 #[cfg(test)]
 pub(crate) use content::TINY_PNG;
 pub use content::{Block, Image, ToolOutput, image_note};
+pub use tool_error::ToolError;
 
 /// Deepest nesting of a call's arguments that is decoded (serde_json's recursion limit: a
 /// document nesting deeper cannot be parsed). Deeper arguments make their call malformed.

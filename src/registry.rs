@@ -54,7 +54,7 @@ pub struct RegisteredTool {
     /// The policy's decision counters of this tool, made on its first decision.
     pub policy_decisions: crate::metrics::DecisionCounters,
     /// The permission rules that name this tool, found on its first decision.
-    pub policy_rules: std::sync::OnceLock<crate::policy::RuleIndex>,
+    pub policy_rules: std::sync::OnceLock<crate::policy::rules::RuleIndex>,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.

@@ -25,13 +25,13 @@ use crate::agent_loop::{
 };
 use crate::command::{INTERRUPTED, Interrupt, TelemetryArgs, fail};
 use crate::engine::Engine;
+use crate::engine::Session;
 use crate::exporter::Telemetry;
 use crate::provider::{Provider, ProviderError, ScriptedProvider};
 use crate::providers::{
     ANTHROPIC_BASE_URL, AnthropicProvider, HttpConfig, OPENAI_BASE_URL, OpenAiProvider,
     RetryPolicy, env_value,
 };
-use crate::session::Session;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
 

@@ -48,6 +48,7 @@ use crate::collector::Collector;
 use crate::execute::{self, CallEnv};
 use crate::observe;
 use crate::plan::{self, Graph, Planned, Stage};
+use crate::policy::Policy;
 use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
 use crate::registry::{RegisteredTool, Snapshot};
 use crate::tool::SessionScope;
@@ -71,6 +72,8 @@ pub struct TurnPlan {
     pub span: Span,
     /// The session the turn belongs to.
     pub scope: Arc<SessionScope>,
+    /// The engine's permission policy, if any.
+    pub policy: Option<Arc<Policy>>,
     /// The registry view the turn was planned with (it holds the metric handles).
     pub snapshot: Arc<Snapshot>,
 }
@@ -81,6 +84,7 @@ pub fn prepare(
     calls: Vec<ToolCall>,
     arrived: Instant,
     scope: Arc<SessionScope>,
+    policy: Option<Arc<Policy>>,
 ) -> TurnPlan {
     let identities = calls
         .iter()
@@ -101,6 +105,7 @@ pub fn prepare(
         arrived,
         span,
         scope,
+        policy,
         snapshot,
     }
 }
@@ -119,7 +124,7 @@ impl TurnPlan {
     pub fn all_inline(&self) -> bool {
         self.runnable
             .iter()
-            .all(|p| execute::runs_in_place(&p.tool, &self.scope))
+            .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
     }
 
     /// Runs an all-inline plan in place.
@@ -148,6 +153,7 @@ impl TurnPlan {
             metrics: &self.snapshot.metrics,
             span: &self.span,
             scope: &self.scope,
+            policy: self.policy.as_deref(),
         };
         for p in calls {
             let (index, result, tool) = execute::run_in_place(p, env);
@@ -194,7 +200,7 @@ impl TurnPlan {
         }
         if calls
             .iter()
-            .all(|p| execute::runs_in_place(&p.tool, &self.scope))
+            .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
         {
             self.run_in_place(calls, workers, cancel);
             return;
@@ -257,6 +263,7 @@ impl TurnPlan {
             cancel: cancel.clone(),
             span: self.span.clone(),
             scope: Arc::clone(&self.scope),
+            policy: self.policy.clone(),
             progress,
         }
     }
@@ -362,7 +369,7 @@ impl TurnPlan {
                 }
                 if batch
                     .iter()
-                    .all(|p| execute::runs_in_place(&p.tool, &self.scope))
+                    .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
                 {
                     let indices: Vec<usize> = batch.iter().map(|p| p.index).collect();
                     self.run_in_place(batch, workers, cancel);

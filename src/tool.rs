@@ -24,11 +24,10 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::file_state::FileStamps;
-use crate::protocol::ErrorCode;
 use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 
-pub use crate::protocol::{Block, Image, ToolOutput};
+pub use crate::protocol::{Block, Image, ToolError, ToolOutput, cap_output};
 
 /// What a handler returns: the content the model reads — text, or text and images
 /// ([`ToolOutput::blocks`]) — or a typed error (always text). The [`Handler`] constructors also
@@ -36,46 +35,9 @@ pub use crate::protocol::{Block, Image, ToolOutput};
 pub type ToolOutcome = Result<ToolOutput, ToolError>;
 
 mod access;
+mod subject;
 pub use access::{Access, AccessFn, AccessFnSig, Mode, Resource, access_of};
-
-/// A handler's failure: a stable code and a human-readable detail.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolError {
-    /// The stable code.
-    pub code: ErrorCode,
-    /// The detail after `Error [<code>]: `.
-    pub detail: String,
-}
-
-impl ToolError {
-    /// An error with any code.
-    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
-        ToolError {
-            code,
-            detail: detail.into(),
-        }
-    }
-    /// `execution_error`: the handler ran and failed.
-    pub fn execution(detail: impl Into<String>) -> Self {
-        Self::new(ErrorCode::ExecutionError, detail)
-    }
-    /// `permission_denied`: refused by policy.
-    pub fn permission(detail: impl Into<String>) -> Self {
-        Self::new(ErrorCode::PermissionDenied, detail)
-    }
-    /// `invalid_arguments`: the arguments passed the schema but still cannot be used.
-    pub fn invalid(detail: impl Into<String>) -> Self {
-        Self::new(ErrorCode::InvalidArguments, detail)
-    }
-}
-
-impl fmt::Display for ToolError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Error [{}]: {}", self.code, self.detail)
-    }
-}
-
-impl std::error::Error for ToolError {}
+pub use subject::{Subject, SubjectFn, SubjectOf};
 
 /// What a handler knows about the call it serves: which call, of which tool, in which session
 /// (and so in which workspace), by when, and whether it should stop.
@@ -154,7 +116,6 @@ pub struct SessionScope {
     workspace: Option<Workspace>,
     files: FileStamps,
     sandbox: Option<Arc<Sandbox>>,
-    policy: Option<Arc<crate::policy::Policy>>,
 }
 
 impl SessionScope {
@@ -165,19 +126,7 @@ impl SessionScope {
             workspace,
             files: FileStamps::default(),
             sandbox: None,
-            policy: None,
         }
-    }
-
-    /// The same scope under the engine's `policy` (the engine sets it on every scope it makes).
-    pub fn with_policy(mut self, policy: Option<Arc<crate::policy::Policy>>) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// The engine's policy, if it has one.
-    pub fn policy(&self) -> Option<&crate::policy::Policy> {
-        self.policy.as_deref()
     }
 
     /// The same scope with the engine's `sandbox` (the engine sets it on every scope it makes).
@@ -271,6 +220,15 @@ pub enum Handler {
 }
 
 impl Handler {
+    /// The kind's name, for logs: `inline`, `async` or `blocking`.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Handler::Inline(_) => "inline",
+            Handler::Async(_) => "async",
+            Handler::Blocking(_) => "blocking",
+        }
+    }
+
     /// Wraps a cheap synchronous function. It may answer `Ok` with a `String` (text) or a
     /// [`ToolOutput`] (text and images); anything `Into<ToolOutput>`.
     pub fn inline<F, O>(f: F) -> Self
@@ -305,7 +263,7 @@ impl Handler {
 
 impl fmt::Debug for Handler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Handler::{}", crate::execute::kind_name(self))
+        write!(f, "Handler::{}", self.kind_name())
     }
 }
 
@@ -359,27 +317,6 @@ pub struct ToolSpec {
     pub access: Option<AccessFn>,
 }
 
-/// A tool's subject function: the path or command a call with these (validated) arguments
-/// touches.
-pub type SubjectFn = dyn Fn(&Value) -> Option<crate::policy::Subject> + Send + Sync;
-
-/// A tool's [`SubjectFn`], shared.
-#[derive(Clone)]
-pub struct SubjectOf(pub Arc<SubjectFn>);
-
-impl SubjectOf {
-    /// The subject of a call with these arguments.
-    pub fn of(&self, args: &Value) -> Option<crate::policy::Subject> {
-        (self.0)(args)
-    }
-}
-
-impl fmt::Debug for SubjectOf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SubjectOf(..)")
-    }
-}
-
 impl ToolSpec {
     /// A spec with the default policy (serial, 120 s, 50,000 bytes).
     pub fn new(
@@ -403,7 +340,7 @@ impl ToolSpec {
     /// workspace (matched as a gitignore-style glob after confinement) or a command.
     pub fn subject<F>(mut self, f: F) -> Self
     where
-        F: Fn(&Value) -> Option<crate::policy::Subject> + Send + Sync + 'static,
+        F: Fn(&Value) -> Option<Subject> + Send + Sync + 'static,
     {
         self.subject = Some(SubjectOf(Arc::new(f)));
         self
@@ -414,7 +351,7 @@ impl ToolSpec {
         self.subject(move |args| {
             args.get(field)
                 .and_then(Value::as_str)
-                .map(|p| crate::policy::Subject::Path(p.to_string()))
+                .map(|p| Subject::Path(p.to_string()))
         })
     }
 
@@ -462,173 +399,5 @@ impl ToolSpec {
     pub fn max_concurrency(mut self, n: usize) -> Self {
         self.policy.max_concurrency = Some(n.max(1));
         self
-    }
-}
-
-/// Bounds a tool's output: at most `cap` bytes, and no line longer than 2,000 bytes.
-///
-/// * Text longer than `cap` keeps its head and its tail around one
-///   `\n… N bytes truncated …\n` marker line (N counts the bytes left out of `text`); the
-///   result, marker included, is at most `cap` bytes (for any `cap` of 40 bytes or more).
-/// * Any single line longer than 2,000 bytes is then clamped to its first and last 900 bytes
-///   around an inline ` … N bytes truncated … ` marker, so one minified file or one endless
-///   progress line cannot crowd out everything else.
-///
-/// Every cut falls on a UTF-8 character boundary. The function is idempotent: output it
-/// produced passes through it unchanged.
-pub fn cap_output(text: String, cap: usize) -> String {
-    /// Longest line kept whole.
-    const LINE_CAP: usize = 2_000;
-    /// Bytes kept at each end of a clamped line (the clamped line stays under `LINE_CAP`).
-    const LINE_KEEP: usize = 900;
-
-    fn floor(s: &str, mut i: usize) -> usize {
-        while !s.is_char_boundary(i) {
-            i -= 1;
-        }
-        i
-    }
-    fn ceil(s: &str, mut i: usize) -> usize {
-        while !s.is_char_boundary(i) {
-            i += 1;
-        }
-        i
-    }
-    fn has_long_line(s: &str) -> bool {
-        s.split('\n').any(|line| line.len() > LINE_CAP)
-    }
-    fn clamp_lines(s: &str, out: &mut String) {
-        for (i, line) in s.split('\n').enumerate() {
-            if i > 0 {
-                out.push('\n');
-            }
-            if line.len() <= LINE_CAP {
-                out.push_str(line);
-                continue;
-            }
-            let head = floor(line, LINE_KEEP);
-            let tail = ceil(line, line.len() - LINE_KEEP);
-            out.push_str(&line[..head]);
-            out.push_str(&format!(" … {} bytes truncated … ", tail - head));
-            out.push_str(&line[tail..]);
-        }
-    }
-
-    if text.len() <= cap {
-        if !has_long_line(&text) {
-            return text;
-        }
-        let mut out = String::with_capacity(text.len().min(cap));
-        clamp_lines(&text, &mut out);
-        return out;
-    }
-    // Room for the marker, sized for the largest count it could show.
-    let widest = format!("\n… {} bytes truncated …\n", text.len()).len();
-    let budget = cap.saturating_sub(widest);
-    let keep_head = budget / 2;
-    let keep_tail = budget - keep_head;
-    let head_end = floor(&text, keep_head);
-    let tail_start = ceil(&text, text.len() - keep_tail);
-    let dropped = tail_start - head_end;
-    let mut out = String::with_capacity(cap);
-    clamp_lines(&text[..head_end], &mut out);
-    out.push_str(&format!("\n… {dropped} bytes truncated …\n"));
-    clamp_lines(&text[tail_start..], &mut out);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn short_output_is_untouched() {
-        assert_eq!(cap_output("abc".into(), 10), "abc");
-    }
-
-    /// Splits `head\n… N bytes truncated …\ntail` into its parts.
-    fn parts(capped: &str) -> (&str, usize, &str) {
-        let (head, rest) = capped.split_once("\n… ").unwrap();
-        let (count, tail) = rest.split_once(" bytes truncated …\n").unwrap();
-        (head, count.parse().unwrap(), tail)
-    }
-
-    #[test]
-    fn long_output_keeps_head_and_tail_on_char_boundaries() {
-        let text = "é".repeat(100); // 200 bytes
-        let capped = cap_output(text, 51);
-        assert!(capped.starts_with('é') && capped.ends_with('é'));
-        let (head, dropped, tail) = parts(&capped);
-        assert_eq!(head.len() + dropped + tail.len(), 200);
-        assert!(capped.len() <= 51, "{} bytes", capped.len());
-    }
-
-    #[test]
-    fn the_result_never_exceeds_the_cap_and_counts_every_dropped_byte() {
-        for len in [41usize, 99, 100, 101, 1_000, 123_457] {
-            for cap in [40usize, 41, 64, 100, 1_000, 50_000] {
-                let text: String = (0..len)
-                    .map(|i| if i % 37 == 36 { '\n' } else { 'x' })
-                    .collect();
-                let capped = cap_output(text.clone(), cap);
-                if len <= cap {
-                    assert_eq!(capped, text);
-                    continue;
-                }
-                assert!(capped.len() <= cap, "len {len} cap {cap}: {}", capped.len());
-                let (head, dropped, tail) = parts(&capped);
-                assert_eq!(head.len() + dropped + tail.len(), len);
-                assert!(text.starts_with(head) && text.ends_with(tail));
-            }
-        }
-    }
-
-    #[test]
-    fn long_lines_are_clamped_to_head_and_tail_with_a_marker() {
-        let line = format!(
-            "{}{}{}",
-            "a".repeat(1_000),
-            "m".repeat(3_000),
-            "z".repeat(1_000)
-        );
-        let text = format!("first\n{line}\nlast");
-        let capped = cap_output(text, 1_000_000);
-        let lines: Vec<&str> = capped.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert_eq!((lines[0], lines[2]), ("first", "last"));
-        assert!(lines[1].len() <= 2_000, "{}", lines[1].len());
-        let expected = format!(
-            "{} … 3200 bytes truncated … {}",
-            "a".repeat(900),
-            "z".repeat(900)
-        );
-        assert_eq!(lines[1], expected);
-        assert_eq!(cap_output("b".repeat(2_000), 10_000), "b".repeat(2_000));
-    }
-
-    #[test]
-    fn clamped_lines_are_cut_on_char_boundaries() {
-        let line = "✓".repeat(1_000); // 3,000 bytes
-        let capped = cap_output(line, 100_000);
-        let (head, rest) = capped.split_once(" … ").unwrap();
-        let (_, tail) = rest.split_once(" … ").unwrap();
-        assert!(head.chars().all(|c| c == '✓') && tail.chars().all(|c| c == '✓'));
-        assert!(head.len() <= 900 && tail.len() <= 900);
-    }
-
-    #[test]
-    fn capping_is_idempotent() {
-        let samples = [
-            "short".to_string(),
-            "y\n".repeat(100_000),
-            "q".repeat(300_000),
-            format!("{}\n{}", "é".repeat(5_000), "w".repeat(10)),
-        ];
-        for text in samples {
-            for cap in [64usize, 2_500, 50_000] {
-                let once = cap_output(text.clone(), cap);
-                assert_eq!(cap_output(once.clone(), cap), once, "cap {cap}");
-            }
-        }
     }
 }

@@ -22,6 +22,7 @@ use crate::execute::{self, CallEnv};
 use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
 use crate::plan::Planned;
+use crate::policy::Policy;
 use crate::protocol::ToolDispatchResult;
 use crate::registry::RegisteredTool;
 use crate::tool::SessionScope;
@@ -54,6 +55,8 @@ pub struct RunStage {
     pub span: Span,
     /// The session the turn belongs to.
     pub scope: Arc<SessionScope>,
+    /// The engine's permission policy, if any.
+    pub policy: Option<Arc<Policy>>,
     /// When set, each waiting call's answer goes here as soon as it comes, and the reply holds
     /// only the rest (the turn is streamed).
     pub progress: Option<StageProgress>,
@@ -76,12 +79,13 @@ impl Message<RunStage> for Worker {
             cancel,
             span,
             scope,
+            policy,
             progress,
         } = msg;
         let mut done = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for planned in calls {
-            if execute::runs_in_place(&planned.tool, &scope) {
+            if execute::runs_in_place(&planned.tool, policy.as_deref()) {
                 let env = CallEnv {
                     arrived,
                     cancel: &cancel,
@@ -89,6 +93,7 @@ impl Message<RunStage> for Worker {
                     metrics: &self.metrics,
                     span: &span,
                     scope: &scope,
+                    policy: policy.as_deref(),
                 };
                 done.push(execute::run_in_place(planned, env));
             } else {
@@ -108,6 +113,7 @@ impl Message<RunStage> for Worker {
                 metrics: &metrics,
                 span: &span,
                 scope: &scope,
+                policy: policy.as_deref(),
             };
             let runs = waiting.into_iter().map(|p| {
                 let progress = progress.clone();

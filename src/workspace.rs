@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cap_std::fs::{Dir, OpenOptions};
 
 use crate::protocol::ErrorCode;
-use crate::tool::ToolError;
+use crate::protocol::ToolError;
 
 /// Longest path (in bytes) a tool accepts.
 pub const MAX_PATH_BYTES: usize = 4096;

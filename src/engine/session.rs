@@ -15,7 +15,9 @@ use kameo::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use crate::collector::ResultSink;
-use crate::engine::{Engine, EngineError};
+use std::sync::atomic::Ordering;
+
+use super::{Engine, EngineError};
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::scheduler::Scheduler;
 use crate::tool::SessionScope;
@@ -138,5 +140,45 @@ impl Session {
     /// The engine this session belongs to.
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+}
+
+impl Engine {
+    /// A new session in the engine's workspace ([`EngineBuilder::workspace`]): its own
+    /// cancellation, and one of the engine's shared schedulers for all its turns (no actor of
+    /// its own).
+    pub fn session(&self) -> Session {
+        self.open_session(self.inner.workspace.clone())
+    }
+
+    /// A new session whose built-in tools are confined to `workspace`: one engine serves
+    /// sessions in different directories.
+    pub fn session_in(&self, workspace: Workspace) -> Session {
+        self.open_session(Some(workspace))
+    }
+
+    fn open_session(&self, workspace: Option<Workspace>) -> Session {
+        let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
+        let scope = Arc::new(
+            SessionScope::new(format!("s{n}"), workspace)
+                .with_sandbox(Arc::clone(&self.inner.sandbox)),
+        );
+        // The session's turns all go through one of the engine's schedulers (the same one for the
+        // session's whole life, so they are planned in the order they are dispatched); no actor
+        // per session.
+        let i = (n as usize) % self.inner.schedulers.len();
+        let scheduler = self.inner.schedulers[i].clone();
+        self.inner.metrics.sessions(1.0);
+        Session::new(
+            self.clone(),
+            scheduler,
+            scope,
+            self.inner.root.child_token(),
+        )
+    }
+
+    /// A session closed (called once per session, when its last handle is dropped).
+    pub(crate) fn session_closed(&self) {
+        self.inner.metrics.sessions(-1.0);
     }
 }

@@ -33,6 +33,7 @@ struct Env {
     metrics: EngineMetrics,
     span: Span,
     scope: Arc<SessionScope>,
+    policy: Option<Policy>,
 }
 
 impl Env {
@@ -43,6 +44,7 @@ impl Env {
             metrics: EngineMetrics::new(),
             span: Span::none(),
             scope: Arc::new(SessionScope::new("s-test", None)),
+            policy: None,
         }
     }
     fn env(&self) -> CallEnv<'_> {
@@ -53,6 +55,7 @@ impl Env {
             metrics: &self.metrics,
             span: &self.span,
             scope: &self.scope,
+            policy: self.policy.as_ref(),
         }
     }
 }
@@ -93,7 +96,7 @@ fn the_policy_layer_denies_by_rule_and_lets_the_rest_through() {
     }))
     .unwrap();
     let mut env = Env::new();
-    env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
+    env.policy = Some(policy);
     let denied = tool(spec("any", Handler::inline(|_, _| Ok("ran".to_string()))));
     let other = tool(spec("other", Handler::inline(|_, _| Ok("ran".to_string()))));
     let (_, result, _) = run_in_place(planned(&denied), env.env());
@@ -124,7 +127,7 @@ async fn a_call_waiting_for_approval_holds_no_concurrency_place() {
     .approver(Arc::new(approver));
     let mut env = Env::new();
     env.limiter = Limiter::new(1, 0); // one place, nobody may wait for it
-    env.scope = Arc::new(SessionScope::new("s", None).with_policy(Some(Arc::new(policy))));
+    env.policy = Some(policy);
     let asked = tool(spec(
         "asked",
         Handler::future(|_, _| async { Ok("asked ran".to_string()) }),
@@ -170,7 +173,7 @@ async fn the_handler_layer_runs_each_kind_and_catches_panics() {
     ];
     for h in &kinds {
         let out = start_handler(h, Value::Null, ctx(), places().await, &Span::none()).await;
-        assert_eq!(out.unwrap().unwrap(), kind_name(h));
+        assert_eq!(out.unwrap().unwrap(), h.kind_name());
     }
     let boom = Handler::blocking::<_, String>(|_, _| panic!("boom"));
     let joined = start_handler(&boom, Value::Null, ctx(), places().await, &Span::none()).await;

@@ -20,8 +20,8 @@ use super::stats::Recorder;
 use super::workload::{SessionTurns, Templates, Workload};
 use crate::baseline::DirectDispatcher;
 use crate::engine::Engine;
+use crate::engine::Session;
 use crate::protocol::{ToolCall, ToolDispatchResult, WireFormat, write_json};
-use crate::session::Session;
 use crate::tool::ToolSpec;
 
 /// At most this many recorders per phase; sessions beyond share them.

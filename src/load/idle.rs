@@ -17,8 +17,8 @@ use super::numbers::group;
 use super::rss::{self, SoakVerdict};
 use super::workload::{TEXT, load_tools};
 use crate::engine::Engine;
+use crate::engine::Session;
 use crate::protocol::ToolCall;
-use crate::session::Session;
 
 /// What an idle run measured.
 #[derive(Debug)]

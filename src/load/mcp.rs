@@ -13,11 +13,11 @@ use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
-use super::config::{McpConfig, Transport};
-use super::transport;
+use super::args::{Baseline, LoadArgs};
 use crate::command::fail;
 use crate::engine::Engine;
-use crate::load::{Baseline, LoadArgs};
+use crate::mcp::config::{McpConfig, Transport};
+use crate::mcp::transport;
 use crate::protocol::ToolCall;
 
 /// What one side measured.

@@ -17,10 +17,12 @@
 //! rounds, and reports the cost (see `compare.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
+mod args;
 mod compare;
 mod driver;
 mod http;
 mod idle;
+mod mcp;
 mod monitor;
 mod numbers;
 mod peers;
@@ -31,18 +33,18 @@ mod stats;
 mod svg;
 mod workload;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::command::TelemetryArgs;
 use crate::exporter::Telemetry;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
+pub use args::{Baseline, LoadArgs, WorkloadSet};
 use driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase, http_phase};
+pub use workload::ToolKind;
 pub use workload::load_tools;
 use workload::{Workload, session_dir};
 
@@ -57,189 +59,6 @@ const MAX_BUILTIN_SLOTS: usize = 100_000;
 
 /// Measuring time when neither `--turns` nor `--duration` is given.
 const DEFAULT_DURATION: Duration = Duration::from_secs(5);
-
-/// `--tool`: which tools the calls go to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ToolKind {
-    /// Inline, returns `text` (`noop`, or `noop_serial`).
-    Noop,
-    /// Async, sleeps `--sleep-ms` (`sleep`, or `sleep_serial`).
-    Sleep,
-    /// Inline, hashes `text` `--cpu-work` times (`cpu`, or `cpu_serial`).
-    Cpu,
-    /// Half noop, a quarter cpu, a quarter sleep.
-    Mixed,
-    /// Async writes of (simulated) files, sleeping `--sleep-ms`: `write` writes file N for call
-    /// slot N (a turn's writes overlap); with `--serial-ratio 1` every call goes to
-    /// `write_same_file` (one file: they run one after another).
-    Write,
-    /// The five built-in tools on a temporary workspace (write, read, edit, glob, bash per five calls).
-    Builtin,
-}
-
-impl ToolKind {
-    fn name(self) -> &'static str {
-        match self {
-            ToolKind::Noop => "noop",
-            ToolKind::Sleep => "sleep",
-            ToolKind::Cpu => "cpu",
-            ToolKind::Mixed => "mixed",
-            ToolKind::Write => "write",
-            ToolKind::Builtin => "builtin",
-        }
-    }
-}
-
-/// `--baseline`: what the engine is compared with in the same run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Baseline {
-    /// The direct in-process loop: validate + call + encode, no actors.
-    Direct,
-}
-
-/// `--workload-set`: a fixed set of workloads run in sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WorkloadSet {
-    /// The six workloads of `peers.md` and the two write workloads, one JSON line each.
-    Peers,
-    /// The sidecar's cost: the in-process engine versus the same turns over HTTP to a server
-    /// started in this process, for one-call turns and 64 sessions × 8 no-op calls.
-    Serve,
-}
-
-/// Flags of `switchboard load`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct LoadArgs {
-    /// Concurrent sessions, each with its own task.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub sessions: u32,
-    /// Turns per session (instead of --duration).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000), conflicts_with = "duration")]
-    pub turns: Option<u64>,
-    /// Run for this long, e.g. `10s` (default 5s when --turns is not given). With --idle: hold
-    /// the sessions this long, sampling RSS.
-    #[arg(long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-    /// Calls in each turn.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub calls_per_turn: u32,
-    /// Which tools the calls go to.
-    #[arg(long, value_enum, default_value_t = ToolKind::Noop)]
-    pub tool: ToolKind,
-    /// How long each `sleep` call sleeps, in milliseconds.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
-    pub sleep_ms: u64,
-    /// Hash rounds of each `cpu` call (its `n`).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=workload::CPU_WORK_MAX))]
-    pub cpu_work: u64,
-    /// Share of calls sent to the tool's serial (not concurrency-safe) variant, 0 to 1.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
-    pub serial_ratio: f64,
-    /// Share of calls that fail before running, 0 to 1: half unknown tools, half invalid arguments.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
-    pub error_rate: f64,
-    /// Engine worker actors (default: the engine's own, one per CPU and at least 2).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub workers: Option<u32>,
-    /// Run the same workload through this baseline too, in the same run, and report the ratio.
-    #[arg(long, value_enum)]
-    pub baseline: Option<Baseline>,
-    /// Run a fixed set of workloads instead (one JSON line each, with its direct ratio).
-    #[arg(long, value_enum, conflicts_with_all = ["idle", "baseline"], group = "rounds_mode")]
-    pub workload_set: Option<WorkloadSet>,
-    /// Run the workload on an engine recording metrics (the exporter's recorder) and on one
-    /// recording nothing, alternating --rounds times in this process, and report the cost
-    /// (`metrics_cost` = 1 − on ÷ off calls/s, each side's best round).
-    #[arg(long, group = "rounds_mode",
-          conflicts_with_all = ["idle", "baseline", "target", "faults", "mcp_call"])]
-    pub compare_metrics: bool,
-    /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
-    #[arg(long, conflicts_with_all = ["turns", "baseline"])]
-    pub idle: bool,
-    /// Run the engine under this permission policy (rules and hooks; ask is deny); with
-    /// `--baseline direct` the ratio shows what the policy adds (the direct loop has none).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["workload_set", "target", "idle"])]
-    pub policy: Option<PathBuf>,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON document and a latency picture (`load.json`, `latency.svg`) into DIR.
-    #[arg(long, value_name = "DIR")]
-    pub report: Option<PathBuf>,
-    /// No progress bar (it is also hidden when stderr is not a terminal).
-    #[arg(long, short)]
-    pub quiet: bool,
-    /// Unmeasured warm-up before each measured phase, e.g. `500ms` (peers: a tenth of the
-    /// duration, at most 200ms).
-    #[arg(long, value_parser = parse_warmup)]
-    pub warmup: Option<Duration>,
-    /// Hard cap on each phase, whatever --turns says.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
-    pub max_time: Duration,
-    /// With --workload-set: alternate the engine and direct phases this many times per workload
-    /// and report each side's best round (with --compare-metrics: the metrics-on and -off phases).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100), requires = "rounds_mode")]
-    pub rounds: u32,
-    /// Seed of the call mix (errors, serial share, mixed tools).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Inject faults at these rates, e.g. `panic=0.01,hang=0.01,cancel=0.01`: a share of calls
-    /// go to a tool that panics or one that hangs until its 200 ms timeout, a share of turns are
-    /// cancelled 0–2 ms after they start. The run then checks that every call was still answered
-    /// exactly once, in order (and, with --duration, that RSS stayed flat). Engine only.
-    #[arg(long, value_parser = workload::parse_faults, conflicts_with_all = ["baseline", "workload_set", "idle"])]
-    pub faults: Option<workload::Faults>,
-    /// Drive a running `switchboard serve` at http://HOST:PORT instead of an in-process engine
-    /// (started with --with-load-tools for the noop, sleep and cpu tools; its sleep is 10 ms).
-    #[arg(long, value_name = "URL", conflicts_with_all = ["baseline", "workload_set", "idle", "faults"])]
-    pub target: Option<String>,
-    /// File whose first line is the server's bearer token (otherwise SWITCHBOARD_TOKEN, or none).
-    #[arg(long, value_name = "FILE", requires = "target")]
-    pub token_file: Option<PathBuf>,
-    /// MCP servers (with --mcp-call).
-    #[command(flatten)]
-    pub mcp: crate::mcp::command::McpArgs,
-    /// Drive this MCP tool (its registry name, `mcp__server__tool`) instead of the workload
-    /// tools: every call of every turn goes to it; `--baseline direct` then makes the same calls
-    /// with a direct rmcp client.
-    #[arg(long, value_name = "NAME", requires = "mcp_config",
-          conflicts_with_all = ["workload_set", "idle", "faults"])]
-    pub mcp_call: Option<String>,
-    /// The arguments of every --mcp-call call (a JSON object; default `{}`).
-    #[arg(long, value_name = "JSON", requires = "mcp_call")]
-    pub mcp_args: Option<String>,
-    /// Metrics.
-    #[command(flatten)]
-    pub telemetry: TelemetryArgs,
-}
-
-fn parse_fraction(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number"))?;
-    if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{v} is not between 0 and 1"))
-    }
-}
-
-fn parse_warmup(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e}"))?;
-    if d > Duration::from_secs(3600) {
-        return Err("at most 1h".into());
-    }
-    Ok(d)
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_warmup(s)?;
-    if d.is_zero() {
-        return Err("must be more than zero".into());
-    }
-    Ok(d)
-}
 
 fn fail(code: u8, message: &str) -> ExitCode {
     crate::command::fail(code, &format!("load: {message}"))
@@ -257,7 +76,7 @@ pub async fn run(args: LoadArgs) -> ExitCode {
         Err(e) => return fail(2, &e),
     };
     let code = if let Some(name) = &args.mcp_call {
-        crate::mcp::load::run(&args, name).await
+        mcp::run(&args, name).await
     } else if args.workload_set == Some(WorkloadSet::Serve) {
         run_serve_set(&args).await
     } else if args.workload_set.is_some() {

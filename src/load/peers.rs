@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::ToolKind;
 use super::driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
 use super::stats::{Percentiles, Recorder};
+use super::workload::ToolKind;
 use super::workload::{Slot, Workload, load_tools};
 
 /// Default measuring time of each side of each workload.

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::ToolKind;
 use super::driver::{Bounds, Display, Phase, ToolSet, engine_phase, http_phase};
 use super::http::Endpoint;
 use super::peers::{PeersConfig, ratio};
 use super::stats::{Percentiles, Recorder};
+use super::workload::ToolKind;
 use super::workload::{Faults, Workload, load_tools};
 use crate::serve::{Auth, ServeConfig, Server};
 

@@ -15,11 +15,42 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::ToolKind;
 use crate::protocol::ToolCall;
 pub use crate::testing::{CPU_WORK_MAX, TEXT, load_tools, schema};
 use crate::testing::{NAMES, WRITE_NAMES};
 use crate::tool::{Handler, ToolSpec};
+
+/// `--tool`: which tools the calls go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ToolKind {
+    /// Inline, returns `text` (`noop`, or `noop_serial`).
+    Noop,
+    /// Async, sleeps `--sleep-ms` (`sleep`, or `sleep_serial`).
+    Sleep,
+    /// Inline, hashes `text` `--cpu-work` times (`cpu`, or `cpu_serial`).
+    Cpu,
+    /// Half noop, a quarter cpu, a quarter sleep.
+    Mixed,
+    /// Async writes of (simulated) files, sleeping `--sleep-ms`: `write` writes file N for call
+    /// slot N (a turn's writes overlap); with `--serial-ratio 1` every call goes to
+    /// `write_same_file` (one file: they run one after another).
+    Write,
+    /// The five built-in tools on a temporary workspace (write, read, edit, glob, bash per five calls).
+    Builtin,
+}
+
+impl ToolKind {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            ToolKind::Noop => "noop",
+            ToolKind::Sleep => "sleep",
+            ToolKind::Cpu => "cpu",
+            ToolKind::Mixed => "mixed",
+            ToolKind::Write => "write",
+            ToolKind::Builtin => "builtin",
+        }
+    }
+}
 
 /// The name used for unknown-tool calls.
 pub const UNKNOWN_TOOL: &str = "no_such_tool";

@@ -19,9 +19,8 @@
 #[cfg(feature = "cli")]
 pub mod command;
 pub mod config;
+mod link;
 pub mod list;
-#[cfg(feature = "cli")]
-pub mod load;
 pub mod names;
 pub mod serve;
 pub mod server_conn;

@@ -23,8 +23,8 @@ use rmcp::ServiceError;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents, Tool};
 use serde_json::Value;
 
+use super::link::{Link, Live, Shared, ToolEntry};
 use super::names;
-use super::server_conn::{Link, Live, Shared, ToolEntry};
 use crate::protocol::ErrorCode;
 use crate::tool::{Block, Handler, ToolContext, ToolError, ToolOutcome, ToolOutput, ToolSpec};
 

@@ -14,32 +14,12 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
 use super::config::Transport;
-
-/// Variables of the engine's environment a stdio server inherits (plus every `LC_*`); nothing
-/// else reaches it except its configured `env`.
-pub const ENV_ALLOWLIST: &[&str] = &[
-    "PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM",
-];
+use crate::process_env::server_env;
 
 /// Longest stderr line logged (longer lines are cut).
 const STDERR_LINE_CAP: usize = 2_000;
 /// Stderr lines logged per connection; later ones are drained but not logged.
 const STDERR_LINES_LOGGED: usize = 1_000;
-
-/// The environment a stdio server starts with: the allowlisted part of `parent`, then `configured`
-/// on top.
-pub fn server_env(
-    parent: impl IntoIterator<Item = (String, String)>,
-    configured: &std::collections::BTreeMap<String, String>,
-) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = parent
-        .into_iter()
-        .filter(|(k, _)| ENV_ALLOWLIST.contains(&k.as_str()) || k.starts_with("LC_"))
-        .filter(|(k, _)| !configured.contains_key(k))
-        .collect();
-    env.extend(configured.iter().map(|(k, v)| (k.clone(), v.clone())));
-    env
-}
 
 /// A stdio server's transport, and the process id of its group leader.
 pub fn spawn_stdio(
@@ -133,7 +113,7 @@ pub fn http(
     let Transport::Http { url, headers } = transport else {
         return Err("not an http server".into());
     };
-    crate::providers::install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let mut custom = HashMap::new();
     for (k, v) in headers {
         let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())

@@ -377,12 +377,7 @@ pub fn post_actions(label: &str, reply: Reply) -> Vec<PostAction> {
 fn command_for(command: &str, place: HookPlace<'_>) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg("-c").arg(command);
-    cmd.env_clear();
-    for name in crate::tools::bash::INHERITED_ENV {
-        if let Some(value) = std::env::var_os(name) {
-            cmd.env(name, value);
-        }
-    }
+    crate::process_env::inherit_tool_env(&mut cmd);
     if let Some(root) = place.workspace {
         cmd.current_dir(root).env("HOME", root).env("PWD", root);
     }

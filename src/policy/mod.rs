@@ -7,8 +7,9 @@
 //!                                              (allow / deny / rewrite ─► schema again)   (timeout → deny, cancel → cancelled)
 //! ```
 //!
-//! The engine holds at most one [`Policy`] (shared by every session through its
-//! [`crate::SessionScope`]); `execute` enters it in one place, before the concurrency caps, so a
+//! The engine holds at most one [`Policy`], shared by every session; it travels beside each
+//! turn's [`crate::SessionScope`] in the per-call environment (tools see the scope, never the
+//! policy); `execute` enters it in one place, before the concurrency caps, so a
 //! call waiting for an approval or an external hook holds no worker and no place. An engine
 //! without a policy pays one `Option` check per call.
 //!

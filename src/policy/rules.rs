@@ -22,23 +22,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// What a call touches, as the tool declares it from its validated arguments.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
-    /// A path inside the session's workspace (as the model wrote it; confined before matching).
-    Path(String),
-    /// A shell command.
-    Command(String),
-}
-
-impl Subject {
-    /// The subject's text (path or command).
-    pub fn text(&self) -> &str {
-        match self {
-            Subject::Path(s) | Subject::Command(s) => s,
-        }
-    }
-}
+pub use crate::tool::Subject;
 
 /// What a rule (or the default) says about a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -28,7 +28,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::tool::cap_output;
+use super::cap_output;
 
 /// A piece of a result that has an image: text, or one image.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,14 +70,7 @@ impl HttpConfig {
     }
 }
 
-/// Installs `ring` as the process's rustls crypto provider (once; a provider installed earlier
-/// by the host program is kept).
-pub fn install_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use crate::tls::install_crypto_provider;
 
 /// Reads a setting from the environment: `None` when unset or blank.
 pub fn env_value(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
@@ -120,7 +113,7 @@ impl Http {
         key_variable: &'static str,
         mut config: HttpConfig,
     ) -> Result<Self, ProviderError> {
-        install_crypto_provider();
+        crate::tls::install_crypto_provider();
         config.base_url = config.base_url.trim_end_matches('/').to_string();
         let url = reqwest::Url::parse(&config.base_url).map_err(|e| {
             ProviderError::Config(format!("{name}: bad base URL {:?}: {e}", config.base_url))

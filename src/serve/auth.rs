@@ -10,14 +10,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-
-use super::errors::ApiError;
-use super::routes::App;
-
 /// The environment variable the token is read from when `--token-file` is not given.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_TOKEN";
 
@@ -111,19 +103,6 @@ pub fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
         diff |= e ^ p;
     }
     std::hint::black_box(diff) == 0
-}
-
-/// Middleware of the `/v1` routes: `unauthorized` (401) unless the bearer token is right.
-pub async fn require_token(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let header = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    if app.auth.allows(header) {
-        next.run(request).await
-    } else {
-        ApiError::Unauthorized.into_response()
-    }
 }
 
 #[cfg(test)]

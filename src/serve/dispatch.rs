@@ -21,8 +21,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use tokio::sync::{mpsc, oneshot};
 
+use super::app::{App, json_response, query_param, read_body, session_id};
 use super::errors::ApiError;
-use super::routes::{App, json_response, query_param, read_body, session_id};
 use super::sse;
 use crate::document::{DocumentError, dispatch_document_with};
 use crate::protocol::WireFormat;

@@ -6,7 +6,8 @@
 //!
 //! | file | owns |
 //! | --- | --- |
-//! | `routes.rs` | the route table, the shared [`routes::App`] state, the small handlers, request metrics |
+//! | `app.rs` | the shared [`app::App`] state and the request helpers handlers share |
+//! | `routes.rs` | the route table, the small handlers, the token check, request metrics |
 //! | `dispatch.rs` | one turn over HTTP: ordering, cancellation, bounded requests in flight |
 //! | `sse.rs` | the streamed answer (`event: result` per call, then `event: done`) |
 //! | `sessions.rs` | the sessions table, workspaces, idle expiry |
@@ -20,6 +21,7 @@
 //! `cancelled`), closes the listener, lets every request in flight write its complete answer,
 //! and returns.
 
+pub mod app;
 pub mod auth;
 pub mod dispatch;
 pub mod errors;
@@ -41,8 +43,8 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::Engine;
 use crate::metrics::HttpMetrics;
 use crate::tools::builtin_tools;
+use app::App;
 pub use auth::Auth;
-use routes::App;
 use sessions::SessionTable;
 
 /// Default `--listen`.

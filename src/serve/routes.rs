@@ -1,10 +1,9 @@
-//! The router: every route of the HTTP API in one table ([`route_table`]), the shared state its
-//! handlers see ([`App`]), the small handlers (sessions, tools, health, metrics, the OpenAPI
+//! The router: every route of the HTTP API in one table ([`route_table`]), the small handlers (sessions, tools, health, metrics, the OpenAPI
 //! file) and the request-metrics layer. The dispatch handler lives in `dispatch.rs`.
 //!
 //! The router is built only from the table, and a test checks the table against
 //! `openapi.json` both ways, so the description and the server cannot drift apart. Everything
-//! under `/v1` passes the bearer-token check first (`auth.rs`); `/healthz` and `/metrics` do not.
+//! under `/v1` passes the bearer-token check first ([`require_token`], with `auth.rs`'s [`super::Auth`]); `/healthz` and `/metrics` do not.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,54 +16,15 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
-use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
-use super::auth::{Auth, require_token};
+use super::app::{App, json_response, query_param, read_body, session_id};
 use super::dispatch;
 use super::errors::ApiError;
-use super::sessions::SessionTable;
-use crate::engine::Engine;
-use crate::metrics::HttpMetrics;
 use crate::registry::CatalogFormat;
 
 /// The OpenAPI 3.1 description, served as is at `GET /v1/openapi.json`.
 pub const OPENAPI_JSON: &str = include_str!("openapi.json");
-
-/// What every handler sees.
-#[derive(Debug)]
-pub struct App {
-    /// The engine every session dispatches through.
-    pub engine: Engine,
-    /// The open sessions.
-    pub sessions: Arc<SessionTable>,
-    /// How `/v1` requests are authenticated.
-    pub auth: Auth,
-    /// Largest request body, in bytes.
-    pub max_body: usize,
-    /// One permit per dispatch request in flight; none left → `overloaded`.
-    pub requests: Arc<Semaphore>,
-    /// Cancelled when the server starts shutting down: new work is refused `shutting_down`.
-    pub stopping: CancellationToken,
-    /// The Prometheus recorder's handle, if one is installed (`/metrics`).
-    pub prometheus: Option<crate::exporter::MetricsHandle>,
-    /// Request counters and latency.
-    pub http_metrics: HttpMetrics,
-    /// Approvals waiting for a client's answer (the policy's approver).
-    pub approvals: crate::policy::Approvals,
-}
-
-impl App {
-    /// `shutting_down` once the server is stopping.
-    pub fn refuse_if_stopping(&self) -> Result<(), ApiError> {
-        if self.stopping.is_cancelled() {
-            return Err(ApiError::ShuttingDown);
-        }
-        Ok(())
-    }
-}
 
 /// One route: method, path template, whether it needs the token, and its handler.
 pub struct RouteDef {
@@ -151,6 +111,19 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// Middleware of the `/v1` routes: `unauthorized` (401) unless the bearer token is right.
+pub async fn require_token(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    if app.auth.allows(header) {
+        next.run(request).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
 async fn record_request(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = app.http_metrics.route(
@@ -163,61 +136,6 @@ async fn record_request(State(app): State<Arc<App>>, request: Request, next: Nex
     app.http_metrics
         .request(route, response.status().as_u16(), started.elapsed());
     response
-}
-
-/// The value of query parameter `key` (the first one), if present.
-pub fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
-    query?
-        .split('&')
-        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v)
-}
-
-/// The `{id}` of a session route; an id that does not decode (not UTF-8) is `bad_request`.
-pub fn session_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    path.map(|Path(id)| id)
-        .map_err(|e| ApiError::BadRequest(format!("bad session id in the path: {e}")))
-}
-
-/// Reads a body of at most `limit` bytes as UTF-8 text (`payload_too_large` beyond).
-pub async fn read_body(
-    headers: &axum::http::HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<String, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge(limit));
-    }
-    let mut bytes = Vec::with_capacity(declared.map_or(0, |n| n as usize));
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::BadRequest(format!("cannot read the body: {e}")))?;
-        if bytes.len() + chunk.len() > limit {
-            return Err(ApiError::PayloadTooLarge(limit));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    String::from_utf8(bytes)
-        .map_err(|e| ApiError::BadRequest(format!("the body is not UTF-8: {e}")))
-}
-
-/// A `200`/`201` JSON answer.
-pub fn json_response(status: StatusCode, body: String) -> Response {
-    (
-        status,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
 }
 
 async fn create_session(

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::errors::ApiError;
 use crate::engine::Engine;
-use crate::session::Session;
+use crate::engine::Session;
 use crate::workspace::Workspace;
 
 /// Longest workspace name.

@@ -91,25 +91,7 @@ pub const OUTPUT_CAP: usize = 50_000;
 /// The seed's refused substrings (parity only; see the module docs).
 pub const DANGEROUS_SUBSTRINGS: [&str; 5] = ["rm -rf /", "sudo", "shutdown", "reboot", "> /dev/"];
 /// Variables copied from the engine's environment when present; nothing else is.
-pub const INHERITED_ENV: [&str; 17] = [
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "TMPDIR",
-    "LC_ALL",
-    "LC_CTYPE",
-    "LC_COLLATE",
-    "LC_MESSAGES",
-    "LC_MONETARY",
-    "LC_NUMERIC",
-    "LC_TIME",
-    "LC_ADDRESS",
-    "LC_IDENTIFICATION",
-    "LC_MEASUREMENT",
-    "LC_NAME",
-    "LC_PAPER",
-    "LC_TELEPHONE",
-];
+pub use crate::process_env::TOOL_ENV as INHERITED_ENV;
 /// The marker variable naming the call in every process it starts.
 pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
 /// Init of a call's PID namespace (pid 1): runs the command's shell as its child, so that shell
@@ -201,7 +183,7 @@ pub fn spec_with(isolation: Isolation) -> ToolSpec {
     .subject(|args| {
         args.get("command")
             .and_then(serde_json::Value::as_str)
-            .map(|c| crate::policy::Subject::Command(c.to_string()))
+            .map(|c| crate::tool::Subject::Command(c.to_string()))
     })
     .concurrency_safe(false)
     .timeout(MAX_TIMEOUT)
@@ -537,12 +519,7 @@ fn shell(
             cmd
         }
     };
-    cmd.env_clear();
-    for name in INHERITED_ENV {
-        if let Some(value) = std::env::var_os(name) {
-            cmd.env(name, value);
-        }
-    }
+    crate::process_env::inherit_tool_env(&mut cmd);
     if let Some(sandbox) = sandbox {
         cmd.env("TMPDIR", sandbox.tmp());
     }
