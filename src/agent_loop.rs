@@ -6,16 +6,17 @@
 //! on `max_tokens` with no tool calls, or `max_turns` model calls have been made. The loop knows
 //! nothing about any tool: schemas, handlers and policies all live in the registry.
 //!
-//! **Eager dispatch.** With streaming on ([`StreamOptions`]), a `tool_use` block is looked up in
-//! the registry as soon as the provider reports it complete. It starts at once, as a one-call turn
-//! of the session, while the rest of the answer is still streaming, when its tool is
-//! concurrency-safe (a call with effects never starts before the answer is complete) and every
-//! earlier call of the same answer it conflicts with ([`crate::plan`]'s rule: the calls'
-//! accesses) has already finished. The other calls run as one ordinary turn after the stream
-//! ended and every eager call finished, so a serial call still waits for everything before it,
-//! and an eager call never overtakes an earlier call it conflicts with. Results are merged in
-//! call order and the user message carries every result, in order, exactly as without eager
-//! dispatch.
+//! **Eager dispatch.** With streaming on ([`StreamOptions`]), a `tool_use` block is admitted as
+//! soon as the provider reports it complete — by [`plan::admit`] over the engine's cached
+//! registry snapshot, exactly as a whole turn's calls are, with no registry message per block.
+//! It starts at once, as a one-call turn of the session, while the rest of the answer is still
+//! streaming, when its tool is concurrency-safe (a call with effects never starts before the
+//! answer is complete) and every earlier call of the same answer it conflicts with
+//! ([`crate::plan`]'s rule: the calls' accesses) has already finished. The other calls run as one
+//! ordinary turn after the stream ended and every eager call finished, so a serial call still
+//! waits for everything before it, and an eager call never overtakes an earlier call it
+//! conflicts with. Results are merged in call order and the user message carries every result,
+//! in order, exactly as without eager dispatch.
 //!
 //! A duplicate `tool_use_id` cannot un-run a call that already started. So eager dispatch stops
 //! at the first block whose id is empty or repeats an earlier one; calls already started keep
@@ -346,23 +347,15 @@ impl Eager {
             self.seen.push(Access::Exclusive);
             return;
         }
-        let tool = match session.engine().resolve(vec![Arc::clone(&call.name)]).await {
-            Ok(mut tools) => tools.pop().flatten(),
-            Err(_) => None,
-        };
-        let Some(tool) = tool else {
-            // Unknown: answered at once with the rest of the turn, touching nothing.
+        // The same cached snapshot and the same admission as a whole turn (no registry message).
+        let snapshot = session.engine().snapshot().await;
+        let Ok(tool) = plan::admit(&snapshot, &call) else {
+            // Answered without running (unknown tool, bad id, invalid arguments, a tool switched
+            // off) with the rest of the turn, touching nothing.
             self.seen.push(Access::none());
             return;
         };
-        if call.malformed.is_some()
-            || crate::validation::check(&tool.validator, &call.arguments).is_err()
-        {
-            // Invalid: answered without running, touching nothing.
-            self.seen.push(Access::none());
-            return;
-        }
-        let access = plan::access(&tool, &call, session.workspace());
+        let access = plan::access(tool, &call, session.workspace());
         let free = self.seen.iter().enumerate().all(|(i, earlier)| {
             !earlier.conflicts(&access)
                 || self

@@ -439,7 +439,7 @@ impl Engine {
     /// not moved (one atomic load and one reference count), else a fresh one from the Registry
     /// actor (one message, after a registration or removal). If the registry cannot answer, the
     /// last snapshot is used (the registry is gone only when the engine stops).
-    async fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) async fn snapshot(&self) -> Arc<Snapshot> {
         let cached = self.inner.snapshot.load_full();
         if cached.version == self.inner.version.load(Ordering::Acquire) {
             return cached;
