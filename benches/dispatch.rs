@@ -1,5 +1,5 @@
 //! Dispatch benchmarks: the engine against the direct in-process baseline
-//! ([`switchboard::baseline::DirectDispatcher`]), side by side in one run.
+//! ([`switchboard::testing::DirectDispatcher`]), side by side in one run.
 //!
 //! Workload names follow `../shared/bench/peers.md`. Every tool takes
 //! `{"text": string, "n": integer ≥ 0}` (schema-validated); every call carries 32 characters of
@@ -20,9 +20,8 @@ use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
 use serde_json::json;
-use switchboard::baseline::DirectDispatcher;
 use switchboard::protocol::{WireFormat, write_json};
-use switchboard::testing::{TEXT, load_tools, noop_async, write_tools};
+use switchboard::testing::{DirectDispatcher, TEXT, load_tools, noop_async, write_tools};
 use switchboard::{Engine, ToolCall, ToolDispatchResult, ToolSpec};
 use tokio::runtime::Runtime;
 

@@ -7,12 +7,12 @@
 //! nothing about any tool: schemas, handlers and policies all live in the registry.
 //!
 //! **Eager dispatch.** With streaming on ([`StreamOptions`]), a `tool_use` block is admitted as
-//! soon as the provider reports it complete — by [`plan::admit`] over the engine's cached
+//! soon as the provider reports it complete — by `plan::admit` over the engine's cached
 //! registry snapshot, exactly as a whole turn's calls are, with no registry message per block.
 //! It starts at once, as a one-call turn of the session, while the rest of the answer is still
 //! streaming, when its tool is concurrency-safe (a call with effects never starts before the
 //! answer is complete) and every earlier call of the same answer it conflicts with
-//! ([`crate::plan`]'s rule: the calls' accesses) has already finished. The other calls run as one
+//! (`crate::plan`'s rule: the calls' accesses) has already finished. The other calls run as one
 //! ordinary turn after the stream ended and every eager call finished, so a serial call still
 //! waits for everything before it, and an eager call never overtakes an earlier call it
 //! conflicts with. Results are merged in call order and the user message carries every result,

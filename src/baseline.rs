@@ -22,7 +22,7 @@
 //!
 //! ```no_run
 //! # async fn demo(specs: Vec<switchboard::ToolSpec>, calls: Vec<switchboard::ToolCall>) {
-//! use switchboard::baseline::DirectDispatcher;
+//! use switchboard::testing::DirectDispatcher;
 //! use switchboard::protocol::encode_anthropic;
 //!
 //! let direct = DirectDispatcher::new(specs).expect("valid tools");
@@ -51,7 +51,7 @@ use crate::tool::{SessionScope, ToolSpec};
 use crate::workspace::Workspace;
 
 /// Dispatches turns in the caller's task, without actors: the baseline the engine is measured
-/// against. See the [module docs](self) for what it does and leaves out.
+/// against. What it does and leaves out is said in `baseline.rs`.
 ///
 /// Immutable once built and `Send + Sync`: share it behind an `Arc` between sessions.
 pub struct DirectDispatcher {

@@ -1,5 +1,5 @@
 //! The `switchboard` command line (clap derive): `dispatch`, `tools`, `demo`, and the wiring of
-//! `run`/`chat` ([`crate::run_cmd`]) and `load` ([`crate::load`]).
+//! `run`/`chat` (`crate::run_cmd`) and `load` (`crate::load`).
 //!
 //! Exit codes: 0 when the input had the right shape (even if every call failed — failures are
 //! results), 2 for input that is not JSON or not an accepted shape, or for a bad flag, 1 for an
@@ -15,14 +15,18 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
-use crate::command::{
-    INTERRUPTED, Interrupt, PolicyArgs, SandboxArgs, TelemetryArgs, fail, remove_stale_temps, say,
-};
+/// The `run` and `chat` commands as calls (their flags, and a writer for what they print), for
+/// programs and tests that drive them without a process.
+pub use crate::command::{PolicyArgs, SandboxArgs, TelemetryArgs};
+pub use crate::mcp::command::McpArgs;
+pub use crate::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
+
+use crate::command::{INTERRUPTED, Interrupt, fail, remove_stale_temps, say};
 use crate::demo;
 use crate::document::dispatch_document;
 use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
-use crate::mcp::command::{McpArgs, start_engine};
+use crate::mcp::command::start_engine;
 use crate::protocol::WireFormat;
 use crate::registry::CatalogFormat;
 use crate::tools::builtin_tools;
@@ -31,7 +35,7 @@ use crate::workspace::Workspace;
 /// Switchboard: the tool-dispatch engine of LLM agent harnesses.
 #[derive(Debug, Parser)]
 #[command(name = "switchboard", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log format on stderr (filter with RUST_LOG).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -42,7 +46,7 @@ pub struct Cli {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run one prompt through the agent loop (Anthropic, an OpenAI-compatible server, or an
     /// offline script) and print the final text and the stop reason.
     Run(crate::run_cmd::RunArgs),
@@ -130,7 +134,7 @@ pub enum Command {
 
 /// `--format` of `dispatch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Anthropic Messages.
     Anthropic,
     /// OpenAI Chat Completions.
@@ -148,7 +152,7 @@ impl From<Format> for WireFormat {
 
 /// `--format` of `tools`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CatalogShape {
+pub(crate) enum CatalogShape {
     /// `{name, description, input_schema}`.
     Anthropic,
     /// `{type: "function", function: {…}}`.
@@ -171,7 +175,7 @@ impl From<CatalogShape> for CatalogFormat {
 ///
 /// SIGINT and SIGTERM are taken over first, before the command line is even parsed and long
 /// before any input is read, so that from the first milliseconds on neither kills the process
-/// with calls unanswered: each long-running command watches the [`Interrupt`] instead.
+/// with calls unanswered: each long-running command watches the `Interrupt` instead.
 pub fn main() -> ExitCode {
     // `switchboard sandbox-exec …`: the sandbox trampoline (hidden; see crate::sandbox::exec).
     if let Some(code) = crate::sandbox::run_if_requested() {
@@ -182,13 +186,13 @@ pub fn main() -> ExitCode {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(1, &format!("cannot start the async runtime: {e}")),
+        Err(e) => return fail(1, format!("cannot start the async runtime: {e}")),
     };
     let interrupt = {
         let _context = runtime.enter();
         match Interrupt::install() {
             Ok(interrupt) => interrupt,
-            Err(e) => return fail(1, &format!("cannot install signal handlers: {e}")),
+            Err(e) => return fail(1, format!("cannot install signal handlers: {e}")),
         }
     };
     let cli = Cli::parse();
@@ -275,7 +279,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                     print_line(&serde_json::to_string_pretty(&out).unwrap_or_else(|_| "[]".into()));
                     ExitCode::SUCCESS
                 }
-                Err(e) => fail(1, &e.to_string()),
+                Err(e) => fail(1, e.to_string()),
             }
         }
         Command::Demo {
@@ -355,7 +359,7 @@ async fn engine_for(
 ) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
-        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
+        .map_err(|e| fail(2, format!("cannot open workspace {}: {e}", root.display())))?
         .allow_hard_links(allow_hard_links);
     if clean {
         remove_stale_temps(&ws);
@@ -397,8 +401,8 @@ async fn dispatch_one(engine: &Engine, format: WireFormat, interrupt: &Interrupt
     };
     let input = match read_result {
         Ok(Ok(input)) => input,
-        Ok(Err(e)) => return fail(2, &format!("cannot read stdin: {e}")),
-        Err(e) => return fail(1, &format!("cannot read stdin: {e}")),
+        Ok(Err(e)) => return fail(2, format!("cannot read stdin: {e}")),
+        Err(e) => return fail(1, format!("cannot read stdin: {e}")),
     };
     match dispatch_document(engine, format, &input, interrupt.token().child_token()).await {
         Ok(out) => {
@@ -408,7 +412,7 @@ async fn dispatch_one(engine: &Engine, format: WireFormat, interrupt: &Interrupt
                 None => ExitCode::SUCCESS,
             }
         }
-        Err(e) => fail(2, &e.to_string()),
+        Err(e) => fail(2, e.to_string()),
     }
 }
 
@@ -433,7 +437,7 @@ async fn dispatch_lines(engine: &Engine, format: WireFormat, interrupt: &Interru
         n += 1;
         let line = match line {
             Ok(line) => line,
-            Err(e) => return fail(2, &format!("cannot read stdin: {e}")),
+            Err(e) => return fail(2, format!("cannot read stdin: {e}")),
         };
         if line.trim().is_empty() {
             continue;

@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::sandbox::mode::parse_bytes;
+use crate::sandbox::parse_bytes;
 use crate::sandbox::{SandboxConfig, SandboxLimits, SandboxMode};
 
 mod interrupt;
-pub use interrupt::{INTERRUPTED, Interrupt, TERMINATED};
+pub use interrupt::{INTERRUPTED, Interrupt};
 
 /// Metrics flags of the long-running commands.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -38,8 +38,8 @@ pub fn say(message: &str) {
 }
 
 /// Says why the command failed and gives its exit code.
-pub fn fail(code: u8, message: &str) -> ExitCode {
-    say(message);
+pub fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    say(&message.to_string());
     ExitCode::from(code)
 }
 
@@ -52,7 +52,7 @@ pub fn remove_stale_temps(ws: &crate::workspace::Workspace) {
     }
 }
 
-/// Sandbox flags of every command that runs tools (see the README's "Sandbox" section).
+/// Sandbox flags of every command that runs tools (see `docs/sandbox.md`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct SandboxArgs {
     /// How bash commands are confined: workspace-write (the default), read-only, best-effort
@@ -100,7 +100,7 @@ impl SandboxArgs {
     }
 }
 
-/// Policy flags of every command that runs tools (see the README's "Permissions and hooks").
+/// Policy flags of every command that runs tools (see `docs/permissions.md`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct PolicyArgs {
     /// Permission rules and external hooks for every call: a JSON file in Claude Code's settings

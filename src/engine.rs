@@ -32,8 +32,7 @@ use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{
-    CatalogFormat, GetCatalog, GetSnapshot, Register, RegisteredTool, Registry, RegistryError,
-    Resolve, Snapshot, Unregister,
+    CatalogFormat, GetCatalog, GetSnapshot, Register, Registry, RegistryError, Snapshot, Unregister,
 };
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::{self, RunTurn, Scheduler};
@@ -266,7 +265,7 @@ impl std::fmt::Debug for Engine {
 }
 
 /// An engine fault: the caller's problem, never the model's. Tool failures are results with an
-/// [`ErrorCode`]; these are what can make a *request to the engine* fail, and nothing of the
+/// [`ErrorCode`](crate::ErrorCode); these are what can make a *request to the engine* fail, and nothing of the
 /// request ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -311,18 +310,6 @@ impl Engine {
         self.inner
             .registry
             .ask(GetCatalog(format))
-            .await
-            .map_err(|e| EngineError::RegistryUnavailable(e.to_string()))
-    }
-
-    /// Resolves every name of a turn in one registry message.
-    pub async fn resolve(
-        &self,
-        names: Vec<Arc<str>>,
-    ) -> Result<Vec<Option<Arc<RegisteredTool>>>, EngineError> {
-        self.inner
-            .registry
-            .ask(Resolve(names))
             .await
             .map_err(|e| EngineError::RegistryUnavailable(e.to_string()))
     }
@@ -391,9 +378,16 @@ impl Engine {
         &self.inner.mcp
     }
 
-    /// The worker pool (for diagnostics and fault injection: [`WorkerPool::kill`]).
-    pub fn workers(&self) -> &WorkerPool {
-        &self.inner.workers
+    /// How many worker actors the engine runs.
+    pub fn worker_count(&self) -> usize {
+        self.inner.workers.len()
+    }
+
+    /// Fault injection for tests (feature `testing`): stops worker `slot` as if it had crashed.
+    /// Its calls in flight are answered `execution_error` and a new worker takes its place.
+    #[cfg(feature = "testing")]
+    pub fn kill_worker(&self, slot: usize) {
+        self.inner.workers.kill(slot);
     }
 
     pub(crate) async fn dispatch_on(

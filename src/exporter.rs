@@ -9,7 +9,7 @@
 //!
 //! The recorder is [`crate::metrics::PreAggregated`] around the Prometheus recorder: counters and
 //! gauges live in the Prometheus recorder, histograms in pre-aggregated sharded buckets
-//! ([`crate::metrics::histograms`]); [`MetricsHandle::render`] writes both. Nothing buffers raw
+//! (`crate::metrics::histograms`); [`MetricsHandle::render`] writes both. Nothing buffers raw
 //! samples, so there is no upkeep task. Logs go to stderr, as text or JSON lines.
 
 use std::net::SocketAddr;
@@ -48,7 +48,7 @@ impl MetricsHandle {
         self.histograms.count(name)
     }
 
-    /// Bytes held by the histogram buckets (fixed per series; see [`crate::metrics::histograms`]).
+    /// Bytes held by the histogram buckets (fixed per series; see `crate::metrics::histograms`).
     pub fn histogram_bytes(&self) -> usize {
         self.histograms.memory_bytes()
     }
@@ -66,6 +66,31 @@ pub fn recorder() -> (PreAggregated<PrometheusRecorder>, MetricsHandle) {
     (PreAggregated::new(prometheus, histograms), handle)
 }
 
+/// Why the metrics exporter could not start or write its file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExporterError {
+    /// Another metrics recorder is already installed in this process.
+    #[error("cannot install the metrics recorder: {0}")]
+    Recorder(String),
+    /// The `/metrics` address cannot be bound.
+    #[error("cannot listen on {addr} for metrics: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The metrics file cannot be written.
+    #[error("cannot write metrics file {}: {source}", path.display())]
+    WriteFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// A running exporter (or none). Call [`Telemetry::finish`] when the command ends.
 #[derive(Debug, Default)]
 pub struct Telemetry {
@@ -81,7 +106,7 @@ impl Telemetry {
     pub async fn start(
         metrics_addr: Option<SocketAddr>,
         metrics_file: Option<PathBuf>,
-    ) -> Result<Telemetry, String> {
+    ) -> Result<Telemetry, ExporterError> {
         if metrics_addr.is_none() && metrics_file.is_none() {
             return Ok(Telemetry::default());
         }
@@ -91,7 +116,7 @@ impl Telemetry {
         if let Some(addr) = metrics_addr {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
+                .map_err(|source| ExporterError::Listen { addr, source })?;
             local_addr = listener.local_addr().ok();
             let render = handle.clone();
             let http = Arc::new(HttpMetrics::new(&["/metrics", "/healthz"]));
@@ -150,10 +175,14 @@ impl Telemetry {
     }
 
     /// Writes `--metrics-file` (if set) and stops the endpoint.
-    pub async fn finish(self) -> Result<(), String> {
+    pub async fn finish(self) -> Result<(), ExporterError> {
         let result = match (&self.metrics_file, self.render()) {
-            (Some(path), Some(text)) => std::fs::write(path, text)
-                .map_err(|e| format!("cannot write metrics file {}: {e}", path.display())),
+            (Some(path), Some(text)) => {
+                std::fs::write(path, text).map_err(|source| ExporterError::WriteFile {
+                    path: path.clone(),
+                    source,
+                })
+            }
             _ => Ok(()),
         };
         for task in &self.tasks {
@@ -165,10 +194,9 @@ impl Telemetry {
 
 /// Installs the recorder process-wide and describes every metric; for commands that serve
 /// `/metrics` themselves (`serve`). Must run before the engine is built.
-pub fn install_recorder() -> Result<MetricsHandle, String> {
+pub fn install_recorder() -> Result<MetricsHandle, ExporterError> {
     let (recorder, handle) = recorder();
-    metrics::set_global_recorder(recorder)
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    metrics::set_global_recorder(recorder).map_err(|e| ExporterError::Recorder(e.to_string()))?;
     describe_all();
     Ok(handle)
 }

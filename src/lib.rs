@@ -4,9 +4,10 @@
 //! a clear refusal) and hands back exactly one `tool_result` per call, in the order the model
 //! asked — for thousands of sessions in one process. Every problem of a call (an unknown tool,
 //! invalid arguments, a panicking handler, a path outside the workspace, a timeout) is a result
-//! with a stable [`ErrorCode`]; only an engine fault ([`EngineError`]) fails a request.
+//! with a stable [`ErrorCode`]; only an engine fault ([`EngineError`]) fails a request. Building
+//! an engine checks that its default bash sandbox can be enforced here (see `docs/sandbox.md`).
 //!
-//! ```
+//! ```no_run
 //! use switchboard::{Engine, Handler, ToolCall, ToolSpec};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -71,55 +72,90 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 pub mod agent_loop;
-pub mod baseline;
-pub(crate) mod breaker;
+#[cfg(feature = "testing")]
+mod baseline;
+mod breaker;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub(crate) mod collector;
+mod collector;
 #[cfg(feature = "cli")]
-pub mod command;
+mod command;
 #[cfg(feature = "cli")]
-pub mod demo;
+mod demo;
 pub mod document;
-pub mod engine;
-pub mod execute;
+mod engine;
+mod execute;
 pub mod exporter;
-pub mod file_state;
+mod file_state;
 #[cfg(test)]
 mod layering;
-pub(crate) mod limiter;
+mod limiter;
 #[cfg(feature = "cli")]
-pub mod load;
+mod load;
 pub mod mcp;
 pub mod metrics;
-pub(crate) mod observe;
-pub mod plan;
+mod observe;
+mod plan;
 pub mod policy;
-pub mod process_env;
+mod process_env;
 pub mod process_guard;
 pub mod protocol;
 pub mod provider;
 pub mod providers;
-pub mod registry;
+mod registry;
 #[cfg(feature = "cli")]
-pub mod run_cmd;
+mod run_cmd;
 pub mod sandbox;
-pub(crate) mod scheduler;
+mod scheduler;
 #[cfg(feature = "cli")]
 pub mod serve;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod tls;
+mod tls;
 pub mod tool;
 pub mod tools;
-pub mod typed;
-pub mod validation;
-pub mod worker;
-pub mod workspace;
+mod typed;
+mod validation;
+mod worker;
+mod workspace;
 
-pub use engine::{Engine, EngineBuilder, EngineError, Session};
+/// The code examples of the README and of every page in `docs/`, compiled and run as doctests.
+#[cfg(doctest)]
+mod doc_examples {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/cli.md")]
+    struct Cli;
+    #[doc = include_str!("../docs/library.md")]
+    struct Library;
+    #[doc = include_str!("../docs/sidecar.md")]
+    struct Sidecar;
+    #[doc = include_str!("../docs/mcp.md")]
+    struct Mcp;
+    #[doc = include_str!("../docs/permissions.md")]
+    struct Permissions;
+    #[doc = include_str!("../docs/sandbox.md")]
+    struct Sandbox;
+    #[doc = include_str!("../docs/scheduling.md")]
+    struct Scheduling;
+    #[doc = include_str!("../docs/observability.md")]
+    struct Observability;
+    #[doc = include_str!("../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../docs/decisions.md")]
+    struct Decisions;
+    #[doc = include_str!("../docs/testing.md")]
+    struct Testing;
+    #[doc = include_str!("../docs/history.md")]
+    struct History;
+}
+
+pub use engine::{
+    DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUED, Engine, EngineBuilder, EngineError, Session,
+};
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};
 pub use tool::{

@@ -65,12 +65,14 @@ impl Limiter {
     }
 
     /// Calls waiting for a place now.
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
     }
 
     /// Places free now.
-    pub fn available(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn available(&self) -> usize {
         self.running.available_permits()
     }
 

@@ -10,7 +10,7 @@
 //! label hashing or registry lookup: a recorder must be installed *before* the engine is built,
 //! or the engine records into the no-op recorder.
 //!
-//! Histograms are pre-aggregated here ([`histograms`]): the exporter's recorder is a
+//! Histograms are pre-aggregated here (`histograms`): the exporter's recorder is a
 //! [`PreAggregated`] wrapper that keeps every histogram in fixed, per-thread-sharded bucket
 //! counters ([`buckets`] gives each name's bounds) and hands counters and gauges to the
 //! Prometheus recorder. Counters and gauges stay there because they already cost one atomic add
@@ -23,8 +23,8 @@ use metrics::{Counter, Gauge, Histogram, Unit, counter, gauge, histogram};
 
 use crate::protocol::{ErrorCode, ToolDispatchResult};
 
-pub mod histograms;
-pub use histograms::{Histograms, PreAggregated, ShardedHistogram};
+pub(crate) mod histograms;
+pub use histograms::{HistogramSnapshot, Histograms, PreAggregated, ShardedHistogram};
 
 /// The `tool` label value that every unknown tool name is folded into.
 pub const UNKNOWN_TOOL: &str = "_unknown";

@@ -44,16 +44,6 @@ pub enum StageMode {
     Serial,
 }
 
-impl StageMode {
-    /// `concurrent` or `serial`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageMode::Concurrent => "concurrent",
-            StageMode::Serial => "serial",
-        }
-    }
-}
-
 /// The admitted calls at one depth of the dependency graph: they never conflict with each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
@@ -304,6 +294,7 @@ impl Graph {
         self.len
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// True for a graph of no calls.
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -3,8 +3,7 @@
 //!
 //! Messages (all answered here): [`Register`] → `Result<(), RegistryError>`, [`Unregister`] →
 //! `bool`, [`ReplaceGroup`] (remove every tool whose name starts with a prefix and register a new
-//! set, in one version bump) → `Vec<RegistryError>` (the specs refused), [`Resolve`] (every name of a turn in one message) → `Vec<Option<Arc<RegisteredTool>>>`,
-//! [`GetCatalog`] → `Vec<Value>` (detached copies in Anthropic, OpenAI or MCP shape), and
+//! set, in one version bump) → `Vec<RegistryError>` (the specs refused), [`GetCatalog`] → `Vec<Value>` (detached copies in Anthropic, OpenAI or MCP shape), and
 //! [`GetSnapshot`] → `Arc<Snapshot>`.
 //!
 //! The hot path does not ask the registry per turn: every change bumps a shared version number, and
@@ -86,7 +85,7 @@ pub enum RegistryError {
     /// Not a registration problem: the engine's sandbox mode cannot be enforced on this machine
     /// (reported by [`crate::EngineBuilder::build`]).
     #[error("{0}")]
-    Sandbox(String),
+    Sandbox(#[from] crate::sandbox::SandboxError),
 }
 
 /// True when `name` matches `^[a-zA-Z0-9_-]{1,64}$`.
@@ -108,6 +107,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// A snapshot of exactly these tools, registered with the registry's own checks (names,
     /// duplicates, schemas) but outside any engine: its metric handles record nothing. For the
     /// direct baseline and for tests of the planner and the layer stack.
@@ -124,6 +124,7 @@ impl Snapshot {
         })
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Every tool of the snapshot, in no particular order.
     pub fn tools(&self) -> impl Iterator<Item = &Arc<RegisteredTool>> {
         self.tools.values()
@@ -143,6 +144,7 @@ impl Snapshot {
     pub fn len(&self) -> usize {
         self.tools.len()
     }
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// True when no tool is registered.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
@@ -325,8 +327,6 @@ pub struct ReplaceGroup {
     /// The new set (may be empty: the group is removed).
     pub specs: Vec<ToolSpec>,
 }
-/// Resolve every name of a turn at once.
-pub struct Resolve(pub Vec<Arc<str>>);
 /// Ask for the catalog.
 pub struct GetCatalog(pub CatalogFormat);
 /// Ask for the current snapshot.
@@ -354,16 +354,6 @@ impl Message<ReplaceGroup> for Registry {
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         self.replace_group(&msg.prefix, msg.specs)
-    }
-}
-
-impl Message<Resolve> for Registry {
-    type Reply = Vec<Option<Arc<RegisteredTool>>>;
-    async fn handle(&mut self, msg: Resolve, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        msg.0
-            .iter()
-            .map(|name| self.snapshot.get(name).cloned())
-            .collect()
     }
 }
 

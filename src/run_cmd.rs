@@ -286,10 +286,10 @@ async fn setup(
     env: EnvLookup<'_>,
     approver: std::sync::Arc<dyn crate::policy::Approver>,
 ) -> Result<Setup, ExitCode> {
-    let (provider, model) = build_provider(args, env).map_err(|e| fail(2, &e.to_string()))?;
+    let (provider, model) = build_provider(args, env).map_err(|e| fail(2, e.to_string()))?;
     let root = args.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
-        .map_err(|e| fail(2, &format!("cannot open workspace {}: {e}", root.display())))?
+        .map_err(|e| fail(2, format!("cannot open workspace {}: {e}", root.display())))?
         .allow_hard_links(args.allow_hard_links);
     crate::command::remove_stale_temps(&ws);
     let telemetry = Telemetry::start(telemetry.metrics_addr, telemetry.metrics_file)
@@ -318,7 +318,7 @@ async fn setup(
     };
     let session = engine.session();
     let agent = AgentLoop::new(session.clone(), provider, config)
-        .map_err(|e| fail(2, &e.to_string()))?
+        .map_err(|e| fail(2, e.to_string()))?
         .with_stream(args.stream_options());
     Ok(Setup {
         agent,
@@ -388,10 +388,10 @@ pub async fn run_interruptible(
             let _ = out.flush();
             match written {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(1, &format!("cannot write the answer: {e}")),
+                Err(e) => fail(1, format!("cannot write the answer: {e}")),
             }
         }
-        Err(e) => fail(exit_code_of(&e), &e.to_string()),
+        Err(e) => fail(exit_code_of(&e), e.to_string()),
     };
     teardown(setup, code).await
 }
@@ -517,7 +517,7 @@ pub async fn chat_interruptible(
             Some(Ok(line)) => line,
             None => break,
             Some(Err(e)) => {
-                code = fail(1, &format!("cannot read input: {e}"));
+                code = fail(1, format!("cannot read input: {e}"));
                 break;
             }
         };
@@ -547,7 +547,7 @@ pub async fn chat_interruptible(
                     AgentError::Provider(ProviderError::Auth { .. } | ProviderError::MissingKey(_))
                         | AgentError::Engine(_)
                 );
-                code = fail(exit_code_of(&e), &e.to_string());
+                code = fail(exit_code_of(&e), e.to_string());
                 if fatal {
                     break;
                 }

@@ -1,5 +1,5 @@
 //! Test doubles for embedders' tests, benchmarks and load runs (feature `testing`, on with `cli`):
-//! the six load-workload tools every figure in the README is measured with — `noop`, `sleep`
+//! the six load-workload tools every figure in `docs/performance.md` is measured with — `noop`, `sleep`
 //! and `cpu`, each concurrency-safe, plus a serial variant of each (`*_serial`) — all taking
 //! `{"text": string, "n": integer ≥ 0}` and answering `text` (`cpu`: a hash of it). One
 //! definition, used by `switchboard load`, `serve --with-load-tools` and `cargo bench`.
@@ -8,12 +8,24 @@
 //! simulate a file write that takes `sleep` — `write` writes file number `n`, `write_same_file`
 //! always writes file 0. The "files" are named resources (`file:N`), not disk files, so the figures
 //! measure scheduling alone.
+//!
+//! It also re-exports, for benchmarks and fuzzing, the direct baseline ([`DirectDispatcher`]),
+//! the planner's graph ([`Graph`], [`stages`]) and the engine's schema validation
+//! ([`validate`], [`compile_schema`]); none of them is part of the engine's surface.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::tool::{Access, Handler, Resource, ToolSpec};
+
+/// The direct in-process loop every figure is compared with: the same planner and per-call layer
+/// stack as the engine, with no actors (see `docs/performance.md`).
+pub use crate::baseline::DirectDispatcher;
+/// The planner's dependency graph and stages, for fuzzing and property tests of the plan.
+pub use crate::plan::{Graph, Stage, StageMode, stages};
+/// Schema compilation and validation exactly as the engine does them, for fuzzing.
+pub use crate::validation::{check as validate, compile as compile_schema};
 
 /// The 32 characters every workload call carries as `text`.
 pub const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";

@@ -23,7 +23,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::file_state::FileStamps;
+pub use crate::file_state::{FileStamps, Stamp};
 use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 

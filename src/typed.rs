@@ -46,7 +46,7 @@ fn decode<A: DeserializeOwned>(args: Value) -> Result<A, ToolError> {
 
 impl ToolSpec {
     /// A tool whose arguments are the struct `A` and whose handler is async. The input schema is
-    /// generated from `A` (see the [module docs](crate::typed)).
+    /// generated from `A` (see `typed.rs`).
     ///
     /// ```
     /// use schemars::JsonSchema;

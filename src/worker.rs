@@ -196,6 +196,7 @@ impl WorkerPool {
         worker.clone()
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Kills the worker of `slot` at once (fault injection for tests and soak runs). The next
     /// stage that lands on the slot gets a fresh worker.
     pub fn kill(&self, slot: usize) {
@@ -212,11 +213,6 @@ impl WorkerPool {
     /// How many workers.
     pub fn len(&self) -> usize {
         self.inner.slots.len()
-    }
-
-    /// Never true (a pool has at least one worker).
-    pub fn is_empty(&self) -> bool {
-        self.inner.slots.is_empty()
     }
 
     /// Stops every worker after the stages already queued.

@@ -41,8 +41,8 @@ pub const MAX_NAME_BYTES: usize = 255;
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 mod temp_files;
+use temp_files::MAX_TEMP_SCAN;
 use temp_files::{LiveTemp, TEMP_MARK, remove_stale_temps};
-pub use temp_files::{MAX_TEMP_SCAN, MAX_TEMP_WALK};
 
 /// The directory the file tools are confined to: its canonical path and a capability handle on it.
 #[derive(Clone, Debug)]

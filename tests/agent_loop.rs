@@ -10,10 +10,10 @@ use common::model::{MODEL, answer, config, text, tool_use};
 use common::*;
 use kameo::prelude::*;
 use serde_json::json;
+use switchboard::CatalogFormat;
 use switchboard::agent_loop::{AgentError, AgentLoop, RunPrompt, StopReason};
 use switchboard::protocol::encode_anthropic;
 use switchboard::provider::ScriptedProvider;
-use switchboard::registry::CatalogFormat;
 use switchboard::{Engine, ErrorCode};
 
 fn test_engine(counter: Arc<AtomicUsize>) -> Engine {

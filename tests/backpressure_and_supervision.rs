@@ -166,8 +166,8 @@ async fn a_dead_worker_is_replaced_and_no_call_loses_its_answer() {
         .workers(2)
         .build()
         .unwrap();
-    for slot in 0..engine.workers().len() {
-        engine.workers().kill(slot);
+    for slot in 0..engine.worker_count() {
+        engine.kill_worker(slot);
     }
     // A turn may still reach a dying worker: its calls are then answered `execution_error`
     // (once each) and the worker is replaced; soon every turn is served again.

@@ -14,8 +14,8 @@ use common::cli::{stderr, stdout_one_line_json};
 use common::workspace::temp_workspace;
 
 use serde_json::{Value, json};
+use switchboard::Workspace;
 use switchboard::protocol::{self, ErrorCode};
-use switchboard::workspace::Workspace;
 use switchboard::{Engine, Handler, ToolCall, ToolDispatchResult, ToolSpec};
 
 const BOUND: Duration = Duration::from_secs(15);

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use switchboard::Workspace;
 use switchboard::tool::{Handler, SessionScope, ToolContext};
 use switchboard::tools::bash;
-use switchboard::workspace::Workspace;
 use tokio_util::sync::CancellationToken;
 
 /// Peak resident memory of this process (VmHWM), in KiB.

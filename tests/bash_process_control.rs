@@ -10,10 +10,10 @@ use common::TURN_BOUND;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use switchboard::Workspace;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{ToolOutcome, ToolSpec};
 use switchboard::tools::bash::{self, Isolation, Launcher};
-use switchboard::workspace::Workspace;
 
 use common::direct::{survivors, unique_id};
 use common::workspace::temp_workspace;

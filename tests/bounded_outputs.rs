@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use common::workspace::temp_workspace;
 use serde_json::{Value, json};
+use switchboard::Workspace;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use switchboard::tools::builtin_tools;
-use switchboard::workspace::Workspace;
 use switchboard::{Engine, ToolCall};
 use tokio_util::sync::CancellationToken;
 

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use switchboard::Workspace;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{Handler, ToolOutcome, ToolSpec};
 use switchboard::tools::builtin_tools;
-use switchboard::workspace::Workspace;
 
 use common::direct::{call_bounded, call_with, ctx, survivors, unique_id};
 use common::workspace::temp_workspace;

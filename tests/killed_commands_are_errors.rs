@@ -9,10 +9,10 @@ mod common;
 use std::time::Duration;
 
 use serde_json::json;
+use switchboard::Workspace;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::Handler;
 use switchboard::tools::bash::{self, Isolation};
-use switchboard::workspace::Workspace;
 use tokio_util::sync::CancellationToken;
 
 use common::answers::dispatch;

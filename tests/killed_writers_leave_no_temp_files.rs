@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::json;
-use switchboard::workspace::Workspace;
+use switchboard::Workspace;
 
 use common::answers::{dispatch, turn};
 use common::cli::BIN;

@@ -283,7 +283,7 @@ async fn where_a_persistent_hook_call_spends_its_time() {
     };
     let input = json!({"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "noop",
         "tool_input": {"text": TEXT, "n": 0}, "tool_use_id": "a1", "cwd": null});
-    let place = switchboard::policy::hooks::HookPlace { workspace: None };
+    let place = switchboard::policy::HookPlace { workspace: None };
     println!(
         "| hook | round | no policy | waiting stack (ask, approved in-process) | hook round trip alone | whole call with the hook | 512 in flight: µs per request | engine writes per request |"
     );

@@ -1,4 +1,4 @@
-//! `run` and `chat` through the library entry points (`run_cmd::run_with`, `run_cmd::chat_with`)
+//! `run` and `chat` through the library entry points (`cli::run_with`, `cli::chat_with`)
 //! with their environment and output given: offline with a script, and against the mock server.
 
 mod common;
@@ -11,8 +11,9 @@ use common::EventLog;
 use common::mock_server::{MockServer, MockTurn};
 use common::model::{completion, message, text, tool_use};
 use serde_json::{Value, json};
-use switchboard::command::TelemetryArgs;
-use switchboard::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
+use switchboard::cli::{
+    ChatArgs, ModelArgs, ProviderChoice, RunArgs, TelemetryArgs, chat_with, run_with,
+};
 
 fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + Send + Sync + use<> {
     let map: HashMap<String, String> = vars

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use serde_json::{Value, json};
-use switchboard::registry::{CatalogFormat, RegistryError};
+use switchboard::{CatalogFormat, RegistryError};
 use switchboard::{Engine, ErrorCode, Handler, ToolSpec};
 
 fn limit_schema() -> Value {
@@ -259,20 +259,30 @@ async fn the_catalog_comes_in_anthropic_openai_and_mcp_shapes_in_registration_or
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_name_of_a_turn_resolves_in_one_request_exactly_as_spelled() {
+async fn every_name_of_a_turn_resolves_exactly_as_spelled() {
     let engine = Engine::builder()
         .tool(spec("lookup", limit_schema()))
         .build()
         .unwrap();
-    let names: Vec<Arc<str>> = ["lookup", "nope", "Lookup", " lookup"]
+    let calls = ["lookup", "nope", "Lookup", " lookup"]
         .into_iter()
-        .map(Arc::from)
+        .enumerate()
+        .map(|(i, name)| switchboard::ToolCall::new(format!("c{i}"), name, json!({"limit": 1})))
         .collect();
-    let resolved = engine.resolve(names).await.unwrap();
-    let found: Vec<Option<&str>> = resolved
-        .iter()
-        .map(|t| t.as_ref().map(|t| &*t.name))
-        .collect();
-    assert_eq!(found, [Some("lookup"), None, None, None]);
-    assert_eq!(resolved[0].as_ref().unwrap().input_schema, limit_schema());
+    let results = engine.dispatch(calls).await.unwrap();
+    let codes: Vec<Option<ErrorCode>> = results.iter().map(|r| r.error).collect();
+    assert_eq!(
+        codes,
+        [
+            None,
+            Some(ErrorCode::UnknownTool),
+            Some(ErrorCode::UnknownTool),
+            Some(ErrorCode::UnknownTool)
+        ]
+    );
+    assert_eq!(results[0].content, "ran");
+    assert_eq!(
+        results[3].content,
+        "Error [unknown_tool]: tool is not registered:  lookup"
+    );
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use switchboard::Workspace;
 use switchboard::tools::builtin_tools;
-use switchboard::workspace::Workspace;
 use switchboard::{Engine, ErrorCode, Session, ToolCall, ToolDispatchResult};
 
 fn engine_in(ws: &Workspace) -> Engine {

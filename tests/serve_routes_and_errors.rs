@@ -306,7 +306,7 @@ async fn the_catalog_and_the_openapi_file_are_served() {
     assert!(mcp[0]["inputSchema"].is_object());
     let spec = get(&c, &s.url("/v1/openapi.json")).await;
     assert_eq!(spec.status, 200);
-    assert_eq!(spec.text, switchboard::serve::routes::OPENAPI_JSON);
+    assert_eq!(spec.text, switchboard::serve::OPENAPI_JSON);
     s.shutdown().await.unwrap();
 }
 
@@ -343,7 +343,7 @@ async fn the_load_tools_are_registered_only_when_asked() {
 /// a route: each one is also called and answered by its handler, not by the fallbacks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_description_and_the_router_list_the_same_routes() {
-    let spec: Value = serde_json::from_str(switchboard::serve::routes::OPENAPI_JSON).unwrap();
+    let spec: Value = serde_json::from_str(switchboard::serve::OPENAPI_JSON).unwrap();
     assert!(spec["openapi"].as_str().unwrap().starts_with("3.1"));
     let mut described = BTreeSet::new();
     for (path, item) in spec["paths"].as_object().unwrap() {
@@ -357,7 +357,7 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
             }
         }
     }
-    let routed: BTreeSet<_> = switchboard::serve::routes::route_table()
+    let routed: BTreeSet<_> = switchboard::serve::route_table()
         .iter()
         .map(|r| (r.method.to_string(), r.path.to_string()))
         .collect();

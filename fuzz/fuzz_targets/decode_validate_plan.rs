@@ -14,9 +14,8 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use switchboard::protocol::{self, ErrorCode, Timing, ToolDispatchResult};
 use switchboard::Access;
-use switchboard::plan::{Graph, StageMode, stages};
 use switchboard::tools::builtin_tools;
-use switchboard::validation;
+use switchboard::testing::{Graph, StageMode, compile_schema, stages, validate};
 
 /// The five built-in tools: name, compiled validator, concurrency safety.
 struct Tool {
@@ -32,7 +31,7 @@ fn tools() -> &'static [Tool] {
         builtin_tools()
             .into_iter()
             .map(|spec| Tool {
-                validator: validation::compile(&spec.input_schema).expect("built-in schema"),
+                validator: compile_schema(&spec.input_schema).expect("built-in schema"),
                 safe: spec.policy.concurrency_safe,
                 name: spec.name,
             })
@@ -53,7 +52,7 @@ fuzz_target!(|data: &[u8]| {
             let outcome = match (tool, &call.malformed) {
                 (None, _) => Err((ErrorCode::UnknownTool, "unknown".to_string())),
                 (Some(_), Some(detail)) => Err((ErrorCode::InvalidArguments, detail.clone())),
-                (Some(tool), None) => match validation::check(&tool.validator, &call.arguments) {
+                (Some(tool), None) => match validate(&tool.validator, &call.arguments) {
                     Ok(()) => {
                         safe.push(tool.safe);
                         Ok(())

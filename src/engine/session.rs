@@ -144,7 +144,7 @@ impl Session {
 }
 
 impl Engine {
-    /// A new session in the engine's workspace ([`EngineBuilder::workspace`]): its own
+    /// A new session in the engine's workspace ([`EngineBuilder::workspace`](super::EngineBuilder::workspace)): its own
     /// cancellation, and one of the engine's shared schedulers for all its turns (no actor of
     /// its own).
     pub fn session(&self) -> Session {

@@ -74,7 +74,7 @@ pub async fn run(args: &LoadArgs, name: &str) -> ExitCode {
     };
     let engine = match Engine::builder().mcp_config(config.clone()).start().await {
         Ok(e) => e,
-        Err(e) => return fail(1, &e.to_string()),
+        Err(e) => return fail(1, e.to_string()),
     };
     let found = engine.mcp_status().into_iter().find_map(|s| {
         s.tools
@@ -86,7 +86,7 @@ pub async fn run(args: &LoadArgs, name: &str) -> ExitCode {
         engine.shutdown(Duration::from_secs(1)).await;
         return fail(
             2,
-            &format!(
+            format!(
                 "--mcp-call {name}: no such tool on a server that is up (see `switchboard mcp list`)"
             ),
         );
@@ -110,7 +110,7 @@ pub async fn run(args: &LoadArgs, name: &str) -> ExitCode {
                     "p99": e["p99"].as_f64().unwrap_or(0.0) - d["p99"].as_f64().unwrap_or(0.0),
                 });
             }
-            Err(e) => return fail(1, &format!("direct baseline: {e}")),
+            Err(e) => return fail(1, format!("direct baseline: {e}")),
         }
     }
     let text = if args.json {

@@ -60,8 +60,8 @@ const MAX_BUILTIN_SLOTS: usize = 100_000;
 /// Measuring time when neither `--turns` nor `--duration` is given.
 const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 
-fn fail(code: u8, message: &str) -> ExitCode {
-    crate::command::fail(code, &format!("load: {message}"))
+fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    crate::command::fail(code, format!("load: {message}"))
 }
 
 /// Runs `switchboard load`.
@@ -131,7 +131,7 @@ async fn run_peers(args: &LoadArgs) -> ExitCode {
     for w in &peers::WORKLOADS {
         let result = match peers::run_one(w, &config).await {
             Ok(r) => r,
-            Err(e) => return fail(1, &format!("{}: {e}", w.name)),
+            Err(e) => return fail(1, format!("{}: {e}", w.name)),
         };
         crate::command::out(&format!("{}\n", result.line));
         violations += result.violations;
@@ -168,13 +168,13 @@ fn finish_set(args: &LoadArgs, lines: &[String], violations: u64, file: &str) ->
         if let Err(e) =
             std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join(file), text))
         {
-            return fail(1, &format!("cannot write {}/{file}: {e}", dir.display()));
+            return fail(1, format!("cannot write {}/{file}: {e}", dir.display()));
         }
     }
     if violations > 0 {
         return fail(
             1,
-            &format!("{violations} turns were not answered exactly once, in order"),
+            format!("{violations} turns were not answered exactly once, in order"),
         );
     }
     ExitCode::SUCCESS
@@ -241,7 +241,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     if slots > most {
         return fail(
             2,
-            &format!(
+            format!(
                 "--sessions × --calls-per-turn is {slots}; at most {most} with --tool {} (every session keeps its own call ids{})",
                 args.tool.name(),
                 if args.tool == ToolKind::Builtin {
@@ -426,7 +426,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     if violations > 0 {
         return fail(
             1,
-            &format!("{violations} turns were not answered exactly once, in order"),
+            format!("{violations} turns were not answered exactly once, in order"),
         );
     }
     ExitCode::SUCCESS
@@ -504,7 +504,7 @@ async fn run_compare(
     if c.violations.violations > 0 {
         return fail(
             1,
-            &format!(
+            format!(
                 "{} turns were not answered exactly once, in order",
                 c.violations.violations
             ),

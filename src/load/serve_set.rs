@@ -48,10 +48,16 @@ pub async fn run(config: &PeersConfig) -> Result<(Vec<String>, u64), String> {
         )
     );
     let listen = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
-    let mut serve_config = ServeConfig::new(listen, root.path(), Auth::token(&token)?);
+    let mut serve_config = ServeConfig::new(
+        listen,
+        root.path(),
+        Auth::token(&token).map_err(|e| e.to_string())?,
+    );
     serve_config.load_tools = true;
     serve_config.workers = config.workers;
-    let server = Server::bind(serve_config).await?;
+    let server = Server::bind(serve_config)
+        .await
+        .map_err(|e| e.to_string())?;
     let endpoint = Arc::new(Endpoint::parse(
         &format!("http://{}", server.local_addr()),
         Some(token),

@@ -72,11 +72,11 @@ pub async fn mcp_command(cmd: McpCommand) -> ExitCode {
         McpCommand::List { mcp_config, json } => {
             let config = match McpConfig::load(&mcp_config) {
                 Ok(c) => c,
-                Err(e) => return fail(2, &e.to_string()),
+                Err(e) => return fail(2, e.to_string()),
             };
             let engine = match Engine::builder().mcp_config(config).start().await {
                 Ok(e) => e,
-                Err(e) => return fail(1, &e.to_string()),
+                Err(e) => return fail(1, e.to_string()),
             };
             let statuses = engine.mcp_status();
             engine.shutdown(Duration::from_secs(1)).await;
@@ -117,7 +117,7 @@ pub async fn mcp_serve(args: ServeArgs) -> ExitCode {
     let root = args.workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = match Workspace::open(&root) {
         Ok(ws) => ws,
-        Err(e) => return fail(2, &format!("cannot open workspace {}: {e}", root.display())),
+        Err(e) => return fail(2, format!("cannot open workspace {}: {e}", root.display())),
     };
     let specs = builtin_tools();
     let builder = Engine::builder()
@@ -130,7 +130,7 @@ pub async fn mcp_serve(args: ServeArgs) -> ExitCode {
     };
     let engine = match builder.build() {
         Ok(e) => e,
-        Err(e) => return fail(1, &e.to_string()),
+        Err(e) => return fail(1, e.to_string()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let on_signal = stop.clone();

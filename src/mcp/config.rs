@@ -320,7 +320,7 @@ fn expand_map(
 
 /// Expands `${VAR}` and `${VAR:-default}` in `text` through `env`. `$` not followed by `{` stays
 /// as it is. An unset variable without a default, or an unclosed `${`, is an error.
-pub fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(crate) fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("${") {

@@ -1,36 +1,38 @@
 //! MCP: tools of Model Context Protocol servers as registry entries, and Switchboard's own tools
 //! served over MCP.
 //!
-//! * [`config`] — the `.mcp.json` `mcpServers` format plus Switchboard's per-server keys.
-//! * [`names`] — `mcp__<server>__<tool>` registry names within 64 characters.
-//! * [`transport`] — a stdio child (allowlisted environment, own process group) or Streamable
+//! * `config` — the `.mcp.json` `mcpServers` format plus Switchboard's per-server keys.
+//! * `names` — `mcp__<server>__<tool>` registry names within 64 characters.
+//! * `transport` — a stdio child (allowlisted environment, own process group) or Streamable
 //!   HTTP.
-//! * [`server_conn`] — one server's connection and supervisor (start, list, re-list, restart with
+//! * `server_conn` — one server's connection and supervisor (start, list, re-list, restart with
 //!   backoff, shut down).
-//! * [`tools`] — a listed tool as a [`crate::ToolSpec`] whose handler is a `tools/call`.
-//! * [`serve`] — `switchboard mcp-serve`: the built-in tools over stdio.
-//! * [`list`] — `switchboard mcp list`.
-//! * [`load`] — `switchboard load --mcp-config FILE --mcp-call NAME`.
-//! * [`command`] — the `--mcp-config` flag, `mcp list` and `mcp-serve` commands.
+//! * `tools` — a listed tool as a [`crate::ToolSpec`] whose handler is a `tools/call`.
+//! * `serve` — `switchboard mcp-serve`: the built-in tools over stdio.
+//! * `list` — `switchboard mcp list`.
+//! * `load` — `switchboard load --mcp-config FILE --mcp-call NAME`.
+//! * `command` — the `--mcp-config` flag, `mcp list` and `mcp-serve` commands.
 //!
 //! [`McpServers`] is the set an engine owns: started by the engine builder, closed by
 //! [`crate::Engine::shutdown`].
 
 #[cfg(feature = "cli")]
-pub mod command;
-pub mod config;
+pub(crate) mod command;
+pub(crate) mod config;
 mod link;
-pub mod list;
-pub mod names;
-pub mod serve;
-pub mod server_conn;
-pub mod tools;
-pub mod transport;
+#[cfg(feature = "cli")]
+pub(crate) mod list;
+mod names;
+#[cfg(feature = "cli")]
+pub(crate) mod serve;
+mod server_conn;
+mod tools;
+pub(crate) mod transport;
 
 use futures::future::join_all;
 use kameo::prelude::ActorRef;
 
-pub use config::{McpConfig, ServerSpec, Transport};
+pub use config::{ConfigError, McpConfig, ServerSpec, Transport, valid_server_name};
 pub use server_conn::{Server, ServerState, ServerStatus, ToolEntry};
 
 use crate::registry::Registry;
@@ -43,7 +45,7 @@ pub struct McpServers {
 
 impl McpServers {
     /// Starts supervising every server of `config` at once (in the background).
-    pub fn spawn(config: &McpConfig, registry: &ActorRef<Registry>) -> Self {
+    pub(crate) fn spawn(config: &McpConfig, registry: &ActorRef<Registry>) -> Self {
         McpServers {
             servers: config
                 .servers

@@ -62,7 +62,7 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Starts supervising `name` (in the background; see [`Server::ready`]). Must be called inside
     /// a tokio runtime.
-    pub fn spawn(name: String, spec: ServerSpec, registry: ActorRef<Registry>) -> Server {
+    pub(crate) fn spawn(name: String, spec: ServerSpec, registry: ActorRef<Registry>) -> Server {
         let invalid = (!valid_server_name(&name)).then(|| {
             format!(
                 "invalid server name {name:?}: names must be 1-{MAX_SERVER_NAME} of [A-Za-z0-9_-] without \"__\""

@@ -108,7 +108,7 @@ impl AuditLog {
     }
 
     /// Queues one line; never blocks (a full buffer drops it and counts the drop).
-    pub fn record(&self, line: &AuditLine) {
+    pub(crate) fn record(&self, line: &AuditLine) {
         let Ok(text) = serde_json::to_string(line) else {
             return;
         };

@@ -308,7 +308,7 @@ impl External {
 }
 
 /// What an external hook answered, before it is read as a `PreToolUse` decision
-/// ([`pre_decision`]) or `PostToolUse` actions ([`post_actions`]).
+/// (`pre_decision`) or `PostToolUse` actions (`post_actions`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     /// Exit 0 and nothing on stdout: no opinion.

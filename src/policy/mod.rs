@@ -20,10 +20,10 @@
 //! allow (skips an `ask`); then the rules decide on the final arguments: a deny rule always wins,
 //! an ask rule asks unless a hook allowed, allow rules and the default apply last.
 
-pub mod approval;
-pub mod audit;
-pub mod hooks;
-pub mod rules;
+mod approval;
+mod audit;
+mod hooks;
+pub(crate) mod rules;
 
 use std::path::{Component, Path};
 use std::sync::Arc;
@@ -40,8 +40,11 @@ use crate::workspace::Workspace;
 
 pub use approval::{Approval, ApprovalRequest, Approvals, Approver, RefuseAll, TerminalApprover};
 pub use audit::AuditLog;
-pub use hooks::{Hook, PostAction, PostToolUse, PreDecision, PreToolUse};
-pub use rules::{Action, Confined, PolicyError, RuleIndex, Rules, Subject};
+pub use hooks::{
+    External, ExternalHooks, Hook, HookPlace, PostAction, PostToolUse, PreDecision, PreToolUse,
+    Reply,
+};
+pub use rules::{Action, Confined, PolicyError, Rule, RuleIndex, Rules, Subject, Verdict};
 
 /// Default wait for an approval before the call is denied.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -152,7 +155,7 @@ impl Policy {
         self
     }
 
-    /// True when [`Policy::finish`] reads a call's arguments (an audit log, a PostToolUse
+    /// True when `Policy::finish` reads a call's arguments (an audit log, a PostToolUse
     /// hook); otherwise they are not kept.
     pub fn reads_args(&self) -> bool {
         self.audit.is_some()
@@ -178,7 +181,7 @@ impl Policy {
 
     /// [`Policy::waits_for`] of a registered tool, worked out on its first call and kept in its
     /// rule index ([`RegisteredTool::policy_rules`]).
-    pub fn waits_for_tool(&self, tool: &RegisteredTool) -> bool {
+    pub(crate) fn waits_for_tool(&self, tool: &RegisteredTool) -> bool {
         if !self.may_wait {
             return false;
         }
@@ -201,7 +204,7 @@ impl Policy {
 
     /// Decides a call that cannot wait ([`Policy::waits_for`] is false): rules and in-process
     /// hooks only.
-    pub fn decide_now(
+    pub(crate) fn decide_now(
         &self,
         call: &mut ToolCall,
         tool: &RegisteredTool,
@@ -223,7 +226,7 @@ impl Policy {
 
     /// Decides a call: hooks, rules and, for `ask`, the approver (bounded by the approval
     /// timeout; `cancelled` if `cancel` fires first).
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         call: &mut ToolCall,
         tool: &RegisteredTool,
@@ -455,7 +458,7 @@ impl Policy {
     /// After a call that could not wait (it ran in place): in-process `PostToolUse` hooks, then
     /// the audit line and the decision metric. External `PostToolUse` hooks need
     /// [`Policy::finish_waiting`] (a call one of them matches never runs in place).
-    pub fn finish(
+    pub(crate) fn finish(
         &self,
         ticket: &Ticket,
         scope: &SessionScope,
@@ -474,7 +477,7 @@ impl Policy {
     /// audit line and the decision metric. The call already ran: a hook that fails, hangs past
     /// its timeout or is cut short by the turn's cancellation leaves the result (and its code)
     /// as it was, with a line saying so appended.
-    pub async fn finish_waiting(
+    pub(crate) async fn finish_waiting(
         &self,
         ticket: &Ticket,
         scope: &SessionScope,
@@ -575,7 +578,7 @@ impl Policy {
     }
 }
 
-/// What the policy decided about one call (carried to [`Policy::finish`]).
+/// What the policy decided about one call (carried to `Policy::finish`).
 #[derive(Debug)]
 pub struct Ticket {
     /// When the policy started on the call (only with an audit log, which reports the duration).
@@ -650,7 +653,7 @@ pub struct Refused {
 /// every resource of `new` is one of `planned`'s or lies inside one (a path under a planned
 /// directory), in a mode no stronger (a planned read does not cover a write). `Err` says what
 /// `new` touches beyond (`write "b.txt"`). An exclusive plan covers everything.
-pub fn within(planned: &Access, new: &Access) -> Result<(), String> {
+pub(crate) fn within(planned: &Access, new: &Access) -> Result<(), String> {
     let (planned, new) = match (planned, new) {
         (Access::Exclusive, _) => return Ok(()),
         (Access::Set(_), Access::Exclusive) => {

@@ -71,7 +71,7 @@ struct Pattern {
 
 impl Rule {
     /// Parses `TOOL` or `TOOL(PATTERN)`.
-    pub fn parse(text: &str) -> Result<Rule, String> {
+    pub(crate) fn parse(text: &str) -> Result<Rule, String> {
         let (tool, pattern) = match text.find('(') {
             None => (text, None),
             Some(open) => {
@@ -371,7 +371,7 @@ impl Rules {
 
     /// The rules that name `tool` (whatever their patterns), by position: [`Rules::decide_among`]
     /// then matches only those. A registered tool keeps its index
-    /// ([`crate::registry::RegisteredTool::policy_rules`]), so a call walks the handful of rules
+    /// (`crate::registry::RegisteredTool::policy_rules`), so a call walks the handful of rules
     /// about its tool, not the whole file.
     pub fn index_for(&self, tool: &str) -> RuleIndex {
         let positions = |rules: &[Rule]| -> Box<[u32]> {

@@ -3,15 +3,15 @@
 //!
 //! Both keep the loop's Anthropic-shaped history and hand back Anthropic-shaped content blocks,
 //! so the agent loop sees one format. Streaming answers are read as server-sent events
-//! ([`sse`]); tool arguments are assembled from their fragments and parsed once per block
-//! ([`assemble`]); each completed block is reported at once (for eager dispatch). Failed requests
-//! are retried as [`retry`] describes. TLS is rustls with the `ring` provider; HTTP/1.1.
+//! (`sse`); tool arguments are assembled from their fragments and parsed once per block
+//! (`assemble`); each completed block is reported at once (for eager dispatch). Failed requests
+//! are retried as `retry` describes. TLS is rustls with the `ring` provider; HTTP/1.1.
 
-pub mod anthropic;
-pub mod assemble;
-pub mod openai;
-pub mod retry;
-pub mod sse;
+mod anthropic;
+mod assemble;
+mod openai;
+mod retry;
+mod sse;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -108,7 +108,10 @@ impl Plan {
                 "--mode" => {
                     let mode = value(&mut it)?;
                     plan.inner_args.extend([arg, mode.clone()]);
-                    let mode = mode.to_string_lossy().parse::<super::SandboxMode>()?;
+                    let mode = mode
+                        .to_string_lossy()
+                        .parse::<super::SandboxMode>()
+                        .map_err(|e| e.to_string())?;
                     plan.best_effort = mode == super::SandboxMode::BestEffort;
                     plan.workspace_writable = mode.workspace_writable();
                 }

@@ -1,28 +1,28 @@
 //! The OS sandbox of process-running tools (bash): each call's command is confined by Landlock to
 //! its own session's workspace and a private `TMPDIR`, has no network (a loopback-only network
 //! namespace), runs under per-call process, memory, file-size and CPU limits, and dies with the
-//! engine. See the README's "Sandbox" section for what each mode blocks and what it does not.
+//! engine. See `docs/sandbox.md` for what each mode blocks and what it does not.
 //!
-//! * [`mode`]: what is asked ([`SandboxConfig`], [`SandboxMode`], [`SandboxLimits`]).
-//! * [`probe`]: what this machine can enforce, found when the engine is built.
-//! * [`landlock_rules`]: the Landlock ruleset.
-//! * [`cgroup`]: per-call `pids` and `memory` cgroups.
-//! * [`mounts`]: the host's socket directories hidden in the call's mount namespace.
-//! * [`exec`]: the trampoline (`switchboard sandbox-exec`), which confines itself and execs.
-//! * [`launch`]: the engine's side of one call (the trampoline's command line, the private
+//! * `mode`: what is asked ([`SandboxConfig`], [`SandboxMode`], [`SandboxLimits`]).
+//! * `probe`: what this machine can enforce, found when the engine is built.
+//! * `landlock_rules`: the Landlock ruleset.
+//! * `cgroup`: per-call `pids` and `memory` cgroups.
+//! * `mounts`: the host's socket directories hidden in the call's mount namespace.
+//! * `exec`: the trampoline (`switchboard sandbox-exec`), which confines itself and execs.
+//! * `launch`: the engine's side of one call (the trampoline's command line, the private
 //!   `TMPDIR`, the cgroups, the verdict on limits).
 //!
 //! A [`Sandbox`] is built once per engine ([`Sandbox::prepare`]) and reaches every call through
 //! its [`crate::SessionScope`] (`ctx.session.sandbox()`); a context made by hand, outside an
 //! engine, carries none and its commands run unconfined.
 
-pub mod cgroup;
-pub mod exec;
-pub mod landlock_rules;
-pub mod launch;
-pub mod mode;
-pub mod mounts;
-pub mod probe;
+mod cgroup;
+mod exec;
+mod landlock_rules;
+mod launch;
+mod mode;
+mod mounts;
+mod probe;
 
 use std::path::Path;
 use std::time::Duration;
@@ -31,7 +31,9 @@ use serde_json::{Value, json};
 
 pub use exec::{exec_main, run_if_requested};
 pub use launch::CallSandbox;
-pub use mode::{SandboxConfig, SandboxLimits, SandboxMode};
+#[cfg(feature = "cli")]
+pub(crate) use mode::parse_bytes;
+pub use mode::{SandboxConfig, SandboxError, SandboxLimits, SandboxMode};
 pub use probe::{SandboxStatus, find_trampoline};
 
 /// An engine's sandbox: its config and what the machine offers for it.
@@ -47,7 +49,7 @@ impl Sandbox {
     /// Checks that `config` can be enforced here. `Err` (one sentence naming what is missing)
     /// for `workspace-write` or `read-only` when it cannot; `best-effort` never fails and `off`
     /// probes nothing. Logs the mode in force (and a warning for `off` or missing parts).
-    pub fn prepare(config: SandboxConfig) -> Result<Sandbox, String> {
+    pub fn prepare(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
         if !config.mode.confines() {
             tracing::warn!(
                 "sandbox: off — bash commands can read and write everything this user can, and \
@@ -64,12 +66,10 @@ impl Sandbox {
         let mut degraded = missing.degraded;
         if !missing.required.is_empty() {
             if config.mode != SandboxMode::BestEffort {
-                return Err(format!(
-                    "sandbox mode {} cannot be enforced on this machine: missing {}; choose \
-                     --sandbox best-effort to run with what is there, or --sandbox off",
-                    config.mode,
-                    missing.required.join("; ")
-                ));
+                return Err(SandboxError::Unenforceable {
+                    mode: config.mode,
+                    missing: missing.required,
+                });
             }
             degraded.splice(0..0, missing.required);
         }

@@ -52,18 +52,40 @@ impl fmt::Display for SandboxMode {
     }
 }
 
-impl FromStr for SandboxMode {
-    type Err = String;
+/// Why a sandbox setting was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    /// The mode cannot be enforced on this machine ([`crate::sandbox::Sandbox::prepare`]).
+    #[error(
+        "sandbox mode {mode} cannot be enforced on this machine: missing {}; the best-effort \
+         mode runs with what is there, and the off mode runs commands unconfined",
+        missing.join("; ")
+    )]
+    Unenforceable {
+        /// The mode asked for.
+        mode: SandboxMode,
+        /// What this machine lacks, one sentence each.
+        missing: Vec<String>,
+    },
+    /// Not a mode's name.
+    #[error("unknown sandbox mode {0:?} (workspace-write, read-only, best-effort, off)")]
+    UnknownMode(String),
+    /// Not a size, or a size of zero or beyond 2^64 bytes.
+    #[error("not a size: {0:?} (e.g. 2G, 256M, 1048576)")]
+    BadSize(String),
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for SandboxMode {
+    type Err = SandboxError;
+
+    fn from_str(s: &str) -> Result<Self, SandboxError> {
         match s {
             "workspace-write" => Ok(SandboxMode::WorkspaceWrite),
             "read-only" => Ok(SandboxMode::ReadOnly),
             "best-effort" => Ok(SandboxMode::BestEffort),
             "off" => Ok(SandboxMode::Off),
-            other => Err(format!(
-                "unknown sandbox mode {other:?} (workspace-write, read-only, best-effort, off)"
-            )),
+            other => Err(SandboxError::UnknownMode(other.to_string())),
         }
     }
 }
@@ -157,25 +179,26 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+#[cfg(any(test, feature = "cli"))]
 /// Parses a size: a number of bytes, optionally followed by `K`, `M`, `G` (powers of 1024,
 /// also written `KiB`, `MiB`, `GiB`).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, SandboxError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("not a size: {s:?} (e.g. 2G, 256M, 1048576)"))?;
+        .map_err(|_| SandboxError::BadSize(s.to_string()))?;
     let scale = match unit.trim() {
         "" => 1,
         "K" | "KiB" | "k" => 1024,
         "M" | "MiB" => MIB,
         "G" | "GiB" => GIB,
-        _ => return Err(format!("not a size: {s:?} (e.g. 2G, 256M, 1048576)")),
+        _ => return Err(SandboxError::BadSize(s.to_string())),
     };
     n.checked_mul(scale)
         .filter(|n| *n > 0)
-        .ok_or_else(|| format!("size out of range: {s:?}"))
+        .ok_or_else(|| SandboxError::BadSize(s.to_string()))
 }
 
 #[cfg(test)]

@@ -24,10 +24,20 @@ pub struct SandboxStatus {
     /// `unshare --net` works (a loopback-only network namespace per call).
     pub network_namespace: bool,
     /// Where per-call cgroups are created.
-    pub cgroups: CgroupParents,
+    pub(crate) cgroups: CgroupParents,
 }
 
 impl SandboxStatus {
+    /// True when each call's bash commands get a cgroup of their own with a process limit.
+    pub fn limits_processes(&self) -> bool {
+        self.cgroups.pids.is_some()
+    }
+
+    /// True when each call's bash commands get a cgroup of their own with a memory limit.
+    pub fn limits_memory(&self) -> bool {
+        self.cgroups.memory.is_some()
+    }
+
     /// Probes the machine for `config` (a few milliseconds: two short-lived processes).
     pub fn probe(config: &SandboxConfig) -> SandboxStatus {
         let trampoline = config.trampoline.clone().or_else(find_trampoline);
@@ -42,7 +52,7 @@ impl SandboxStatus {
 
     /// What `config` asks for that this machine cannot give, one phrase each. Anything listed
     /// under "required" stops an enforcing mode from starting; the rest is reported.
-    pub fn missing(&self, config: &SandboxConfig) -> Missing {
+    pub(crate) fn missing(&self, config: &SandboxConfig) -> Missing {
         let mut m = Missing::default();
         if self.trampoline.is_none() {
             m.required.push(format!(

@@ -10,6 +10,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::errors::ServeError;
+
 /// The environment variable the token is read from when `--token-file` is not given.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_TOKEN";
 
@@ -33,20 +35,22 @@ impl std::fmt::Debug for Auth {
 
 impl Auth {
     /// A token given directly (library users, tests).
-    pub fn token(token: &str) -> Result<Auth, String> {
+    pub fn token(token: &str) -> Result<Auth, ServeError> {
         let token = token.trim();
         if token.is_empty() {
-            return Err("the token is empty".into());
+            return Err(ServeError::Auth("the token is empty".into()));
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("the token must be printable ASCII without spaces".into());
+            return Err(ServeError::Auth(
+                "the token must be printable ASCII without spaces".into(),
+            ));
         }
         Ok(Auth::Token(Arc::from(token.as_bytes())))
     }
 
     /// Decides authentication from the command line: `--no-auth` (loopback only), else
     /// `--token-file`, else the `SWITCHBOARD_TOKEN` value `env_token`.
-    pub fn resolve(
+    pub(crate) fn resolve(
         listen: SocketAddr,
         token_file: Option<&Path>,
         env_token: Option<String>,

@@ -40,6 +40,43 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// Why the sidecar could not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The bearer token is not usable (empty, or not printable ASCII without spaces), or no
+    /// token was given.
+    #[error("{0}")]
+    Auth(String),
+    /// The workspace root cannot be created or resolved.
+    #[error("cannot {action} the workspace root {}: {source}", path.display())]
+    WorkspaceRoot {
+        /// `create` or `resolve`.
+        action: &'static str,
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The permission policy is refused (a bad rule, an unreadable file).
+    #[error("{0}")]
+    Policy(String),
+    /// The engine cannot be built (for example, its sandbox cannot be enforced here).
+    #[error(transparent)]
+    Engine(#[from] crate::registry::RegistryError),
+    /// The address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server stopped on an error of its own.
+    #[error("the server stopped: {0}")]
+    Stopped(String),
+}
+
 impl From<crate::engine::EngineError> for ApiError {
     /// An engine fault: `shutting_down` when the engine is shut down, else a fault of the server.
     fn from(e: crate::engine::EngineError) -> Self {

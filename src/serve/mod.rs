@@ -6,7 +6,7 @@
 //!
 //! | file | owns |
 //! | --- | --- |
-//! | `app.rs` | the shared [`app::App`] state and the request helpers handlers share |
+//! | `app.rs` | the shared `app::App` state and the request helpers handlers share |
 //! | `routes.rs` | the route table, the small handlers, the token check, request metrics |
 //! | `dispatch.rs` | one turn over HTTP: ordering, cancellation, bounded requests in flight |
 //! | `sse.rs` | the streamed answer (`event: result` per call, then `event: done`) |
@@ -21,13 +21,13 @@
 //! `cancelled`), closes the listener, lets every request in flight write its complete answer,
 //! and returns.
 
-pub mod app;
-pub mod auth;
-pub mod dispatch;
-pub mod errors;
-pub mod routes;
-pub mod sessions;
-pub mod sse;
+mod app;
+pub(crate) mod auth;
+mod dispatch;
+mod errors;
+mod routes;
+mod sessions;
+mod sse;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,7 +44,9 @@ use crate::engine::Engine;
 use crate::metrics::HttpMetrics;
 use crate::tools::builtin_tools;
 use app::App;
-pub use auth::Auth;
+pub use auth::{Auth, TOKEN_ENV};
+pub use errors::ServeError;
+pub use routes::{OPENAPI_JSON, RouteDef, route_table};
 use sessions::SessionTable;
 
 /// Default `--listen`.
@@ -165,19 +167,15 @@ pub struct Server {
 impl Server {
     /// Creates the workspace root, builds the engine with the built-in tools (and the load
     /// tools if asked) and binds the address. Must run inside a tokio runtime.
-    pub async fn bind(config: ServeConfig) -> Result<Server, String> {
-        std::fs::create_dir_all(&config.workspace_root).map_err(|e| {
-            format!(
-                "cannot create --workspace-root {}: {e}",
-                config.workspace_root.display()
-            )
-        })?;
-        let root = std::fs::canonicalize(&config.workspace_root).map_err(|e| {
-            format!(
-                "cannot resolve --workspace-root {}: {e}",
-                config.workspace_root.display()
-            )
-        })?;
+    pub async fn bind(config: ServeConfig) -> Result<Server, ServeError> {
+        let root_error = |action, source| ServeError::WorkspaceRoot {
+            action,
+            path: config.workspace_root.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&config.workspace_root).map_err(|e| root_error("create", e))?;
+        let root =
+            std::fs::canonicalize(&config.workspace_root).map_err(|e| root_error("resolve", e))?;
         let mut tools = builtin_tools();
         if config.load_tools {
             tools.extend(crate::load::load_tools(LOAD_SLEEP));
@@ -189,14 +187,17 @@ impl Server {
         let approvals = crate::policy::Approvals::new();
         let builder = config
             .policy
-            .apply_with(builder, Arc::new(approvals.clone()))?;
-        let engine = builder.build().map_err(|e| e.to_string())?;
+            .apply_with(builder, Arc::new(approvals.clone()))
+            .map_err(ServeError::Policy)?;
+        let engine = builder.build()?;
+        let listen_error = |source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        };
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| format!("cannot read the listening address: {e}"))?;
+            .map_err(listen_error)?;
+        let local_addr = listener.local_addr().map_err(listen_error)?;
         let sessions = Arc::new(SessionTable::new(
             engine.clone(),
             root,
@@ -237,7 +238,7 @@ impl Server {
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), String> {
+    ) -> Result<(), ServeError> {
         let Server {
             listener,
             app,
@@ -258,8 +259,8 @@ impl Server {
                 reaper.abort();
                 return match ended {
                     Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(format!("the server stopped: {e}")),
-                    Err(e) => Err(format!("the server stopped: {e}")),
+                    Ok(Err(e)) => Err(ServeError::Stopped(e.to_string())),
+                    Err(e) => Err(ServeError::Stopped(e.to_string())),
                 };
             }
         }
@@ -318,7 +319,7 @@ fn termination() -> Result<impl Future<Output = ()> + Send + 'static, String> {
 /// Runs `switchboard serve`: 0 after a clean shutdown, 2 for bad flags or an address that
 /// cannot be bound, 1 if the server fails.
 pub async fn run(args: ServeArgs) -> ExitCode {
-    let fail = |code, message: &str| crate::command::fail(code, &format!("serve: {message}"));
+    let fail = |code, message: &str| crate::command::fail(code, format!("serve: {message}"));
     let auth = match Auth::resolve(
         args.listen,
         args.token_file.as_deref(),
@@ -330,7 +331,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     };
     let prometheus = match crate::exporter::install_recorder() {
         Ok(installed) => installed,
-        Err(e) => return fail(1, &e),
+        Err(e) => return fail(1, &e.to_string()),
     };
     let config = ServeConfig {
         max_sessions: args.max_sessions,
@@ -345,7 +346,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     };
     let server = match Server::bind(config).await {
         Ok(server) => server,
-        Err(e) => return fail(2, &e),
+        Err(e) => return fail(2, &e.to_string()),
     };
     let shutdown = match termination() {
         Ok(s) => s,
@@ -358,6 +359,6 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     let result = server.run(shutdown).await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(1, &e),
+        Err(e) => fail(1, &e.to_string()),
     }
 }

@@ -35,7 +35,7 @@ pub struct RouteDef {
     /// True for `/v1` routes (bearer token required).
     pub authenticated: bool,
     /// The handler.
-    pub handler: MethodRouter<Arc<App>>,
+    pub(crate) handler: MethodRouter<Arc<App>>,
 }
 
 /// Every route of the server.

@@ -286,16 +286,6 @@ impl SessionTable {
         before - sessions.len()
     }
 
-    /// How many sessions are open.
-    pub fn len(&self) -> usize {
-        lock(&self.sessions).len()
-    }
-
-    /// True when no session is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The idle timeout.
     pub fn idle_timeout(&self) -> Duration {
         self.idle_timeout

@@ -13,7 +13,7 @@
 //! A path never overlaps a named resource. Paths are normalised the way the workspace confinement
 //! normalises them ([`Workspace::relative`]): lexically, workspace-relative, `.` segments dropped,
 //! absolute paths inside the root made relative. Symlinks and hard links are not seen: two names
-//! of one file are two resources (see the README's "Resource-aware scheduling").
+//! of one file are two resources (see `docs/scheduling.md`).
 //!
 //! Without an access function a tool falls back on its policy: `concurrency_safe(true)` means
 //! [`Access::none`] (conflicts only with exclusive calls), `false` means [`Access::Exclusive`].

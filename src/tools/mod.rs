@@ -2,7 +2,7 @@
 //!
 //! Each module owns one tool: its schema, its description, its policy and its handler. The file
 //! tools reach the disk only through the workspace's capability handle (see
-//! [`crate::workspace`]); `bash` runs with the workspace as its home and working directory.
+//! `crate::workspace`); `bash` runs with the workspace as its home and working directory.
 //! The workspace comes with each call ([`crate::ToolContext::workspace`]); no spec captures one.
 
 use serde_json::Value;

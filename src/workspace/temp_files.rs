@@ -100,7 +100,7 @@ impl Workspace {
     /// its temp file, possibly as large as the file it was writing. Call it when an engine
     /// starts on the workspace (the CLI does); every write also cleans its own directory.
     ///
-    /// The walk never follows symlinks and stops after [`MAX_TEMP_WALK`] entries. Returns how
+    /// The walk never follows symlinks and stops after `MAX_TEMP_WALK` entries. Returns how
     /// many files were removed.
     pub fn remove_stale_temp_files(&self) -> usize {
         let mut removed = 0;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use switchboard::Workspace;
 use switchboard::protocol::ErrorCode;
 use switchboard::tool::{Handler, SessionScope, ToolContext, ToolOutcome, ToolSpec};
-use switchboard::workspace::Workspace;
 use tokio_util::sync::CancellationToken;
 
 /// A handler context for call `call_id` with `budget` until its deadline, in a session without a

@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use switchboard::Workspace;
 use switchboard::tools::builtin_tools;
-use switchboard::workspace::Workspace;
 use switchboard::{
     Engine, ErrorCode, Handler, ToolCall, ToolDispatchResult, ToolError, ToolOutcome, ToolSpec,
 };

@@ -6,7 +6,7 @@
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use switchboard::workspace::Workspace;
+use switchboard::Workspace;
 use tempfile::TempDir;
 
 /// A workspace in a fresh temporary directory; keep the `TempDir` alive as long as it is used.

@@ -16,7 +16,7 @@ pub struct TestServer {
     pub base: String,
     pub root: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), String>>>,
+    task: Option<JoinHandle<Result<(), switchboard::serve::ServeError>>>,
 }
 
 /// Starts a server with a token, after `configure` changes the defaults.
@@ -55,7 +55,7 @@ impl TestServer {
     }
 
     /// Shuts down and waits for `run` to return (bounded).
-    pub async fn shutdown(mut self) -> Result<(), String> {
+    pub async fn shutdown(mut self) -> Result<(), switchboard::serve::ServeError> {
         self.begin_shutdown();
         let task = self.task.take().unwrap();
         tokio::time::timeout(Duration::from_secs(60), task)
