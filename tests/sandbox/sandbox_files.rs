@@ -5,9 +5,11 @@
 
 use crate::common;
 
+use std::path::Path;
+
 use common::sandbox::*;
 use serde_json::json;
-use switchboard::sandbox::SandboxMode;
+use switchboard::sandbox::{SandboxMode, mounts};
 use switchboard::{ErrorCode, ToolCall, Workspace};
 
 #[tokio::test]
@@ -15,8 +17,17 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
     let (dir, ws) = temp_workspace();
     // Outside the workspace: a secret (like ~/.bashrc), a sibling session's workspace, and a
     // tree that a `cd / && rm -rf` aims at.
-    // Outside the directories the sandbox hides (`/tmp`, …), so Landlock alone must refuse.
+    // Below the build's own temporary directory: outside the directories the sandbox hides
+    // (`/tmp`, …) — so Landlock alone must refuse — unless the checkout itself lies below one of
+    // them (a clone in `/tmp`); then the sandbox's mounts hide it as well.
     let visible = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let hidden_by = hidden_by_the_sandbox(visible.path());
+    if let Some(hidden) = hidden_by {
+        println!(
+            "note: the checkout lies below {hidden}, which the sandbox hides: the files outside \
+             are out of sight, so only `ls /` shows Landlock's own refusal"
+        );
+    }
     let outside = visible.path().join("outside");
     std::fs::create_dir_all(outside.join("tree/sub")).unwrap();
     std::fs::write(outside.join("secret"), "TOP-SECRET-42").unwrap();
@@ -52,23 +63,30 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
         format!("mv {} ./moved", sibling.join("notes.md").display()),
         // The engine (this test process) is out of sight and out of reach.
         format!("cat /proc/{}/environ", std::process::id()),
+        // World-readable and hidden by no mount wherever the checkout lies: Landlock refuses.
+        "ls /".to_string(),
     ];
     for command in &attempts {
         let r = bash(&session, command).await;
         let text = ok_text(&r);
+        let visible_rel = visible.path().strip_prefix("/").unwrap().to_string_lossy();
+        let on_visible = command.contains(&*visible_rel) && !command.starts_with("ln");
+        // `rm -f` of a path it cannot see at all says nothing; the snapshots below prove that
+        // the tree is still there.
+        let silent = on_visible && hidden_by.is_some() && command.contains("rm -rf");
         // Refused by Landlock, or not even visible (below a directory the sandbox hides).
         assert!(
-            [
-                "Permission denied",
-                "Operation not permitted",
-                "No such file or directory"
-            ]
-            .iter()
-            .any(|refusal| text.contains(refusal)),
+            silent
+                || [
+                    "Permission denied",
+                    "Operation not permitted",
+                    "No such file or directory"
+                ]
+                .iter()
+                .any(|refusal| text.contains(refusal)),
             "{command}: {text}"
         );
-        let visible_rel = visible.path().strip_prefix("/").unwrap().to_string_lossy();
-        if command.contains(&*visible_rel) && !command.starts_with("ln") {
+        if (on_visible && hidden_by.is_none()) || command == "ls /" {
             assert!(text.contains("Permission denied"), "{command}: {text}");
         }
         assert!(
@@ -106,6 +124,15 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
     assert!(!std::path::Path::new("/etc/switchboard-sandbox-test").exists());
     assert_eq!(std::fs::read_dir("/etc").unwrap().count(), etc_before);
     assert!(!ws.root().join("copied").exists() && !ws.root().join("moved").exists());
+}
+
+/// The directory of [`mounts::HIDDEN`] that `path` lies below, if any — judged as the sandbox
+/// does (real directories only; `path` resolved).
+fn hidden_by_the_sandbox(path: &Path) -> Option<&'static str> {
+    let path = path.canonicalize().unwrap();
+    mounts::HIDDEN.into_iter().find(|dir| {
+        std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && path.starts_with(dir)
+    })
 }
 
 #[tokio::test]
