@@ -3,8 +3,9 @@
 //! tool's handler as the engine would; [`cli`] runs the built binary and reads its output;
 //! [`model`] and [`mock_server`] script a model (scripted answers, a local HTTP server speaking
 //! both wire formats) and [`wire`] describes each HTTP provider's shapes so one suite runs for
-//! both; [`workspace`] makes workspaces on disk. Every test file includes the whole tree
-//! (`mod common;`), so unused items are allowed.
+//! both; [`workspace`] makes workspaces on disk. Every test binary includes the whole tree
+//! (`#[path = "../common/mod.rs"] mod common;` in each area's `main.rs`), so unused items are
+//! allowed.
 #![allow(dead_code)]
 
 pub mod answers;

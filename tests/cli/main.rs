@@ -1,0 +1,13 @@
+//! The `switchboard` binary's commands: `dispatch`, `tools`, `demo`, `load`, observability,
+//! signals, and the dashboard's metric names.
+//!
+//! One test binary for the area; each module is one suite (filter with `<module>::`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli_dispatch;
+mod dashboards_use_declared_metrics;
+mod load_command;
+mod observability_cli;
+mod signals_answer_every_call;

@@ -1,0 +1,13 @@
+//! MCP: the command line, misbehaving and third-party servers, `mcp-serve` with the
+//! TypeScript client, and the overhead figure (ignored by default).
+//!
+//! One test binary for the area; each module is one suite (filter with `<module>::`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod mcp_cli;
+mod mcp_misbehaving_servers;
+mod mcp_overhead_figure;
+mod mcp_serve_with_ts_client;
+mod mcp_third_party_servers;

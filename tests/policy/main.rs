@@ -1,0 +1,13 @@
+//! Policy: permission rules, approvals and hooks, the audit log, `chat` asking on the
+//! terminal, and the policy overhead figure (ignored by default).
+//!
+//! One test binary for the area; each module is one suite (filter with `<module>::`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod approvals_and_hooks;
+mod audit_log_is_complete_and_never_blocks;
+mod chat_asks_on_the_terminal;
+mod permission_rules_see_the_confined_path;
+mod policy_overhead_figure;

@@ -1,0 +1,15 @@
+//! The bash sandbox: files, sessions, network, limits, modes, the engine's death, and its
+//! cost figure (ignored by default).
+//!
+//! One test binary for the area; each module is one suite (filter with `<module>::`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod sandbox_cost_figure;
+mod sandbox_engine_death;
+mod sandbox_files;
+mod sandbox_limits;
+mod sandbox_modes;
+mod sandbox_network;
+mod sandbox_sessions;

@@ -1,0 +1,14 @@
+//! `switchboard serve`: routes and errors, sessions, a turn's life, approvals, load over HTTP
+//! and the real binary.
+//!
+//! One test binary for the area; each module is one suite (filter with `<module>::`).
+
+#[path = "../serve_common/mod.rs"]
+mod serve_common;
+
+mod serve_approvals;
+mod serve_load;
+mod serve_process;
+mod serve_routes_and_errors;
+mod serve_sessions;
+mod serve_turn_lifecycle;

@@ -1,0 +1,205 @@
+//! `switchboard serve` sessions over real HTTP on 127.0.0.1:0: workspace names, workspaces that
+//! cannot reach each other, idle expiry, and 64 sessions × 50 turns answered exactly once, in
+//! order.
+
+use crate::serve_common;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use serve_common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_workspace_names_are_refused_and_create_nothing() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let long = "n".repeat(200);
+    for name in [
+        "..",
+        ".",
+        "a/b",
+        "",
+        long.as_str(),
+        "../escape",
+        "/tmp",
+        "a\\b",
+        "ä",
+    ] {
+        let a = post(
+            &c,
+            &s.url("/v1/sessions"),
+            &json!({"workspace": name}).to_string(),
+        )
+        .await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (400, "bad_request"),
+            "{name:?}: {}",
+            a.text
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(s.root.path().join("ws")).unwrap().count(),
+        0
+    );
+    assert!(!s.root.path().join("escape").exists());
+    // A name that exists as a symlink (planted to lead out of the root) or a file is refused.
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), s.root.path().join("ws/linked")).unwrap();
+    std::fs::write(s.root.path().join("ws/plain"), "x").unwrap();
+    for name in ["linked", "plain"] {
+        let a = post(
+            &c,
+            &s.url("/v1/sessions"),
+            &json!({"workspace": name}).to_string(),
+        )
+        .await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (400, "bad_request"),
+            "{name}: {}",
+            a.text
+        );
+    }
+    let ok = "n".repeat(128);
+    session(&c, &s, Some(&ok)).await;
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_cannot_reach_each_others_workspace() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let (a, a_ws) = session(&c, &s, Some("alpha")).await;
+    let (b, b_ws) = session(&c, &s, None).await;
+    assert_ne!(a_ws, b_ws);
+    let w = dispatch(
+        &c,
+        &s,
+        &a,
+        &turn(&[(
+            "w",
+            "write_file",
+            json!({"path": "secret.txt", "content": "only alpha"}),
+        )]),
+    )
+    .await;
+    assert_eq!(w.status, 200, "{}", w.text);
+    let probes = turn(&[
+        ("r1", "read_file", json!({"path": "../alpha/secret.txt"})),
+        (
+            "r2",
+            "read_file",
+            json!({"path": format!("{a_ws}/secret.txt")}),
+        ),
+        (
+            "r3",
+            "write_file",
+            json!({"path": "../alpha/secret.txt", "content": "b was here"}),
+        ),
+        (
+            "r4",
+            "edit_file",
+            json!({"path": format!("{a_ws}/secret.txt"), "old_text": "only", "new_text": "not only"}),
+        ),
+        ("r5", "glob", json!({"pattern": "**/secret.txt"})),
+    ]);
+    let answer = dispatch(&c, &s, &b, &probes).await.json();
+    let blocks = answer["content"].as_array().unwrap();
+    for block in &blocks[..4] {
+        let text = block["content"].as_str().unwrap();
+        assert!(text.starts_with("Error [permission_denied]"), "{block}");
+        assert_eq!(block["is_error"], true);
+    }
+    assert_eq!(blocks[4]["content"], "(no matches)");
+    assert_eq!(
+        std::fs::read_to_string(format!("{a_ws}/secret.txt")).unwrap(),
+        "only alpha"
+    );
+    // A second session naming the same workspace shares it (documented).
+    let (a2, _) = session(&c, &s, Some("alpha")).await;
+    let shared = dispatch(
+        &c,
+        &s,
+        &a2,
+        &turn(&[("r", "read_file", json!({"path": "secret.txt"}))]),
+    )
+    .await;
+    assert_eq!(shared.json()["content"][0]["content"], "only alpha");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_are_closed_and_their_workspaces_stay() {
+    let s = start(|c| c.idle_timeout = Duration::from_millis(300)).await;
+    let c = client();
+    let (id, ws) = session(&c, &s, Some("keep")).await;
+    let w = dispatch(
+        &c,
+        &s,
+        &id,
+        &turn(&[("w", "write_file", json!({"path": "f", "content": "kept"}))]),
+    )
+    .await;
+    assert_eq!(w.status, 200);
+    let url = s.url(&format!("/v1/sessions/{id}"));
+    let mut closed = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if get(&c, &url).await.status == 404 {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "the idle session was never closed");
+    assert_eq!(std::fs::read_to_string(format!("{ws}/f")).unwrap(), "kept");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_sessions_of_fifty_turns_each_get_every_result_once_in_order() {
+    let s = start(|c| c.load_tools = true).await;
+    let mut tasks = Vec::new();
+    for n in 0..64 {
+        let s_url = s.url("");
+        tasks.push(tokio::spawn(async move {
+            let c = client();
+            let a = post(&c, &format!("{s_url}/v1/sessions"), "{}").await;
+            let id = a.json()["session_id"].as_str().unwrap().to_string();
+            let url = format!("{s_url}/v1/sessions/{id}/dispatch");
+            for t in 0..50 {
+                let calls: Vec<(String, &str, Value)> = (0..4)
+                    .map(|k| {
+                        let tool = if k % 2 == 0 { "noop" } else { "noop_serial" };
+                        (
+                            format!("s{n}t{t}c{k}"),
+                            tool,
+                            json!({"text": format!("{n}/{t}/{k}"), "n": 0}),
+                        )
+                    })
+                    .collect();
+                let refs: Vec<(&str, &str, Value)> = calls
+                    .iter()
+                    .map(|(i, t, v)| (i.as_str(), *t, v.clone()))
+                    .collect();
+                let answer = post(&c, &url, &turn(&refs)).await;
+                assert_eq!(answer.status, 200, "{}", answer.text);
+                let blocks = answer.json()["content"].as_array().unwrap().clone();
+                assert_eq!(blocks.len(), 4);
+                for (k, b) in blocks.iter().enumerate() {
+                    assert_eq!(b["tool_use_id"], format!("s{n}t{t}c{k}"));
+                    assert_eq!(b["content"], format!("{n}/{t}/{k}"));
+                }
+            }
+            let info = get(&c, &format!("{s_url}/v1/sessions/{id}")).await.json();
+            assert_eq!(
+                (info["turns"].clone(), info["calls"].clone()),
+                (json!(50), json!(200))
+            );
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    s.shutdown().await.unwrap();
+}
