@@ -527,7 +527,25 @@ mod fixture {
     use super::*;
 
     /// A small tree: `base` at the bottom, `mid` (with `mid::low` listed one row lower), `top`.
-    fn tree(files: &[(&str, &str)]) -> PathBuf {
+    /// A fixture tree's `src/`; the tree is removed when this is dropped.
+    struct Tree(PathBuf);
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    impl std::ops::Deref for Tree {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    fn tree(files: &[(&str, &str)]) -> Tree {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
@@ -539,7 +557,7 @@ mod fixture {
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
             std::fs::write(file, text).unwrap();
         }
-        src
+        Tree(src)
     }
 
     const LIB: &str = "//! The crate.\n//!\n//! | layer | modules |\n//! | --- | --- |\n\

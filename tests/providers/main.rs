@@ -12,3 +12,4 @@ mod providers_eager_figure;
 mod providers_http;
 mod providers_run_cmd;
 mod run_command;
+mod streamed_turns_equal_whole_turns;

@@ -3,7 +3,7 @@
 //! the same codes, the same details, the same contents, in the same order — on the built-in
 //! tools and a workspace laid out the same way.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
