@@ -34,10 +34,10 @@
 //!
 //! # Layers
 //!
-//! Imports point down this table (a module may use its own row and the rows above it here);
-//! the `layering` test reads it and every `crate::` / `super::` path of `src/`, and fails on an
-//! import of a higher row or a module missing from it. A module sits in the row of the longest
-//! prefix of its path listed here.
+//! The layers, bottom to top: a module may import modules of its own row and of the rows listed
+//! before it, never one listed after it. The `layering` test reads this table and every
+//! `crate::` / `super::` path of `src/`, and fails on an import of a later row or a module missing
+//! from the table. A module sits in the row of the longest prefix of its path listed here.
 //!
 //! | layer | modules | what lives there |
 //! | --- | --- | --- |

@@ -34,6 +34,7 @@ pub use launch::CallSandbox;
 #[cfg(feature = "cli")]
 pub(crate) use mode::parse_bytes;
 pub use mode::{SandboxConfig, SandboxError, SandboxLimits, SandboxMode};
+pub use mounts::HIDDEN as HIDDEN_DIRS;
 pub use probe::{SandboxStatus, find_trampoline};
 
 /// An engine's sandbox: its config and what the machine offers for it.

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::sandbox::*;
 use serde_json::json;
-use switchboard::sandbox::{SandboxMode, mounts};
+use switchboard::sandbox::{HIDDEN_DIRS, SandboxMode};
 use switchboard::{ErrorCode, ToolCall, Workspace};
 
 #[tokio::test]
@@ -126,11 +126,11 @@ async fn escapes_from_the_workspace_are_refused_and_change_nothing_outside() {
     assert!(!ws.root().join("copied").exists() && !ws.root().join("moved").exists());
 }
 
-/// The directory of [`mounts::HIDDEN`] that `path` lies below, if any — judged as the sandbox
+/// The directory of [`HIDDEN_DIRS`] that `path` lies below, if any — judged as the sandbox
 /// does (real directories only; `path` resolved).
 fn hidden_by_the_sandbox(path: &Path) -> Option<&'static str> {
     let path = path.canonicalize().unwrap();
-    mounts::HIDDEN.into_iter().find(|dir| {
+    HIDDEN_DIRS.into_iter().find(|dir| {
         std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && path.starts_with(dir)
     })
 }
