@@ -37,6 +37,18 @@ pub fn say(message: &str) {
     let _ = writeln!(std::io::stderr(), "switchboard: {message}");
 }
 
+/// Why the engine of a command that takes `--sandbox` could not be built, in one line: a sandbox
+/// mode this machine cannot enforce also names the flag that chooses another mode (the library's
+/// own message names only the modes, as a library user has no flags).
+pub fn engine_error(e: &crate::RegistryError) -> String {
+    match e {
+        crate::RegistryError::Sandbox(crate::sandbox::SandboxError::Unenforceable { .. }) => {
+            format!("{e} (--sandbox best-effort, --sandbox off)")
+        }
+        _ => e.to_string(),
+    }
+}
+
 /// Says why the command failed and gives its exit code.
 pub fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
     say(&message.to_string());

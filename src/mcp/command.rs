@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::command::{fail, say};
+use crate::command::{engine_error, fail, say};
 use crate::engine::{Engine, EngineBuilder};
 use crate::mcp::{McpConfig, ServerState, list};
 use crate::tools::builtin_tools;
@@ -36,13 +36,13 @@ impl McpArgs {
 pub async fn start_engine(builder: EngineBuilder, mcp: &McpArgs) -> Result<Engine, String> {
     let config = mcp.config()?;
     if config.servers.is_empty() {
-        return builder.build().map_err(|e| e.to_string());
+        return builder.build().map_err(|e| engine_error(&e));
     }
     let engine = builder
         .mcp_config(config)
         .start()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| engine_error(&e))?;
     for s in engine.mcp_status() {
         if let ServerState::Failed { reason } = &s.state {
             say(&format!("MCP server {} failed: {reason}", s.name));
@@ -130,7 +130,7 @@ pub async fn mcp_serve(args: ServeArgs) -> ExitCode {
     };
     let engine = match builder.build() {
         Ok(e) => e,
-        Err(e) => return fail(1, e.to_string()),
+        Err(e) => return fail(1, engine_error(&e)),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let on_signal = stop.clone();

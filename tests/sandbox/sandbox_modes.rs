@@ -74,7 +74,8 @@ fn an_unenforceable_mode_stops_the_start_and_best_effort_says_what_is_missing() 
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("sandbox mode workspace-write cannot be enforced on this machine")
-            && stderr.contains("the trampoline binary"),
+            && stderr.contains("the trampoline binary")
+            && stderr.contains("(--sandbox best-effort, --sandbox off)"),
         "{stderr}"
     );
     let out = switchboard(&["tools", "--json", "--sandbox", "best-effort"], &broken);
@@ -107,6 +108,8 @@ async fn the_library_refuses_an_unenforceable_mode_at_build() {
             .contains("sandbox mode read-only cannot be enforced"),
         "{err}"
     );
+    // A library user has no flags: the refusal names the modes, never a command-line flag.
+    assert!(!err.to_string().contains("--"), "{err}");
 }
 
 #[test]
