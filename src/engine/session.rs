@@ -8,6 +8,9 @@
 //! Turns of one session are planned in the order they are dispatched; a turn that must wait runs
 //! on its own task, so other turns (of this session or others on the same scheduler) do not wait
 //! for it. Cancelling a session cancels only its own turns.
+//!
+//! Sessions are opened here too ([`Engine::session`], [`Engine::session_in`]): this file, a child
+//! of `engine`, reads the engine's state, so `engine.rs` never imports the session back.
 
 use std::sync::Arc;
 
