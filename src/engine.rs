@@ -41,7 +41,7 @@ use crate::worker::WorkerPool;
 
 mod session;
 use crate::workspace::Workspace;
-pub use session::Session;
+pub use session::{Session, SessionError, SessionOptions};
 
 /// Default global cap on calls running at once (async and blocking handlers).
 pub const DEFAULT_MAX_CONCURRENCY: usize = 256;
@@ -349,7 +349,7 @@ impl Engine {
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
         let scheduler = &self.inner.schedulers[i];
-        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None)
+        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None, None)
             .await
     }
 
@@ -397,6 +397,7 @@ impl Engine {
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
         sink: Option<ResultSink>,
+        view: Option<Arc<Snapshot>>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         if calls.is_empty() {
             return Ok(Vec::new());
@@ -407,7 +408,10 @@ impl Engine {
             return Err(EngineError::ShutDown);
         }
         let arrived = Instant::now();
-        let snapshot = self.snapshot().await;
+        let snapshot = match view {
+            Some(view) => view,
+            None => self.snapshot().await,
+        };
         let mut plan = scheduler::prepare(
             snapshot,
             calls,

@@ -164,6 +164,11 @@ impl Telemetry {
         })
     }
 
+    /// The recorder's handle, if one was installed.
+    pub fn handle(&self) -> Option<MetricsHandle> {
+        self.handle.clone()
+    }
+
     /// The address `/metrics` is served on (useful with port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr

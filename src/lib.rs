@@ -155,6 +155,7 @@ mod doc_examples {
 
 pub use engine::{
     DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUED, Engine, EngineBuilder, EngineError, Session,
+    SessionError, SessionOptions,
 };
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, RegistryError};

@@ -71,10 +71,11 @@ pub fn turn_dispatched(calls: usize, elapsed: Duration, metrics: &EngineMetrics)
 
 /// The span of one turn.
 #[inline]
-pub fn turn_span(calls: usize) -> Span {
+pub fn turn_span(calls: usize, session: &str) -> Span {
     tracing::info_span!(
         "dispatch_turn",
         gen_ai.operation.name = "dispatch_turn",
+        session.id = session,
         calls
     )
 }

@@ -136,6 +136,20 @@ impl Snapshot {
             .get(name)
             .map_or(&self.metrics.unknown, |t| &t.metrics)
     }
+    /// This view with `extra` tools added (a session's own tools): same version and metrics. An
+    /// extra tool whose name the view already has takes that name's place in the new view.
+    pub fn extended(&self, extra: &[Arc<RegisteredTool>]) -> Snapshot {
+        let mut tools = self.tools.clone();
+        for t in extra {
+            tools.insert(Arc::clone(&t.name), Arc::clone(t));
+        }
+        Snapshot {
+            version: self.version,
+            tools,
+            metrics: Arc::clone(&self.metrics),
+        }
+    }
+
     /// The tool of exactly this name (no trimming, no case folding).
     pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {
         self.tools.get(name)
@@ -194,47 +208,50 @@ impl Registry {
         if self.snapshot.get(&spec.name).is_some() {
             return Err(RegistryError::Duplicate(spec.name));
         }
-        let tool = self.prepare(spec)?;
+        let tool = prepare(spec)?;
         self.order.push(Arc::new(tool));
         self.publish();
         Ok(())
     }
+}
 
-    /// Checks a spec's name and compiles its schema.
-    fn prepare(&self, spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
-        if spec.name.is_empty() {
-            return Err(RegistryError::EmptyName);
-        }
-        if !valid_tool_name(&spec.name) {
-            return Err(RegistryError::InvalidName(spec.name));
-        }
-        let validator =
-            validation::compile(&spec.input_schema).map_err(|detail| RegistryError::BadSchema {
-                name: spec.name.clone(),
-                detail,
-            })?;
-        let metrics = ToolMetrics::new(&spec.name);
-        let limiter = spec
-            .policy
-            .max_concurrency
-            .map(|n| Limiter::new(n, TOOL_QUEUE_LIMIT));
-        Ok(RegisteredTool {
-            metrics,
-            limiter,
-            breaker: Breaker::default(),
-            name: Arc::from(spec.name),
-            description: spec.description,
-            input_schema: spec.input_schema,
-            handler: spec.handler,
-            policy: spec.policy,
-            access: spec.access,
-            validator,
-            subject: spec.subject,
-            policy_decisions: Default::default(),
-            policy_rules: Default::default(),
-        })
+/// Checks a spec's name and compiles its schema: the registered form of a tool, made outside the
+/// registry for a session's own tools (see [`Snapshot::extended`]).
+pub fn prepare(spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
+    if spec.name.is_empty() {
+        return Err(RegistryError::EmptyName);
     }
+    if !valid_tool_name(&spec.name) {
+        return Err(RegistryError::InvalidName(spec.name));
+    }
+    let validator =
+        validation::compile(&spec.input_schema).map_err(|detail| RegistryError::BadSchema {
+            name: spec.name.clone(),
+            detail,
+        })?;
+    let metrics = ToolMetrics::new(&spec.name);
+    let limiter = spec
+        .policy
+        .max_concurrency
+        .map(|n| Limiter::new(n, TOOL_QUEUE_LIMIT));
+    Ok(RegisteredTool {
+        metrics,
+        limiter,
+        breaker: Breaker::default(),
+        name: Arc::from(spec.name),
+        description: spec.description,
+        input_schema: spec.input_schema,
+        handler: spec.handler,
+        policy: spec.policy,
+        access: spec.access,
+        validator,
+        subject: spec.subject,
+        policy_decisions: Default::default(),
+        policy_rules: Default::default(),
+    })
+}
 
+impl Registry {
     /// Removes a tool; false if it was not registered.
     pub fn unregister(&mut self, name: &str) -> bool {
         let before = self.order.len();
@@ -264,7 +281,7 @@ impl Registry {
                 refused.push(RegistryError::Duplicate(spec.name));
                 continue;
             }
-            match self.prepare(spec) {
+            match prepare(spec) {
                 Ok(tool) => {
                     names.insert(Arc::clone(&tool.name));
                     self.order.push(Arc::new(tool));
@@ -285,18 +302,7 @@ impl Registry {
     pub fn catalog(&self, format: CatalogFormat) -> Vec<Value> {
         self.order
             .iter()
-            .map(|t| match format {
-                CatalogFormat::Anthropic => json!({
-                    "name": &*t.name, "description": t.description, "input_schema": t.input_schema,
-                }),
-                CatalogFormat::OpenAi => json!({
-                    "type": "function",
-                    "function": {"name": &*t.name, "description": t.description, "parameters": t.input_schema},
-                }),
-                CatalogFormat::Mcp => json!({
-                    "name": &*t.name, "description": t.description, "inputSchema": t.input_schema,
-                }),
-            })
+            .map(|t| catalog_entry(t, format))
             .collect()
     }
 
@@ -313,6 +319,22 @@ impl Registry {
             tools,
             metrics: Arc::clone(&self.metrics),
         });
+    }
+}
+
+/// One tool's catalog entry in `format`: a fresh copy.
+pub fn catalog_entry(t: &RegisteredTool, format: CatalogFormat) -> Value {
+    match format {
+        CatalogFormat::Anthropic => json!({
+            "name": &*t.name, "description": t.description, "input_schema": t.input_schema,
+        }),
+        CatalogFormat::OpenAi => json!({
+            "type": "function",
+            "function": {"name": &*t.name, "description": t.description, "parameters": t.input_schema},
+        }),
+        CatalogFormat::Mcp => json!({
+            "name": &*t.name, "description": t.description, "inputSchema": t.input_schema,
+        }),
     }
 }
 

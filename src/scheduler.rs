@@ -90,7 +90,7 @@ pub fn prepare(
         .iter()
         .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
         .collect();
-    let span = observe::turn_span(calls.len());
+    let span = observe::turn_span(calls.len(), scope.id());
     let mut collector = Collector::new(identities);
     let plan = plan::plan(&snapshot, calls, scope.workspace());
     for r in &plan.rejected {
@@ -135,6 +135,18 @@ impl TurnPlan {
     ) -> Vec<ToolDispatchResult> {
         observe::stages_started(&self.stages, &self.snapshot.metrics);
         let calls = std::mem::take(&mut self.runnable);
+        if cancel.is_cancelled() {
+            // Cancelled before it started (a turn-addressed cancel that came first): nothing runs.
+            for p in &calls {
+                self.collector.fill_error(
+                    p.index,
+                    ErrorCode::Cancelled,
+                    "cancelled before it started",
+                    &p.tool.metrics,
+                );
+            }
+            return self.finish();
+        }
         self.run_in_place(calls, workers, cancel);
         self.finish()
     }

@@ -20,11 +20,96 @@ use tokio_util::sync::CancellationToken;
 use crate::collector::ResultSink;
 use std::sync::atomic::Ordering;
 
+use arc_swap::ArcSwapOption;
+use serde_json::Value;
+
 use super::{Engine, EngineError};
 use crate::protocol::{ToolCall, ToolDispatchResult};
+use crate::registry::{CatalogFormat, RegisteredTool, RegistryError, Snapshot};
+use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::Scheduler;
-use crate::tool::SessionScope;
+use crate::tool::{SessionScope, ToolSpec};
 use crate::workspace::Workspace;
+
+/// How a session is opened ([`Engine::session_with`]): its id, its workspace, tools of its own and
+/// a sandbox of its own. Every field is optional; the default is what [`Engine::session`] opens.
+#[derive(Debug, Default)]
+pub struct SessionOptions {
+    id: Option<String>,
+    workspace: Option<Workspace>,
+    tools: Vec<ToolSpec>,
+    sandbox: Option<SandboxConfig>,
+}
+
+impl SessionOptions {
+    /// Options of a session like [`Engine::session`]'s.
+    pub fn new() -> Self {
+        SessionOptions::default()
+    }
+
+    /// The session's id, as callers know it (an HTTP session id, a conversation id): it is the id
+    /// every call of the session carries in its [`crate::ToolContext`], audit line, hook input and
+    /// span. Default: `s1`, `s2`, … in the order sessions open. Ids are not checked for
+    /// uniqueness; give each session its own.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The workspace its built-in tools are confined to (default: the engine's).
+    pub fn workspace(mut self, workspace: Workspace) -> Self {
+        self.workspace = Some(workspace);
+        self
+    }
+
+    /// Tools only this session sees and calls, beside the engine's (validated, planned, policed,
+    /// capped and measured like any tool). A name the engine's registry has is refused.
+    pub fn tools(mut self, specs: impl IntoIterator<Item = ToolSpec>) -> Self {
+        self.tools.extend(specs);
+        self
+    }
+
+    /// A sandbox of its own for the session's commands, instead of the engine's (the caller
+    /// decides whether it is narrower).
+    pub fn sandbox(mut self, config: SandboxConfig) -> Self {
+        self.sandbox = Some(config);
+        self
+    }
+}
+
+/// Why a session could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// One of its tools was refused (bad name or schema, a duplicate, or a name the engine has).
+    #[error(transparent)]
+    Tool(#[from] RegistryError),
+    /// Its sandbox cannot be enforced here.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+}
+
+/// A session's own tools, and the registry view extended with them (rebuilt when the engine's
+/// registry moves).
+#[derive(Debug)]
+struct OwnTools {
+    tools: Vec<Arc<RegisteredTool>>,
+    view: ArcSwapOption<Snapshot>,
+}
+
+impl OwnTools {
+    /// The engine's view `base` with these tools, cached per registry version.
+    fn view(&self, base: Arc<Snapshot>) -> Arc<Snapshot> {
+        if let Some(cached) = self.view.load_full()
+            && cached.version == base.version
+        {
+            return cached;
+        }
+        let view = Arc::new(base.extended(&self.tools));
+        self.view.store(Some(Arc::clone(&view)));
+        view
+    }
+}
 
 /// One agent session's handle. Clones share the session.
 #[derive(Debug, Clone)]
@@ -38,6 +123,7 @@ struct SessionInner {
     scheduler: ActorRef<Scheduler>,
     scope: Arc<SessionScope>,
     cancel: CancellationToken,
+    own: Option<OwnTools>,
 }
 
 impl Drop for SessionInner {
@@ -52,15 +138,54 @@ impl Session {
         scheduler: ActorRef<Scheduler>,
         scope: Arc<SessionScope>,
         cancel: CancellationToken,
+        own: Vec<Arc<RegisteredTool>>,
     ) -> Self {
+        let own = (!own.is_empty()).then(|| OwnTools {
+            tools: own,
+            view: ArcSwapOption::empty(),
+        });
         Session {
             inner: Arc::new(SessionInner {
                 engine,
                 scheduler,
                 scope,
                 cancel,
+                own,
             }),
         }
+    }
+
+    /// The registry view this session's turns are planned with: the engine's, plus its own tools.
+    async fn view(&self) -> Arc<Snapshot> {
+        let base = self.inner.engine.snapshot().await;
+        match &self.inner.own {
+            None => base,
+            Some(own) => own.view(base),
+        }
+    }
+
+    /// True when `name` is one of the session's own tools ([`SessionOptions::tools`]).
+    pub fn has_own_tool(&self, name: &str) -> bool {
+        self.inner
+            .own
+            .as_ref()
+            .is_some_and(|own| own.tools.iter().any(|t| &*t.name == name))
+    }
+
+    /// The session's catalog in `format`: the engine's tools, then its own.
+    pub async fn catalog(&self, format: CatalogFormat) -> Result<Vec<Value>, EngineError> {
+        let mut catalog = self.inner.engine.catalog(format).await?;
+        if let Some(own) = &self.inner.own {
+            let names: Vec<&str> = own.tools.iter().map(|t| &*t.name).collect();
+            // An engine tool registered later under one of the session's names is shadowed here.
+            catalog.retain(|entry| !names.contains(&catalog_name(entry)));
+            catalog.extend(
+                own.tools
+                    .iter()
+                    .map(|t| crate::registry::catalog_entry(t, format)),
+            );
+        }
+        Ok(catalog)
     }
 
     /// Dispatches one turn of this session: one result per call, in call order. `Err` only for an
@@ -88,6 +213,7 @@ impl Session {
                 calls,
                 cancel,
                 None,
+                self.view_if_own().await,
             )
             .await
     }
@@ -109,8 +235,18 @@ impl Session {
                 calls,
                 cancel,
                 Some(sink),
+                self.view_if_own().await,
             )
             .await
+    }
+
+    /// The extended view when the session has tools of its own (`None`: the engine's view, which
+    /// `dispatch_on` fetches itself).
+    async fn view_if_own(&self) -> Option<Arc<Snapshot>> {
+        match self.inner.own {
+            None => None,
+            Some(_) => Some(self.view().await),
+        }
     }
 
     /// A cancellation token for one turn of this session (a child of the session's).
@@ -160,12 +296,44 @@ impl Engine {
         self.open_session(Some(workspace))
     }
 
+    /// A new session opened with `options`: its own id, workspace, tools and sandbox.
+    pub async fn session_with(&self, options: SessionOptions) -> Result<Session, SessionError> {
+        let SessionOptions {
+            id,
+            workspace,
+            tools,
+            sandbox,
+        } = options;
+        let base = self.snapshot().await;
+        let mut own: Vec<Arc<RegisteredTool>> = Vec::with_capacity(tools.len());
+        for spec in tools {
+            if base.get(&spec.name).is_some() || own.iter().any(|t| *t.name == *spec.name) {
+                return Err(RegistryError::Duplicate(spec.name).into());
+            }
+            own.push(Arc::new(crate::registry::prepare(spec)?));
+        }
+        let sandbox = match sandbox {
+            None => Arc::clone(&self.inner.sandbox),
+            Some(config) => Arc::new(Sandbox::prepare(config)?),
+        };
+        let workspace = workspace.or_else(|| self.inner.workspace.clone());
+        Ok(self.open(id, workspace, sandbox, own))
+    }
+
     fn open_session(&self, workspace: Option<Workspace>) -> Session {
+        self.open(None, workspace, Arc::clone(&self.inner.sandbox), Vec::new())
+    }
+
+    fn open(
+        &self,
+        id: Option<String>,
+        workspace: Option<Workspace>,
+        sandbox: Arc<Sandbox>,
+        own: Vec<Arc<RegisteredTool>>,
+    ) -> Session {
         let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
-        let scope = Arc::new(
-            SessionScope::new(format!("s{n}"), workspace)
-                .with_sandbox(Arc::clone(&self.inner.sandbox)),
-        );
+        let id = id.unwrap_or_else(|| format!("s{n}"));
+        let scope = Arc::new(SessionScope::new(id, workspace).with_sandbox(sandbox));
         // The session's turns all go through one of the engine's schedulers (the same one for the
         // session's whole life, so they are planned in the order they are dispatched); no actor
         // per session.
@@ -177,6 +345,7 @@ impl Engine {
             scheduler,
             scope,
             self.inner.root.child_token(),
+            own,
         )
     }
 
@@ -184,4 +353,13 @@ impl Engine {
     pub(crate) fn session_closed(&self) {
         self.inner.metrics.sessions(-1.0);
     }
+}
+
+/// The `name` of a catalog entry of any shape.
+fn catalog_name(entry: &Value) -> &str {
+    entry
+        .get("name")
+        .or_else(|| entry.pointer("/function/name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }

@@ -5,27 +5,33 @@
 //! permit, its place in the session's turn order, the session itself) until the engine has
 //! answered every call. A client that disconnects — mid-stream or while waiting for the answer
 //! — drops only its view of the turn: the turn still completes (or is cancelled by `cancel`),
-//! its permit and lock are released, and no other session is touched.
+//! its permit and lock are released, and no other session is touched. Its client-tool calls
+//! waiting for an answer are answered `cancelled` at once (nobody is left to answer them).
 //!
 //! Order of checks, so that a refused request has run nothing: shutting down → session known →
-//! a request permit (`overloaded`, 503 with `Retry-After`, when none is left) → body size and
-//! encoding → the turn's cancellation token (taken on arrival, so `cancel` reaches turns still
-//! waiting) → the session's turn lock → decode (`bad_request`) → dispatch.
+//! a request permit (`overloaded`, 503 with `Retry-After`, when none is left) → the turn id
+//! (registered now, with the turn's cancellation token, so a turn-addressed or session cancel
+//! reaches it while it waits, and a cancel that came first cancels it here) → body size and
+//! encoding → decode (`bad_request`; also for a client-tool call in a turn that is not streamed)
+//! → the session's turn lock → dispatch. Every answer names its turn in `Switchboard-Turn-Id`.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
-use tokio::sync::{mpsc, oneshot};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::mpsc;
 
 use super::app::{App, json_response, query_param, read_body, session_id};
 use super::errors::ApiError;
 use super::sse;
-use crate::document::{DocumentError, dispatch_document_with};
+use crate::document::{DocumentError, decode_document, encode_document};
 use crate::protocol::WireFormat;
+
+/// The header naming a turn (request and response).
+pub const TURN_ID_HEADER: HeaderName = HeaderName::from_static("switchboard-turn-id");
 
 /// What the query string and headers ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,58 +70,113 @@ fn ask(query: Option<&str>, headers: &HeaderMap) -> Result<Ask, ApiError> {
     })
 }
 
-/// The handler.
+/// The client's turn id (`turn_id=` or `Switchboard-Turn-Id`), if it sent one.
+fn client_turn_id(query: Option<&str>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let by_header = match headers.get(&TURN_ID_HEADER) {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::BadRequest("the Switchboard-Turn-Id header is not printable text".into())
+        })?),
+    };
+    let id = match (query_param(query, "turn_id"), by_header) {
+        (Some(q), Some(h)) if q != h => {
+            return Err(ApiError::BadRequest(format!(
+                "turn_id={q} and Switchboard-Turn-Id: {h} disagree; send one"
+            )));
+        }
+        (Some(id), _) | (None, Some(id)) => id,
+        (None, None) => return Ok(None),
+    };
+    super::turns::check_turn_id(id)?;
+    Ok(Some(id.to_string()))
+}
+
+/// The handler: the turn's answer (or refusal), naming the turn in `Switchboard-Turn-Id` once
+/// its id is known.
 pub async fn dispatch(
     State(app): State<Arc<App>>,
     id: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
+) -> Response {
+    let mut turn_id = None;
+    let answer = run(&app, id, query.as_deref(), &headers, body, &mut turn_id).await;
+    let mut response = answer.unwrap_or_else(IntoResponse::into_response);
+    if let Some(value) = turn_id.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        response.headers_mut().insert(TURN_ID_HEADER, value);
+    }
+    response
+}
+
+async fn run(
+    app: &Arc<App>,
+    id: Result<Path<String>, PathRejection>,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+    turn_id: &mut Option<Arc<str>>,
 ) -> Result<Response, ApiError> {
     app.refuse_if_stopping()?;
     let id = session_id(id)?;
-    let ask = ask(query.as_deref(), &headers)?;
+    let ask = ask(query, headers)?;
+    let chosen = client_turn_id(query, headers)?;
     let session = app.sessions.enter(&id)?;
     let permit = Arc::clone(&app.requests)
         .try_acquire_owned()
         .map_err(|_| ApiError::Overloaded)?;
-    let text = read_body(&headers, body, app.max_body).await?;
+    let turn: Arc<str> = Arc::from(chosen.unwrap_or_else(|| app.sessions.new_turn_id()));
+    *turn_id = Some(Arc::clone(&turn));
     let cancel = session.turn_token();
-    let turn = session.turn_lock().lock_owned().await;
+    let mut registered = session.turn_ids().arrive(turn, cancel.clone())?;
+    let text = read_body(headers, body, app.max_body).await?;
+    let calls = decode_document(ask.format, &text)
+        .map_err(|reason| ApiError::BadRequest(reason.to_string()))?;
+    if !ask.stream
+        && let Some(call) = calls
+            .iter()
+            .find(|c| session.session().has_own_tool(&c.name))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "`{}` is a client tool, which the client runs: dispatch with stream=true (or Accept: text/event-stream) and answer its `call` event",
+            call.name
+        )));
+    }
+    let place = session.turn_lock().lock_owned().await;
+    registered.running();
 
-    let (started_tx, started_rx) = oneshot::channel::<()>();
     let (sink, results) = if ask.stream {
         let (tx, rx) = mpsc::unbounded_channel();
         (Some(tx), Some(rx))
     } else {
         (None, None)
     };
-    // A streamed turn carries its approval requests (`approval_required` events); a turn
-    // without a stream has nobody to ask, and its `ask` calls are refused.
+    // A streamed turn carries its approval requests (`approval_required` events) and its
+    // client-tool calls (`call` events); a turn without a stream has nobody to ask, and its
+    // `ask` calls are refused.
     let engine_id = session.session().id().to_string();
     let approvals = ask.stream.then(|| app.approvals.subscribe(&engine_id));
+    let delegated = match (ask.stream, session.delegate()) {
+        (true, Some(delegate)) => Some(delegate.attach()),
+        _ => None,
+    };
     let unsubscribe = (app.approvals.clone(), engine_id);
+    let format = ask.format;
     let task = tokio::spawn(async move {
-        let _held = (permit, turn);
+        let _held = (permit, place, registered);
         let _unsubscribe = Unsubscribe(unsubscribe);
-        let engine_session = session.session().clone();
-        let counted = &session;
-        dispatch_document_with(ask.format, &text, |calls| {
-            let _ = started_tx.send(());
-            counted.count_turn(calls.len());
-            async move {
-                match sink {
-                    Some(sink) => engine_session.dispatch_streaming(calls, cancel, sink).await,
-                    None => engine_session.dispatch_with_cancel(calls, cancel).await,
-                }
-            }
-        })
-        .await
+        session.count_turn(calls.len());
+        let engine_session = session.session();
+        let results = match sink {
+            Some(sink) => engine_session.dispatch_streaming(calls, cancel, sink).await,
+            None => engine_session.dispatch_with_cancel(calls, cancel).await,
+        };
+        encode_document(format, &results?)
     });
 
-    if ask.stream && started_rx.await.is_ok() {
+    if ask.stream {
         let results = results.unwrap_or_else(|| mpsc::unbounded_channel().1);
-        return Ok(sse::stream(ask.format, results, approvals, task));
+        return Ok(sse::stream(ask.format, results, approvals, delegated, task));
     }
     match task.await {
         Ok(Ok(answer)) => Ok(json_response(StatusCode::OK, answer)),
@@ -162,6 +223,36 @@ pub async fn approve(
     Ok(json_response(StatusCode::OK, body))
 }
 
+/// `POST /v1/sessions/{id}/calls/{call_id}` with `{"content": string or blocks, "is_error":
+/// bool}`: the client's answer to a client-tool call of the session's turn in flight. `409
+/// already_answered` for a second answer, `409 call_closed` when the engine answered the call
+/// itself first (its deadline passed, or it was cancelled), `404 unknown_call` otherwise.
+pub async fn answer_call(
+    State(app): State<Arc<App>>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    use super::client_tools::Refused;
+    let Path((id, call_id)) =
+        ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
+    let session = app.sessions.get(&id)?;
+    let text = read_body(&headers, body, app.max_body).await?;
+    let outcome = super::client_tools::parse_answer(&text)?;
+    let delegate = session
+        .delegate()
+        .ok_or_else(|| ApiError::UnknownCall(call_id.clone()))?;
+    match delegate.answer(&call_id, outcome) {
+        Ok(()) => {
+            let body = serde_json::json!({"call_id": call_id, "accepted": true}).to_string();
+            Ok(json_response(StatusCode::OK, body))
+        }
+        Err(Refused::AlreadyAnswered) => Err(ApiError::AlreadyAnswered(call_id)),
+        Err(Refused::Closed(how)) => Err(ApiError::CallClosed(call_id, how)),
+        Err(Refused::Unknown) => Err(ApiError::UnknownCall(call_id)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +271,25 @@ mod tests {
         );
         assert!(ask(Some("format=xml"), &none).is_err());
         assert!(ask(Some("stream=maybe"), &none).is_err());
+    }
+
+    #[test]
+    fn turn_ids_come_from_the_query_or_the_header() {
+        let none = HeaderMap::new();
+        let mut named = HeaderMap::new();
+        named.insert(TURN_ID_HEADER, "t-7".parse().unwrap());
+        assert_eq!(client_turn_id(None, &none).unwrap(), None);
+        assert_eq!(
+            client_turn_id(Some("turn_id=t-1"), &none)
+                .unwrap()
+                .as_deref(),
+            Some("t-1")
+        );
+        assert_eq!(
+            client_turn_id(None, &named).unwrap().as_deref(),
+            Some("t-7")
+        );
+        assert!(client_turn_id(Some("turn_id=t-1"), &named).is_err());
+        assert!(client_turn_id(Some("turn_id=a%20b"), &none).is_err());
     }
 }

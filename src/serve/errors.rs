@@ -22,6 +22,14 @@ pub enum ApiError {
     UnknownSession(String),
     /// No pending approval of this id in the session (404).
     UnknownApproval(String),
+    /// No client call of this id in the session (404).
+    UnknownCall(String),
+    /// The client answered this call already (409).
+    AlreadyAnswered(String),
+    /// The engine answered this call itself (deadline passed, cancelled) (409): id and how.
+    CallClosed(String, &'static str),
+    /// A turn of this id is still queued or running in the session (409).
+    TurnInProgress(String),
     /// Not JSON, not an accepted shape, a bad workspace name or query parameter (400).
     BadRequest(String),
     /// The body is bigger than `--max-body` (413).
@@ -94,6 +102,10 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::UnknownSession(_) => "unknown_session",
             ApiError::UnknownApproval(_) => "unknown_approval",
+            ApiError::UnknownCall(_) => "unknown_call",
+            ApiError::AlreadyAnswered(_) => "already_answered",
+            ApiError::CallClosed(..) => "call_closed",
+            ApiError::TurnInProgress(_) => "turn_in_progress",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::TooManySessions(_) => "too_many_sessions",
@@ -109,9 +121,13 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::UnknownSession(_) | ApiError::UnknownApproval(_) | ApiError::NotFound => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::UnknownSession(_)
+            | ApiError::UnknownApproval(_)
+            | ApiError::UnknownCall(_)
+            | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::AlreadyAnswered(_)
+            | ApiError::CallClosed(..)
+            | ApiError::TurnInProgress(_) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManySessions(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -132,6 +148,16 @@ impl ApiError {
             }
             ApiError::UnknownApproval(id) => format!(
                 "no approval `{id}` is waiting in this session (answered already, timed out, or never asked)"
+            ),
+            ApiError::UnknownCall(id) => format!("no client call `{id}` in this session"),
+            ApiError::AlreadyAnswered(id) => {
+                format!("call `{id}` was answered already; its first answer stands")
+            }
+            ApiError::CallClosed(id, how) => {
+                format!("call `{id}` can no longer be answered: {how}")
+            }
+            ApiError::TurnInProgress(id) => format!(
+                "turn `{id}` is still queued or running in this session; give each turn its own id"
             ),
             ApiError::BadRequest(m) | ApiError::Internal(m) => m.clone(),
             ApiError::PayloadTooLarge(limit) => {
@@ -186,6 +212,10 @@ mod tests {
             ApiError::Unauthorized,
             ApiError::UnknownSession("x".into()),
             ApiError::UnknownApproval("a1".into()),
+            ApiError::UnknownCall("c1".into()),
+            ApiError::AlreadyAnswered("c1".into()),
+            ApiError::CallClosed("c1".into(), "late"),
+            ApiError::TurnInProgress("t1".into()),
             ApiError::BadRequest("x".into()),
             ApiError::PayloadTooLarge(1),
             ApiError::TooManySessions(1),

@@ -23,11 +23,13 @@
 
 mod app;
 pub(crate) mod auth;
+mod client_tools;
 mod dispatch;
 mod errors;
 mod routes;
 mod sessions;
 mod sse;
+mod turns;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -100,10 +102,30 @@ pub struct ServeArgs {
     /// variants), for benchmarks.
     #[arg(long)]
     pub with_load_tools: bool,
+    /// Let `read_file` follow files with several hard links in session workspaces (off by
+    /// default: such a file may be the same as one outside the workspace).
+    #[arg(long)]
+    pub allow_hard_links: bool,
+    /// Most client tools one session may declare at creation (beyond: bad_request, 400).
+    #[arg(long, default_value_t = client_tools::DEFAULT_MAX_TOOLS, value_name = "N")]
+    pub max_client_tools: usize,
+    /// Largest input schema of one client tool, in bytes of JSON (beyond: bad_request, 400).
+    #[arg(long, default_value_t = client_tools::DEFAULT_MAX_SCHEMA_BYTES, value_name = "BYTES")]
+    pub max_client_schema_bytes: usize,
     /// Permission policy and audit log; `ask` is answered by the client (an `approval_required`
     /// event on the turn's stream, then `POST …/approvals/{approval_id}`).
     #[command(flatten)]
     pub policy: crate::command::PolicyArgs,
+    /// How the sessions' commands are confined (a session may narrow it, never widen it).
+    #[command(flatten)]
+    pub sandbox: crate::command::SandboxArgs,
+    /// MCP servers whose tools every session sees.
+    #[command(flatten)]
+    pub mcp: crate::mcp::command::McpArgs,
+    /// Metrics on an address of their own, and a file written at exit (`/metrics` on the
+    /// server's own address is always there).
+    #[command(flatten)]
+    pub telemetry: crate::command::TelemetryArgs,
 }
 
 /// How a [`Server`] is set up (the library side of [`ServeArgs`]).
@@ -133,6 +155,32 @@ pub struct ServeConfig {
     pub prometheus: Option<crate::exporter::MetricsHandle>,
     /// Permission policy and audit log (default: none).
     pub policy: crate::command::PolicyArgs,
+    /// The sandbox of the sessions' commands (default: `workspace-write`).
+    pub sandbox: crate::sandbox::SandboxConfig,
+    /// MCP servers (default: none); the server starts serving once each is up or has failed.
+    pub mcp: crate::mcp::McpConfig,
+    /// Let `read_file` follow multiply-linked files in workspaces.
+    pub allow_hard_links: bool,
+    /// Limits on client tools.
+    pub client_tools: ClientToolLimits,
+}
+
+/// Limits on the client tools a session declares.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientToolLimits {
+    /// Most client tools per session.
+    pub max_tools: usize,
+    /// Largest input schema of one, in bytes of JSON.
+    pub max_schema_bytes: usize,
+}
+
+impl Default for ClientToolLimits {
+    fn default() -> Self {
+        ClientToolLimits {
+            max_tools: client_tools::DEFAULT_MAX_TOOLS,
+            max_schema_bytes: client_tools::DEFAULT_MAX_SCHEMA_BYTES,
+        }
+    }
 }
 
 impl ServeConfig {
@@ -151,6 +199,10 @@ impl ServeConfig {
             workers: None,
             prometheus: None,
             policy: crate::command::PolicyArgs::default(),
+            sandbox: crate::sandbox::SandboxConfig::default(),
+            mcp: crate::mcp::McpConfig::default(),
+            allow_hard_links: false,
+            client_tools: ClientToolLimits::default(),
         }
     }
 }
@@ -180,7 +232,9 @@ impl Server {
         if config.load_tools {
             tools.extend(crate::load::load_tools(LOAD_SLEEP));
         }
-        let mut builder = Engine::builder().tools(tools);
+        let mut builder = Engine::builder()
+            .tools(tools)
+            .sandbox(config.sandbox.clone());
         if let Some(w) = config.workers {
             builder = builder.workers(w);
         }
@@ -189,7 +243,11 @@ impl Server {
             .policy
             .apply_with(builder, Arc::new(approvals.clone()))
             .map_err(ServeError::Policy)?;
-        let engine = builder.build()?;
+        let engine = if config.mcp.servers.is_empty() {
+            builder.build()?
+        } else {
+            builder.mcp_config(config.mcp.clone()).start().await?
+        };
         let listen_error = |source| ServeError::Listen {
             addr: config.listen,
             source,
@@ -203,6 +261,12 @@ impl Server {
             root,
             config.max_sessions.max(1),
             config.idle_timeout,
+            config.sandbox.clone(),
+            client_tools::Limits {
+                max_tools: config.client_tools.max_tools,
+                max_schema_bytes: config.client_tools.max_schema_bytes,
+            },
+            config.allow_hard_links,
         ));
         let app = Arc::new(App {
             engine,
@@ -329,9 +393,27 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         Ok(auth) => auth,
         Err(e) => return fail(2, &e),
     };
-    let prometheus = match crate::exporter::install_recorder() {
-        Ok(installed) => installed,
-        Err(e) => return fail(1, &e.to_string()),
+    let mcp = match args.mcp.config() {
+        Ok(mcp) => mcp,
+        Err(e) => return fail(2, &e),
+    };
+    // `--metrics-addr`/`--metrics-file` install the recorder with their endpoint; otherwise it
+    // is installed here, for the server's own `/metrics`.
+    let telemetry = match crate::exporter::Telemetry::start(
+        args.telemetry.metrics_addr,
+        args.telemetry.metrics_file.clone(),
+    )
+    .await
+    {
+        Ok(telemetry) => telemetry,
+        Err(e) => return fail(2, &e.to_string()),
+    };
+    let prometheus = match telemetry.handle() {
+        Some(handle) => handle,
+        None => match crate::exporter::install_recorder() {
+            Ok(installed) => installed,
+            Err(e) => return fail(1, &e.to_string()),
+        },
     };
     let config = ServeConfig {
         max_sessions: args.max_sessions,
@@ -342,12 +424,25 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         load_tools: args.with_load_tools,
         prometheus: Some(prometheus),
         policy: args.policy,
+        sandbox: args.sandbox.config(),
+        mcp,
+        allow_hard_links: args.allow_hard_links,
+        client_tools: ClientToolLimits {
+            max_tools: args.max_client_tools,
+            max_schema_bytes: args.max_client_schema_bytes,
+        },
         ..ServeConfig::new(args.listen, args.workspace_root, auth)
     };
     let server = match Server::bind(config).await {
         Ok(server) => server,
+        Err(ServeError::Engine(e)) => return fail(2, &crate::command::engine_error(&e)),
         Err(e) => return fail(2, &e.to_string()),
     };
+    for s in server.engine().mcp_status() {
+        if let crate::mcp::ServerState::Failed { reason } = &s.state {
+            crate::command::say(&format!("MCP server {} failed: {reason}", s.name));
+        }
+    }
     let shutdown = match termination() {
         Ok(s) => s,
         Err(e) => return fail(1, &e),
@@ -357,8 +452,10 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         server.local_addr()
     ));
     let result = server.run(shutdown).await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(1, &e.to_string()),
+    let written = telemetry.finish().await;
+    match (result, written) {
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Err(e), _) => fail(1, &e.to_string()),
+        (Ok(()), Err(e)) => fail(1, &e.to_string()),
     }
 }

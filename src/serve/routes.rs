@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use super::app::{App, json_response, query_param, read_body, session_id};
 use super::dispatch;
 use super::errors::ApiError;
+use super::sessions::NewSession;
 use crate::registry::CatalogFormat;
 
 /// The OpenAPI 3.1 description, served as is at `GET /v1/openapi.json`.
@@ -71,6 +72,17 @@ pub fn route_table() -> Vec<RouteDef> {
             "/v1/sessions/{id}/approvals/{approval_id}",
             post(dispatch::approve),
         ),
+        v1(
+            Method::POST,
+            "/v1/sessions/{id}/calls/{call_id}",
+            post(dispatch::answer_call),
+        ),
+        v1(
+            Method::POST,
+            "/v1/sessions/{id}/turns/{turn_id}/cancel",
+            post(cancel_turn),
+        ),
+        v1(Method::GET, "/v1/sessions/{id}/tools", get(session_tools)),
         v1(Method::GET, "/v1/tools", get(tools)),
         v1(Method::GET, "/v1/openapi.json", get(openapi)),
         open(Method::GET, "/healthz", get(healthz)),
@@ -145,40 +157,108 @@ async fn create_session(
 ) -> Result<Response, ApiError> {
     app.refuse_if_stopping()?;
     let text = read_body(&headers, body, app.max_body).await?;
-    let name = workspace_name(&text)?;
-    let session = app.sessions.create(name.as_deref())?;
+    let new = new_session(&text)?;
+    let session = app.sessions.create(new).await?;
     let answer = json!({
         "session_id": session.id(),
         "workspace": session.workspace().to_string_lossy(),
+        "tools": session.client_tool_names(),
     });
     Ok(json_response(StatusCode::CREATED, answer.to_string()))
 }
 
-/// The `workspace` of a create-session body: empty, `{}` or `{"workspace": NAME}`.
-fn workspace_name(text: &str) -> Result<Option<String>, ApiError> {
+/// The fields a create-session body may carry.
+const SESSION_FIELDS: &str = "workspace, tools, sandbox";
+
+/// A create-session body: empty, or an object of `workspace` (a name), `tools` (client tool
+/// definitions) and `sandbox` (a narrower mode, or `{"mode", "allow_network"}`).
+fn new_session(text: &str) -> Result<NewSession, ApiError> {
+    let mut new = NewSession::default();
     if text.trim().is_empty() {
-        return Ok(None);
+        return Ok(new);
     }
     let doc: Value = serde_json::from_str(text)
         .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(mut fields) = doc else {
-        return Err(ApiError::BadRequest(
-            "the body must be a JSON object: {} or {\"workspace\": NAME}".into(),
-        ));
-    };
-    let name = match fields.remove("workspace") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
-        Some(_) => {
-            return Err(ApiError::BadRequest("`workspace` must be a string".into()));
-        }
-    };
-    if let Some(unknown) = fields.keys().next() {
+    let Value::Object(fields) = doc else {
         return Err(ApiError::BadRequest(format!(
-            "unknown field `{unknown}` (only `workspace` is accepted)"
+            "the body must be a JSON object of {SESSION_FIELDS}"
         )));
+    };
+    for (key, value) in fields {
+        match (key.as_str(), value) {
+            (_, Value::Null) => {}
+            ("workspace", Value::String(s)) => new.workspace = Some(s),
+            ("workspace", _) => {
+                return Err(ApiError::BadRequest("`workspace` must be a string".into()));
+            }
+            ("tools", tools) => new.tools = Some(tools),
+            ("sandbox", Value::String(mode)) => new.sandbox = Some(parse_mode(&mode)?),
+            ("sandbox", Value::Object(o)) => {
+                for (k, v) in o {
+                    match (k.as_str(), v) {
+                        ("mode", Value::String(mode)) => new.sandbox = Some(parse_mode(&mode)?),
+                        ("allow_network", Value::Bool(b)) => new.allow_network = Some(b),
+                        _ => {
+                            return Err(ApiError::BadRequest(format!(
+                                "`sandbox.{k}`: the sandbox object takes `mode` (a string) and `allow_network` (a bool)"
+                            )));
+                        }
+                    }
+                }
+            }
+            ("sandbox", _) => {
+                return Err(ApiError::BadRequest(
+                    "`sandbox` must be a mode or {\"mode\", \"allow_network\"}".into(),
+                ));
+            }
+            (unknown, _) => {
+                return Err(ApiError::BadRequest(format!(
+                    "unknown field `{unknown}` (accepted: {SESSION_FIELDS})"
+                )));
+            }
+        }
     }
-    Ok(name)
+    Ok(new)
+}
+
+fn parse_mode(mode: &str) -> Result<crate::sandbox::SandboxMode, ApiError> {
+    mode.parse()
+        .map_err(|e: crate::sandbox::SandboxError| ApiError::BadRequest(format!("`sandbox`: {e}")))
+}
+
+/// `GET /v1/sessions/{id}/tools?format=…`: the session's catalog (the server's tools, then its
+/// client tools).
+async fn session_tools(
+    State(app): State<Arc<App>>,
+    id: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let id = session_id(id)?;
+    let format = catalog_format(query.as_deref())?;
+    let session = app.sessions.get(&id)?;
+    let catalog = session
+        .session()
+        .catalog(format)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(json_response(
+        StatusCode::OK,
+        Value::Array(catalog).to_string(),
+    ))
+}
+
+/// `POST /v1/sessions/{id}/turns/{turn_id}/cancel`: cancels that turn, wherever it is.
+async fn cancel_turn(
+    State(app): State<Arc<App>>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path((id, turn_id)) =
+        ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
+    super::turns::check_turn_id(&turn_id)?;
+    let session = app.sessions.get(&id)?;
+    let found = session.turn_ids().cancel(&turn_id);
+    let body = json!({"turn_id": turn_id, "state": found.as_str()});
+    Ok(json_response(StatusCode::OK, body.to_string()))
 }
 
 async fn session_info(
@@ -213,16 +293,7 @@ async fn tools(
     State(app): State<Arc<App>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let format = match query_param(query.as_deref(), "format") {
-        None | Some("anthropic") => CatalogFormat::Anthropic,
-        Some("openai") => CatalogFormat::OpenAi,
-        Some("mcp") => CatalogFormat::Mcp,
-        Some(other) => {
-            return Err(ApiError::BadRequest(format!(
-                "format must be anthropic, openai or mcp, not `{other}`"
-            )));
-        }
-    };
+    let format = catalog_format(query.as_deref())?;
     let catalog = app
         .engine
         .catalog(format)
@@ -232,6 +303,17 @@ async fn tools(
         StatusCode::OK,
         Value::Array(catalog).to_string(),
     ))
+}
+
+fn catalog_format(query: Option<&str>) -> Result<CatalogFormat, ApiError> {
+    match query_param(query, "format") {
+        None | Some("anthropic") => Ok(CatalogFormat::Anthropic),
+        Some("openai") => Ok(CatalogFormat::OpenAi),
+        Some("mcp") => Ok(CatalogFormat::Mcp),
+        Some(other) => Err(ApiError::BadRequest(format!(
+            "format must be anthropic, openai or mcp, not `{other}`"
+        ))),
+    }
 }
 
 async fn openapi() -> Response {
@@ -278,14 +360,31 @@ mod tests {
 
     #[test]
     fn create_bodies_are_strict() {
-        assert_eq!(workspace_name("").unwrap(), None);
-        assert_eq!(workspace_name("{}").unwrap(), None);
+        assert_eq!(new_session("").unwrap().workspace, None);
+        assert_eq!(new_session("{}").unwrap().workspace, None);
         assert_eq!(
-            workspace_name(r#"{"workspace":"p"}"#).unwrap().as_deref(),
+            new_session(r#"{"workspace":"p"}"#)
+                .unwrap()
+                .workspace
+                .as_deref(),
             Some("p")
         );
-        for bad in ["[]", "nope", r#"{"workspace":1}"#, r#"{"other":"x"}"#] {
-            assert!(workspace_name(bad).is_err(), "{bad}");
+        let narrowed =
+            new_session(r#"{"sandbox":{"mode":"read-only","allow_network":false}}"#).unwrap();
+        assert_eq!(
+            narrowed.sandbox,
+            Some(crate::sandbox::SandboxMode::ReadOnly)
+        );
+        assert_eq!(narrowed.allow_network, Some(false));
+        for bad in [
+            "[]",
+            "nope",
+            r#"{"workspace":1}"#,
+            r#"{"other":"x"}"#,
+            r#"{"sandbox":"tight"}"#,
+            r#"{"sandbox":{"mode":"read-only","net":true}}"#,
+        ] {
+            assert!(new_session(bad).is_err(), "{bad}");
         }
     }
 }

@@ -20,9 +20,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::client_tools::{self, Delegate};
 use super::errors::ApiError;
-use crate::engine::Engine;
-use crate::engine::Session;
+use super::turns::TurnTable;
+use crate::engine::{Engine, Session, SessionError, SessionOptions};
+use crate::sandbox::{SandboxConfig, SandboxMode};
 use crate::workspace::Workspace;
 
 /// Longest workspace name.
@@ -38,6 +40,12 @@ pub struct HttpSession {
     epoch: Mutex<CancellationToken>,
     /// Held by the turn running; waiting turns queue on it in arrival order.
     turn_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Its turns by id (turn-addressed cancel).
+    turn_ids: Arc<TurnTable>,
+    /// Its client tools' calls, if it declared any.
+    delegate: Option<Arc<Delegate>>,
+    /// Its client tools' names, in declaration order.
+    client_tools: Vec<String>,
     turns: AtomicU64,
     calls: AtomicU64,
     in_flight: AtomicUsize,
@@ -59,6 +67,21 @@ impl HttpSession {
     /// The engine session.
     pub fn session(&self) -> &Session {
         &self.session
+    }
+
+    /// Its turns by id.
+    pub fn turn_ids(&self) -> &Arc<TurnTable> {
+        &self.turn_ids
+    }
+
+    /// Its client tools' names.
+    pub fn client_tool_names(&self) -> &[String] {
+        &self.client_tools
+    }
+
+    /// Its client tools' side, if it declared any.
+    pub fn delegate(&self) -> Option<&Arc<Delegate>> {
+        self.delegate.as_ref()
     }
 
     /// The cancellation token of a turn arriving now: cancelled by `cancel`, `DELETE`, and
@@ -97,12 +120,72 @@ impl HttpSession {
     }
 }
 
+/// What a new session asks for (the create-session body).
+#[derive(Debug, Default)]
+pub struct NewSession {
+    /// A named workspace under the root (else a fresh one named after the session).
+    pub workspace: Option<String>,
+    /// Client tool definitions (the `tools` array), if any.
+    pub tools: Option<Value>,
+    /// A narrower sandbox mode than the server's.
+    pub sandbox: Option<SandboxMode>,
+    /// `false` to take the network away when the server allows it.
+    pub allow_network: Option<bool>,
+}
+
+/// How strict a mode is: a session may move only up this order.
+fn strictness(mode: SandboxMode) -> u8 {
+    match mode {
+        SandboxMode::Off => 0,
+        SandboxMode::BestEffort => 1,
+        SandboxMode::WorkspaceWrite => 2,
+        SandboxMode::ReadOnly => 3,
+    }
+}
+
+/// The session's sandbox: the server's, narrowed as asked; `bad_request` for a widening.
+pub fn narrowed(
+    server: &SandboxConfig,
+    mode: Option<SandboxMode>,
+    allow_network: Option<bool>,
+) -> Result<Option<SandboxConfig>, ApiError> {
+    if mode.is_none() && allow_network.is_none() {
+        return Ok(None);
+    }
+    let mut config = server.clone();
+    if let Some(mode) = mode {
+        if strictness(mode) < strictness(server.mode) {
+            return Err(ApiError::BadRequest(format!(
+                "sandbox `{}` would widen the server's `{}`: a session may only narrow it (order: off, best-effort, workspace-write, read-only)",
+                mode.as_str(),
+                server.mode.as_str()
+            )));
+        }
+        config.mode = mode;
+    }
+    if let Some(allow) = allow_network {
+        if allow && !server.allow_network {
+            return Err(ApiError::BadRequest(
+                "allow_network: the server gives commands no network, and a session may only narrow that".into(),
+            ));
+        }
+        config.allow_network = allow;
+    }
+    Ok(Some(config))
+}
+
 /// Every open session.
 #[derive(Debug)]
 pub struct SessionTable {
     sessions: Mutex<HashMap<Arc<str>, Arc<HttpSession>>>,
     engine: Engine,
     root: PathBuf,
+    /// The server's sandbox (what sessions may narrow).
+    sandbox: SandboxConfig,
+    /// The server's limits on client tools.
+    tool_limits: client_tools::Limits,
+    /// Whether `read_file` follows multiply-linked files in workspaces.
+    allow_hard_links: bool,
     max: usize,
     idle_timeout: Duration,
     start: Instant,
@@ -131,11 +214,22 @@ pub fn check_name(name: &str) -> Result<(), ApiError> {
 impl SessionTable {
     /// A table of at most `max` sessions whose workspaces live under `root` (an existing,
     /// absolute directory).
-    pub fn new(engine: Engine, root: PathBuf, max: usize, idle_timeout: Duration) -> Self {
+    pub fn new(
+        engine: Engine,
+        root: PathBuf,
+        max: usize,
+        idle_timeout: Duration,
+        sandbox: SandboxConfig,
+        tool_limits: client_tools::Limits,
+        allow_hard_links: bool,
+    ) -> Self {
         SessionTable {
             sessions: Mutex::new(HashMap::new()),
             engine,
             root,
+            sandbox,
+            tool_limits,
+            allow_hard_links,
             max,
             idle_timeout,
             start: Instant::now(),
@@ -149,6 +243,15 @@ impl SessionTable {
     }
 
     fn new_id(&self) -> String {
+        format!("s{:016x}", self.random())
+    }
+
+    /// A turn id for a dispatch that brought none.
+    pub fn new_turn_id(&self) -> String {
+        format!("t{:016x}", self.random())
+    }
+
+    fn random(&self) -> u64 {
         let mut h = self.ids.build_hasher();
         h.write_u64(self.next.fetch_add(1, Ordering::Relaxed));
         h.write_u128(
@@ -156,7 +259,7 @@ impl SessionTable {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
         );
-        format!("s{:016x}", h.finish())
+        h.finish()
     }
 
     fn full(&self) -> Result<(), ApiError> {
@@ -167,11 +270,19 @@ impl SessionTable {
     }
 
     /// Opens a session in `<root>/<name>` (created if missing), or in a fresh directory named
-    /// after the session.
-    pub fn create(&self, name: Option<&str>) -> Result<Arc<HttpSession>, ApiError> {
+    /// after the session, with the client tools and the narrower sandbox it asks for.
+    pub async fn create(&self, new: NewSession) -> Result<Arc<HttpSession>, ApiError> {
+        let name = new.workspace.as_deref();
         if let Some(name) = name {
             check_name(name)?;
         }
+        let sandbox = narrowed(&self.sandbox, new.sandbox, new.allow_network)?;
+        let delegate = new.tools.is_some().then(|| Arc::new(Delegate::default()));
+        let tools = match (&new.tools, &delegate) {
+            (Some(defs), Some(delegate)) => client_tools::parse(defs, self.tool_limits, delegate)?,
+            _ => Vec::new(),
+        };
+        let client_tools = tools.iter().map(|t| t.name.clone()).collect();
         self.full()?;
         let (id, dir, fresh) = match name {
             Some(name) => {
@@ -207,7 +318,7 @@ impl SessionTable {
             }
         };
         let workspace = match Workspace::open(&dir) {
-            Ok(ws) => ws,
+            Ok(ws) => ws.allow_hard_links(self.allow_hard_links),
             Err(e) => {
                 cleanup(&dir);
                 return Err(ApiError::BadRequest(format!(
@@ -216,13 +327,37 @@ impl SessionTable {
                 )));
             }
         };
-        let session = self.engine.session_in(workspace);
+        // The engine session has the HTTP session's id: audit lines, hook input, approvals and
+        // spans all name the id the client knows.
+        let mut options = SessionOptions::new()
+            .id(id.clone())
+            .workspace(workspace)
+            .tools(tools);
+        if let Some(config) = sandbox {
+            options = options.sandbox(config);
+        }
+        let session = match self.engine.session_with(options).await {
+            Ok(session) => session,
+            Err(e) => {
+                cleanup(&dir);
+                return Err(ApiError::BadRequest(match e {
+                    SessionError::Tool(crate::RegistryError::Duplicate(name)) => format!(
+                        "client tool `{name}`: the name is taken (by a built-in or MCP tool, or twice in `tools`)"
+                    ),
+                    SessionError::Tool(e) => format!("client tool {e}"),
+                    other => format!("cannot open the session: {other}"),
+                }));
+            }
+        };
         let http = Arc::new(HttpSession {
             id: Arc::from(id.as_str()),
             workspace: dir.clone(),
             epoch: Mutex::new(session.turn_token()),
             session,
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+            turn_ids: Arc::new(TurnTable::default()),
+            delegate,
+            client_tools,
             turns: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),

@@ -1,6 +1,9 @@
 //! The Server-Sent Events answer of a streamed dispatch: one `event: result` per call as it is
 //! answered, data `{"index": i, "result": <block or message>}`, then one `event: done` whose data
-//! is the complete ordered answer, byte for byte the non-streaming body.
+//! is the complete ordered answer, byte for byte the non-streaming body. Between them, `event:
+//! approval_required` for a call that waits for the client's approval and `event: call` for a
+//! client-tool call the client runs (`{"call_id", "tool_use_id", "name", "input",
+//! "deadline_ms"}`).
 //!
 //! A forwarding task turns the engine's per-call results (the collector's result sink) into
 //! events; when the client goes away the forwarder stops and drops its end of the sink, while
@@ -12,6 +15,7 @@
 use std::collections::BTreeSet;
 use std::convert::Infallible;
 
+use super::client_tools::Attached;
 use crate::document::DocumentError;
 use crate::protocol::{ToolDispatchResult, WireFormat};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -57,9 +61,16 @@ pub fn stream(
     format: WireFormat,
     mut results: mpsc::UnboundedReceiver<(usize, ToolDispatchResult)>,
     mut approvals: Option<mpsc::UnboundedReceiver<crate::policy::ApprovalRequest>>,
+    delegated: Option<(mpsc::UnboundedReceiver<Value>, Attached)>,
     turn: JoinHandle<Result<String, DocumentError>>,
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Event>(BUFFERED_EVENTS);
+    // The stream's body holds the turn's link to its client-tool calls: when the client goes
+    // away, hyper drops the body, and the calls still waiting for it are answered `cancelled`.
+    let (mut calls, attached) = match delegated {
+        Some((calls, attached)) => (Some(calls), Some(attached)),
+        None => (None, None),
+    };
     tokio::spawn(async move {
         let mut sent = BTreeSet::new();
         loop {
@@ -78,6 +89,12 @@ pub fn stream(
                         None => std::future::pending().await,
                     }
                 } => approval_event(&request),
+                Some(call) = async {
+                    match calls.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => Event::default().event("call").data(call.to_string()),
             };
             if tx.send(event).await.is_err() {
                 return; // the client went away; the turn runs on by itself
@@ -104,8 +121,10 @@ pub fn stream(
         }
         let _ = tx.send(Event::default().event("done").data(answer)).await;
     });
-    let events =
-        futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>)));
+    let events = futures::stream::poll_fn(move |cx| {
+        let _link = &attached;
+        rx.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>))
+    });
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -7,8 +7,10 @@
 mod serve_common;
 
 mod serve_approvals;
+mod serve_client_tools;
 mod serve_load;
 mod serve_process;
 mod serve_routes_and_errors;
 mod serve_sessions;
+mod serve_turn_cancel;
 mod serve_turn_lifecycle;

@@ -370,7 +370,12 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
         if method == "DELETE" {
             continue; // called last, below
         }
-        let url = s.url(&path.replace("{id}", &id));
+        let url = s.url(
+            &path
+                .replace("{id}", &id)
+                .replace("{turn_id}", "t1")
+                .replace("{call_id}", "c1"),
+        );
         let request = c
             .request(method.parse().unwrap(), url)
             .bearer_auth(TOKEN)
@@ -378,6 +383,8 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
                 turn(&[])
             } else if path.contains("{approval_id}") {
                 r#"{"allow": true}"#.to_string()
+            } else if path.contains("{call_id}") {
+                r#"{"content": "x"}"#.to_string()
             } else {
                 String::new()
             });
@@ -389,6 +396,11 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
                 (404, "unknown_approval".into()),
                 "{path}"
             );
+            continue;
+        }
+        if path.contains("{call_id}") {
+            // The handler's own answer: the session has no client call of that id.
+            assert_eq!((a.status, a.code()), (404, "unknown_call".into()), "{path}");
             continue;
         }
         assert!(
