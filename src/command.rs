@@ -84,6 +84,14 @@ pub struct SandboxArgs {
     /// Largest file a bash command may write (e.g. 1G).
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_bytes)]
     pub max_file_size: u64,
+    /// Let bash commands read and execute PATH (never write it), even where the sandbox hides
+    /// its directory (a toolchain under a home directory); repeatable.
+    #[arg(long = "sandbox-read", value_name = "PATH")]
+    pub read: Vec<PathBuf>,
+    /// Let bash commands read and execute every directory on this process's PATH (the
+    /// toolchains it would run), as `--sandbox-read` does.
+    #[arg(long = "sandbox-read-path")]
+    pub read_path_env: bool,
 }
 
 impl Default for SandboxArgs {
@@ -95,6 +103,8 @@ impl Default for SandboxArgs {
             max_processes: limits.max_processes,
             max_memory: limits.max_memory,
             max_file_size: limits.max_file_size,
+            read: Vec::new(),
+            read_path_env: false,
         }
     }
 }
@@ -102,7 +112,13 @@ impl Default for SandboxArgs {
 impl SandboxArgs {
     /// The engine's sandbox config.
     pub fn config(&self) -> SandboxConfig {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let mut read: Vec<PathBuf> = self.read.iter().map(|p| cwd.join(p)).collect();
+        if self.read_path_env {
+            read.extend(path_dirs(std::env::var_os("PATH")));
+        }
         SandboxConfig::new(self.mode)
+            .read_paths(read)
             .allow_network(self.allow_network)
             .limits(SandboxLimits {
                 max_processes: self.max_processes,
@@ -110,6 +126,17 @@ impl SandboxArgs {
                 max_file_size: self.max_file_size,
             })
     }
+}
+
+/// The existing absolute directories of a `PATH` value (a relative or missing entry is skipped:
+/// it names nothing a command could rely on).
+pub fn path_dirs(path: Option<std::ffi::OsString>) -> Vec<PathBuf> {
+    path.map(|p| {
+        std::env::split_paths(&p)
+            .filter(|d| d.is_absolute() && d.is_dir())
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// Policy flags of every command that runs tools (see `docs/permissions.md`).

@@ -21,7 +21,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use rustix::process::{Pid, Resource, Rlimit, Signal, getppid, setrlimit};
@@ -69,6 +69,8 @@ struct Plan {
     workspace_writable: bool,
     workspace: Option<PathBuf>,
     tmp: Option<PathBuf>,
+    /// More paths to keep visible and readable.
+    read: Vec<PathBuf>,
     landlock_tcp: bool,
     parent: Option<i32>,
     cgroups: Vec<PathBuf>,
@@ -123,6 +125,11 @@ impl Plan {
                     } else {
                         plan.workspace = Some(v.into());
                     }
+                }
+                "--read" => {
+                    let v = value(&mut it)?;
+                    plan.inner_args.extend([arg.clone(), v.clone()]);
+                    plan.read.push(v.into());
                 }
                 "--landlock-tcp" => {
                     plan.landlock_tcp = true;
@@ -225,14 +232,21 @@ fn inner(plan: &Plan) -> Result<(), String> {
         return Err("--workspace and --tmp are required".into());
     };
     if plan.private_mounts {
-        match super::mounts::hide_host_dirs(&[workspace, tmp]) {
+        let mut keep: Vec<&Path> = vec![workspace, tmp];
+        keep.extend(plan.read.iter().map(PathBuf::as_path));
+        match super::mounts::hide_host_dirs(&keep) {
             Ok(()) => {}
             Err(_) if plan.best_effort => {}
             Err(e) => return Err(e),
         }
     }
-    match landlock_rules::restrict_self(workspace, plan.workspace_writable, tmp, plan.landlock_tcp)
-    {
+    match landlock_rules::restrict_self(
+        workspace,
+        plan.workspace_writable,
+        tmp,
+        &plan.read,
+        plan.landlock_tcp,
+    ) {
         Ok(_) => {}
         Err(_) if plan.best_effort => {}
         Err(e) => return Err(e),

@@ -52,6 +52,7 @@ pub fn restrict_self(
     workspace: &Path,
     workspace_writable: bool,
     tmp: &Path,
+    extra_read: &[std::path::PathBuf],
     tcp: bool,
 ) -> Result<Applied, String> {
     let abi = TARGET_ABI;
@@ -76,6 +77,9 @@ pub fn restrict_self(
     }
     for p in DEVICES {
         rules.push((Path::new(p), device));
+    }
+    for p in extra_read {
+        rules.push((p.as_path(), read));
     }
     rules.push((workspace, if workspace_writable { all } else { read }));
     rules.push((tmp, all));

@@ -64,6 +64,9 @@ impl CallSandbox {
             "--cpu".into(),
             cpu_seconds.max(1).to_string().into(),
         ];
+        for path in &config.read_paths {
+            args.extend(["--read".into(), path.into()]);
+        }
         for procs in cgroup.procs_files() {
             args.extend(["--cgroup".into(), procs.into()]);
         }

@@ -50,7 +50,8 @@ impl Sandbox {
     /// Checks that `config` can be enforced here. `Err` (one sentence naming what is missing)
     /// for `workspace-write` or `read-only` when it cannot; `best-effort` never fails and `off`
     /// probes nothing. Logs the mode in force (and a warning for `off` or missing parts).
-    pub fn prepare(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+    pub fn prepare(mut config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        config.read_paths = resolve_read_paths(&config.read_paths)?;
         if !config.mode.confines() {
             tracing::warn!(
                 "sandbox: off — bash commands can read and write everything this user can, and \
@@ -150,6 +151,7 @@ impl Sandbox {
             "max_memory_by": if cg.memory.is_some() { "memory cgroup" } else { "RLIMIT_AS" },
             "max_file_size_bytes": limits.max_file_size,
             "trampoline": self.status.trampoline.as_ref().map(|p| p.display().to_string()),
+            "read_paths": self.config.read_paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "missing": self.degraded,
         })
     }
@@ -174,4 +176,26 @@ impl Sandbox {
         }
         CallSandbox::new(self, workspace, budget).map(Some)
     }
+}
+
+/// The read paths resolved (symlinks followed, as the trampoline opens them), duplicates dropped;
+/// a relative, missing or unreadable one is refused.
+fn resolve_read_paths(
+    paths: &[std::path::PathBuf],
+) -> Result<Vec<std::path::PathBuf>, SandboxError> {
+    let mut resolved: Vec<std::path::PathBuf> = Vec::with_capacity(paths.len());
+    for path in paths {
+        let bad = |reason: String| SandboxError::BadReadPath {
+            path: path.clone(),
+            reason,
+        };
+        if !path.is_absolute() {
+            return Err(bad("not an absolute path".into()));
+        }
+        let real = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
+        if !resolved.contains(&real) {
+            resolved.push(real);
+        }
+    }
+    Ok(resolved)
 }

@@ -74,6 +74,14 @@ pub enum SandboxError {
     /// Not a size, or a size of zero or beyond 2^64 bytes.
     #[error("not a size: {0:?} (e.g. 2G, 256M, 1048576)")]
     BadSize(String),
+    /// A path given to read cannot be used.
+    #[error("cannot let commands read {}: {reason}", path.display())]
+    BadReadPath {
+        /// The path.
+        path: PathBuf,
+        /// Why (not absolute, missing, unreadable).
+        reason: String,
+    },
 }
 
 impl FromStr for SandboxMode {
@@ -130,6 +138,9 @@ pub struct SandboxConfig {
     /// The `switchboard` binary used as the trampoline. `None`: found automatically (see
     /// [`crate::sandbox::find_trampoline`]).
     pub trampoline: Option<PathBuf>,
+    /// More paths commands may read and execute (never write), beside the system's: toolchains
+    /// installed under a home directory, for example. Absolute; each must exist.
+    pub read_paths: Vec<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -162,6 +173,13 @@ impl SandboxConfig {
     /// Sets the per-call limits.
     pub fn limits(mut self, limits: SandboxLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Lets commands read and execute what lies under `paths` (never write it): kept visible
+    /// where the sandbox hides a directory (`/home`, `/root`, …) and allowed by Landlock.
+    pub fn read_paths(mut self, paths: impl IntoIterator<Item = PathBuf>) -> Self {
+        self.read_paths.extend(paths);
         self
     }
 }

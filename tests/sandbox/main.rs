@@ -12,4 +12,5 @@ mod sandbox_files;
 mod sandbox_limits;
 mod sandbox_modes;
 mod sandbox_network;
+mod sandbox_read_paths;
 mod sandbox_sessions;

@@ -203,3 +203,50 @@ async fn sixty_four_sessions_of_fifty_turns_each_get_every_result_once_in_order(
     }
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_may_narrow_the_servers_sandbox_but_never_widen_it() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let narrowed = post(&c, &s.url("/v1/sessions"), r#"{"sandbox": "read-only"}"#).await;
+    assert_eq!(narrowed.status, 201, "{}", narrowed.text);
+    let v = narrowed.json();
+    let (id, ws) = (
+        v["session_id"].as_str().unwrap().to_string(),
+        v["workspace"].as_str().unwrap().to_string(),
+    );
+    let a = dispatch(
+        &c,
+        &s,
+        &id,
+        &turn(&[(
+            "b",
+            "bash",
+            serde_json::json!({"command": "echo x > f.txt"}),
+        )]),
+    )
+    .await;
+    assert!(
+        a.json()["content"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("exit code"),
+        "{}",
+        a.text
+    );
+    assert!(!std::path::Path::new(&format!("{ws}/f.txt")).exists());
+    for wider in [
+        r#"{"sandbox": "off"}"#,
+        r#"{"sandbox": "best-effort"}"#,
+        r#"{"sandbox": {"allow_network": true}}"#,
+    ] {
+        let a = post(&c, &s.url("/v1/sessions"), wider).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (400, "bad_request"),
+            "{wider}"
+        );
+        assert!(a.text.contains("narrow"), "{}", a.text);
+    }
+    s.shutdown().await.unwrap();
+}
