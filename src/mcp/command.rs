@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::command::{engine_error, fail, say};
 use crate::engine::{Engine, EngineBuilder};
+use crate::mcp::serve::Order;
 use crate::mcp::{McpConfig, ServerState, list};
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
@@ -110,6 +111,9 @@ pub struct ServeArgs {
     /// Permission policy and audit log (ask is deny: nobody can approve over stdio).
     #[command(flatten)]
     pub policy: crate::command::PolicyArgs,
+    /// Order of the calls a client has in flight at once (each is a turn of its own).
+    #[arg(long, value_enum, value_name = "ORDER", default_value_t = Order::Concurrent)]
+    pub order: Order,
 }
 
 /// Serves the built-in tools over MCP on stdin/stdout until the client closes stdin (or ctrl-c).
@@ -122,7 +126,7 @@ pub async fn mcp_serve(args: ServeArgs) -> ExitCode {
     let specs = builtin_tools();
     let builder = Engine::builder()
         .tools(specs.clone())
-        .workspace(ws)
+        .workspace(ws.clone())
         .sandbox(args.sandbox.config());
     let builder = match args.policy.apply(builder) {
         Ok(b) => b,
@@ -139,7 +143,8 @@ pub async fn mcp_serve(args: ServeArgs) -> ExitCode {
             on_signal.cancel();
         }
     });
-    let served = super::serve::serve_stdio(engine.clone(), &specs, stop).await;
+    let served =
+        super::serve::serve_stdio(engine.clone(), &specs, args.order, Some(ws), stop).await;
     engine.shutdown(Duration::from_secs(1)).await;
     match served {
         Ok(()) => ExitCode::SUCCESS,

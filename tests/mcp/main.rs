@@ -1,5 +1,5 @@
 //! MCP: the command line, misbehaving and third-party servers, `mcp-serve` with the
-//! TypeScript client, and the overhead figure (ignored by default).
+//! TypeScript client and with `--order arrival`, and the overhead figure (ignored by default).
 //!
 //! One test binary for the area; each module is one suite (filter with `<module>::`).
 
@@ -9,5 +9,6 @@ mod common;
 mod mcp_cli;
 mod mcp_misbehaving_servers;
 mod mcp_overhead_figure;
+mod mcp_serve_arrival_order;
 mod mcp_serve_with_ts_client;
 mod mcp_third_party_servers;
