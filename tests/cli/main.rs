@@ -8,6 +8,7 @@ mod common;
 
 mod cli_dispatch;
 mod dashboards_use_declared_metrics;
+mod flags_named_exist;
 mod load_command;
 mod observability_cli;
 mod signals_answer_every_call;
