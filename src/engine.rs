@@ -41,6 +41,7 @@ use crate::worker::WorkerPool;
 
 mod session;
 use crate::workspace::Workspace;
+use session::Turf;
 pub use session::{Session, SessionError, SessionOptions};
 
 /// Default global cap on calls running at once (async and blocking handlers).
@@ -349,7 +350,11 @@ impl Engine {
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.schedulers.len();
         let scheduler = &self.inner.schedulers[i];
-        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None, None)
+        let turf = Turf {
+            view: None,
+            policy: self.inner.policy.clone(),
+        };
+        self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None, turf)
             .await
     }
 
@@ -397,7 +402,7 @@ impl Engine {
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
         sink: Option<ResultSink>,
-        view: Option<Arc<Snapshot>>,
+        turf: Turf,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         if calls.is_empty() {
             return Ok(Vec::new());
@@ -408,17 +413,11 @@ impl Engine {
             return Err(EngineError::ShutDown);
         }
         let arrived = Instant::now();
-        let snapshot = match view {
+        let snapshot = match turf.view {
             Some(view) => view,
             None => self.snapshot().await,
         };
-        let mut plan = scheduler::prepare(
-            snapshot,
-            calls,
-            arrived,
-            Arc::clone(scope),
-            self.inner.policy.clone(),
-        );
+        let mut plan = scheduler::prepare(snapshot, calls, arrived, Arc::clone(scope), turf.policy);
         if let Some(sink) = sink {
             plan.collector.attach_sink(sink);
         }

@@ -426,7 +426,7 @@ where
     };
     match late {
         // The handler answered for itself (e.g. bash with its partial output).
-        Ok(Err(e)) if e.code == code => Err(e),
+        Ok(Err(e)) if e.code == code && !e.detail.is_empty() => Err(e),
         Ok(Ok(text)) | Ok(Err(ToolError { detail: text, .. })) if !text.is_empty() => Err(
             ToolError::new(code, format!("{what}; partial output:\n{text}")),
         ),

@@ -39,6 +39,7 @@ pub struct SessionOptions {
     workspace: Option<Workspace>,
     tools: Vec<ToolSpec>,
     sandbox: Option<SandboxConfig>,
+    rules: Option<(String, crate::policy::Rules)>,
 }
 
 impl SessionOptions {
@@ -75,6 +76,15 @@ impl SessionOptions {
         self.sandbox = Some(config);
         self
     }
+
+    /// Permission rules of the session's own, named `name` in denials and audit lines: they
+    /// narrow the engine's policy ([`crate::policy::Policy::narrowed`]) — a call runs only if
+    /// both allow it. The engine must have a policy ([`crate::EngineBuilder::policy`];
+    /// [`crate::policy::Policy::allow_all`] is enough); rules that ask are refused.
+    pub fn rules(mut self, name: impl Into<String>, rules: crate::policy::Rules) -> Self {
+        self.rules = Some((name.into(), rules));
+        self
+    }
 }
 
 /// Why a session could not be opened.
@@ -87,6 +97,9 @@ pub enum SessionError {
     /// Its sandbox cannot be enforced here.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// Its rules were refused (they ask), or the engine has no policy for them to narrow.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
 }
 
 /// A session's own tools, and the registry view extended with them (rebuilt when the engine's
@@ -124,6 +137,17 @@ struct SessionInner {
     scope: Arc<SessionScope>,
     cancel: CancellationToken,
     own: Option<OwnTools>,
+    /// The engine's policy, or the session's narrowing of it.
+    policy: Option<Arc<crate::policy::Policy>>,
+}
+
+/// What one session's turns are planned with ([`Engine::dispatch_on`]).
+#[derive(Debug, Default)]
+pub(crate) struct Turf {
+    /// The registry view with the session's own tools (`None`: the engine's).
+    pub view: Option<Arc<Snapshot>>,
+    /// The session's policy.
+    pub policy: Option<Arc<crate::policy::Policy>>,
 }
 
 impl Drop for SessionInner {
@@ -139,6 +163,7 @@ impl Session {
         scope: Arc<SessionScope>,
         cancel: CancellationToken,
         own: Vec<Arc<RegisteredTool>>,
+        policy: Option<Arc<crate::policy::Policy>>,
     ) -> Self {
         let own = (!own.is_empty()).then(|| OwnTools {
             tools: own,
@@ -151,6 +176,7 @@ impl Session {
                 scope,
                 cancel,
                 own,
+                policy,
             }),
         }
     }
@@ -213,7 +239,7 @@ impl Session {
                 calls,
                 cancel,
                 None,
-                self.view_if_own().await,
+                self.turf().await,
             )
             .await
     }
@@ -235,17 +261,20 @@ impl Session {
                 calls,
                 cancel,
                 Some(sink),
-                self.view_if_own().await,
+                self.turf().await,
             )
             .await
     }
 
-    /// The extended view when the session has tools of its own (`None`: the engine's view, which
-    /// `dispatch_on` fetches itself).
-    async fn view_if_own(&self) -> Option<Arc<Snapshot>> {
-        match self.inner.own {
-            None => None,
-            Some(_) => Some(self.view().await),
+    /// What the session's turns are planned with: the extended view when it has tools of its own
+    /// (`None`: the engine's view, which `dispatch_on` fetches itself), and its policy.
+    async fn turf(&self) -> Turf {
+        Turf {
+            view: match self.inner.own {
+                None => None,
+                Some(_) => Some(self.view().await),
+            },
+            policy: self.inner.policy.clone(),
         }
     }
 
@@ -303,7 +332,21 @@ impl Engine {
             workspace,
             tools,
             sandbox,
+            rules,
         } = options;
+        let policy = match rules {
+            None => self.inner.policy.clone(),
+            Some((name, rules)) => match &self.inner.policy {
+                Some(policy) => Some(Arc::new(policy.narrowed(name, rules)?)),
+                None => {
+                    return Err(crate::policy::PolicyError(format!(
+                        "session policy {name}: the engine has no policy to narrow (give it one, \
+                         e.g. Policy::allow_all())"
+                    ))
+                    .into());
+                }
+            },
+        };
         let base = self.snapshot().await;
         let mut own: Vec<Arc<RegisteredTool>> = Vec::with_capacity(tools.len());
         for spec in tools {
@@ -317,11 +360,17 @@ impl Engine {
             Some(config) => Arc::new(Sandbox::prepare(config)?),
         };
         let workspace = workspace.or_else(|| self.inner.workspace.clone());
-        Ok(self.open(id, workspace, sandbox, own))
+        Ok(self.open(id, workspace, sandbox, own, policy))
     }
 
     fn open_session(&self, workspace: Option<Workspace>) -> Session {
-        self.open(None, workspace, Arc::clone(&self.inner.sandbox), Vec::new())
+        self.open(
+            None,
+            workspace,
+            Arc::clone(&self.inner.sandbox),
+            Vec::new(),
+            self.inner.policy.clone(),
+        )
     }
 
     fn open(
@@ -330,6 +379,7 @@ impl Engine {
         workspace: Option<Workspace>,
         sandbox: Arc<Sandbox>,
         own: Vec<Arc<RegisteredTool>>,
+        policy: Option<Arc<crate::policy::Policy>>,
     ) -> Session {
         let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
         let id = id.unwrap_or_else(|| format!("s{n}"));
@@ -346,6 +396,7 @@ impl Engine {
             scope,
             self.inner.root.child_token(),
             own,
+            policy,
         )
     }
 

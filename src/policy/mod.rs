@@ -50,16 +50,26 @@ pub use rules::{Action, Confined, PolicyError, Rule, RuleIndex, Rules, Subject, 
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The policy of an engine: rules, hooks, approver, audit log.
+#[derive(Clone)]
 pub struct Policy {
-    rules: Rules,
+    rules: Arc<Rules>,
     hooks: Vec<Hook>,
-    external: hooks::ExternalHooks,
+    external: Arc<hooks::ExternalHooks>,
     approver: Arc<dyn Approver>,
     approval_timeout: Duration,
     audit: Option<AuditLog>,
     metrics: PolicyMetrics,
     /// Whether any call could wait (an ask rule or default, an external hook).
     may_wait: bool,
+    /// A session's own stricter rules ([`Policy::narrowed`]).
+    narrowing: Option<Arc<Narrowing>>,
+}
+
+/// A session's own rules: they may deny what the policy allows, never allow what it denies.
+#[derive(Debug)]
+struct Narrowing {
+    name: Arc<str>,
+    rules: Rules,
 }
 
 impl std::fmt::Debug for Policy {
@@ -70,6 +80,7 @@ impl std::fmt::Debug for Policy {
             .field("external_pre", &self.external.pre.len())
             .field("external_post", &self.external.post.len())
             .field("audit", &self.audit.is_some())
+            .field("narrowed_by", &self.narrowing.as_ref().map(|n| &n.name))
             .finish()
     }
 }
@@ -88,14 +99,15 @@ impl Policy {
 
     fn from_parts(rules: Rules, external: hooks::ExternalHooks) -> Policy {
         let mut policy = Policy {
-            rules,
+            rules: Arc::new(rules),
             hooks: Vec::new(),
-            external,
+            external: Arc::new(external),
             approver: Arc::new(RefuseAll),
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             audit: None,
             metrics: PolicyMetrics::new(),
             may_wait: false,
+            narrowing: None,
         };
         policy.refresh();
         policy
@@ -129,6 +141,29 @@ impl Policy {
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| PolicyError(format!("policy {}: not JSON: {e}", path.display())))?;
         Policy::from_json(&v).map_err(|e| PolicyError(format!("policy {}: {e}", path.display())))
+    }
+
+    /// This policy, narrowed for one session by `rules` (named `name` in denials and audit
+    /// lines): a call runs only if both allow it — the session's deny rules and default deny what
+    /// this policy allows; its allow rules never allow what this policy denies or asks about.
+    /// Everything else (hooks, approver, audit log) is shared. Rules that ask are refused: a
+    /// session narrows by denying.
+    pub fn narrowed(&self, name: impl Into<Arc<str>>, rules: Rules) -> Result<Policy, PolicyError> {
+        let name = name.into();
+        if rules.has_ask() {
+            return Err(PolicyError(format!(
+                "session policy {name}: a session's rules may allow and deny, not ask (without \
+                 \"default\" the default is ask: give \"default\": \"allow\" or \"deny\")"
+            )));
+        }
+        let mut narrowed = self.clone();
+        narrowed.narrowing = Some(Arc::new(Narrowing { name, rules }));
+        Ok(narrowed)
+    }
+
+    /// The name of the session rules this policy is narrowed by, if any.
+    pub fn narrowed_by(&self) -> Option<&str> {
+        self.narrowing.as_ref().map(|n| &*n.name)
     }
 
     /// Adds an in-process hook (run in the order added, before external hooks).
@@ -411,6 +446,28 @@ impl Policy {
         ticket.subject = subject
             .as_ref()
             .map(|s| audit::truncate(s.text(), audit::SUBJECT_CAP));
+        if let Some(narrowing) = &self.narrowing
+            && let (Action::Deny, rule) = narrowing.rules.decide(&tool.name, subject.as_ref())
+        {
+            let detail = match rule {
+                Some(r) => format!(
+                    "denied by rule \"{}\" of the session's policy {}",
+                    r.text(),
+                    narrowing.name
+                ),
+                None => format!(
+                    "denied by the default of the session's policy {}",
+                    narrowing.name
+                ),
+            };
+            ticket.by = match rule {
+                Some(r) if self.audit.is_some() => By::Label(Arc::clone(r.label())),
+                Some(_) => By::Rule,
+                None => By::Default,
+            };
+            let t = std::mem::replace(ticket, Ticket::placeholder());
+            return Err(self.refuse(t, ToolError::permission(detail), "deny"));
+        }
         if self.rules.allows_everything() {
             return Ok(());
         }

@@ -447,15 +447,23 @@ impl Delegate {
         };
         tokio::select! {
             biased;
-            answered = answer => answered.unwrap_or_else(|_| Err(ToolError::new(
-                ErrorCode::Cancelled, "the call was given up before the client answered",
-            ))),
-            () = gone.cancelled() => Err(ToolError::new(
+            answered = answer => {
+                if let Ok(outcome) = answered {
+                    return outcome;
+                }
+                // Refused as too late (or after a cancel): the engine is giving the call up.
+            }
+            () = gone.cancelled() => return Err(ToolError::new(
                 ErrorCode::Cancelled,
                 "the client's stream closed before it answered",
             )),
-            () = ctx.cancel.cancelled() => Err(ToolError::new(ErrorCode::Cancelled, "cancelled")),
+            () = ctx.cancel.cancelled() => {}
         }
+        // The engine stops a call it gives up (deadline passed, turn cancelled) and words the
+        // result itself (`timed out after …`, `cancelled while running`): an empty detail is
+        // never reported as partial output.
+        ctx.cancel.cancelled().await;
+        Err(ToolError::new(ErrorCode::Cancelled, ""))
     }
 
     /// The client's answer to call `id`.

@@ -101,12 +101,38 @@ pub async fn dispatch(
     body: Body,
 ) -> Response {
     let mut turn_id = None;
-    let answer = run(&app, id, query.as_deref(), &headers, body, &mut turn_id).await;
+    let mut body_read = false;
+    let answer = run(
+        &app,
+        id,
+        query.as_deref(),
+        &headers,
+        body,
+        &mut turn_id,
+        &mut body_read,
+    )
+    .await;
+    let refused_unread = answer.is_err() && !body_read && has_body(&headers);
     let mut response = answer.unwrap_or_else(IntoResponse::into_response);
     if let Some(value) = turn_id.and_then(|t| HeaderValue::from_str(&t).ok()) {
         response.headers_mut().insert(TURN_ID_HEADER, value);
     }
+    if refused_unread {
+        // The connection cannot carry another request past a body nobody read: say so, so the
+        // client opens a new one instead of finding this one reset.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
+}
+
+/// Whether the request announced a body.
+fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
 }
 
 async fn run(
@@ -116,6 +142,7 @@ async fn run(
     headers: &HeaderMap,
     body: Body,
     turn_id: &mut Option<Arc<str>>,
+    body_read: &mut bool,
 ) -> Result<Response, ApiError> {
     app.refuse_if_stopping()?;
     let id = session_id(id)?;
@@ -129,7 +156,9 @@ async fn run(
     *turn_id = Some(Arc::clone(&turn));
     let cancel = session.turn_token();
     let mut registered = session.turn_ids().arrive(turn, cancel.clone())?;
-    let text = read_body(headers, body, app.max_body).await?;
+    let text = read_body(headers, body, app.max_body).await;
+    *body_read = text.is_ok();
+    let text = text?;
     let calls = decode_document(ask.format, &text)
         .map_err(|reason| ApiError::BadRequest(reason.to_string()))?;
     if !ask.stream

@@ -49,6 +49,7 @@ use app::App;
 pub use auth::{Auth, TOKEN_ENV};
 pub use errors::ServeError;
 pub use routes::{OPENAPI_JSON, RouteDef, route_table};
+pub use sessions::SessionPolicies;
 use sessions::SessionTable;
 
 /// Default `--listen`.
@@ -116,6 +117,11 @@ pub struct ServeArgs {
     /// event on the turn's stream, then `POST …/approvals/{approval_id}`).
     #[command(flatten)]
     pub policy: crate::command::PolicyArgs,
+    /// A stricter policy a session may choose by name (`"policy": "NAME"` when it is created): a
+    /// JSON file whose `permissions` (allow and deny rules and a default; no ask, no hooks)
+    /// narrow `--policy` for that session. Repeatable.
+    #[arg(long = "session-policy", value_name = "NAME=FILE")]
+    pub session_policy: Vec<String>,
     /// How the sessions' commands are confined (a session may narrow it, never widen it).
     #[command(flatten)]
     pub sandbox: crate::command::SandboxArgs,
@@ -155,6 +161,8 @@ pub struct ServeConfig {
     pub prometheus: Option<crate::exporter::MetricsHandle>,
     /// Permission policy and audit log (default: none).
     pub policy: crate::command::PolicyArgs,
+    /// The stricter policies a session may choose (default: none).
+    pub session_policies: SessionPolicies,
     /// The sandbox of the sessions' commands (default: `workspace-write`).
     pub sandbox: crate::sandbox::SandboxConfig,
     /// MCP servers (default: none); the server starts serving once each is up or has failed.
@@ -199,6 +207,7 @@ impl ServeConfig {
             workers: None,
             prometheus: None,
             policy: crate::command::PolicyArgs::default(),
+            session_policies: SessionPolicies::default(),
             sandbox: crate::sandbox::SandboxConfig::default(),
             mcp: crate::mcp::McpConfig::default(),
             allow_hard_links: false,
@@ -239,10 +248,20 @@ impl Server {
             builder = builder.workers(w);
         }
         let approvals = crate::policy::Approvals::new();
-        let builder = config
-            .policy
-            .apply_with(builder, Arc::new(approvals.clone()))
-            .map_err(ServeError::Policy)?;
+        let policy = match config.policy.policy(Arc::new(approvals.clone())) {
+            Ok(Some(policy)) => Some(policy),
+            // Session policies narrow a policy: without `--policy` it is the one allowing all.
+            Ok(None) if !config.session_policies.is_empty() => Some(
+                crate::policy::Policy::allow_all()
+                    .approver(Arc::new(approvals.clone()))
+                    .approval_timeout(config.policy.approval_timeout),
+            ),
+            Ok(None) => None,
+            Err(e) => return Err(ServeError::Policy(e)),
+        };
+        if let Some(policy) = policy {
+            builder = builder.policy(policy);
+        }
         let engine = if config.mcp.servers.is_empty() {
             builder.build()?
         } else {
@@ -256,18 +275,21 @@ impl Server {
             .await
             .map_err(listen_error)?;
         let local_addr = listener.local_addr().map_err(listen_error)?;
-        let sessions = Arc::new(SessionTable::new(
-            engine.clone(),
-            root,
-            config.max_sessions.max(1),
-            config.idle_timeout,
-            config.sandbox.clone(),
-            client_tools::Limits {
-                max_tools: config.client_tools.max_tools,
-                max_schema_bytes: config.client_tools.max_schema_bytes,
-            },
-            config.allow_hard_links,
-        ));
+        let sessions = Arc::new(
+            SessionTable::new(
+                engine.clone(),
+                root,
+                config.max_sessions.max(1),
+                config.idle_timeout,
+                config.sandbox.clone(),
+                client_tools::Limits {
+                    max_tools: config.client_tools.max_tools,
+                    max_schema_bytes: config.client_tools.max_schema_bytes,
+                },
+                config.allow_hard_links,
+            )
+            .with_policies(config.session_policies.clone()),
+        );
         let app = Arc::new(App {
             engine,
             sessions,
@@ -397,6 +419,10 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         Ok(mcp) => mcp,
         Err(e) => return fail(2, &e),
     };
+    let session_policies = match SessionPolicies::load(&args.session_policy) {
+        Ok(policies) => policies,
+        Err(e) => return fail(2, &e),
+    };
     // `--metrics-addr`/`--metrics-file` install the recorder with their endpoint; otherwise it
     // is installed here, for the server's own `/metrics`.
     let telemetry = match crate::exporter::Telemetry::start(
@@ -424,6 +450,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         load_tools: args.with_load_tools,
         prometheus: Some(prometheus),
         policy: args.policy,
+        session_policies,
         sandbox: args.sandbox.config(),
         mcp,
         allow_hard_links: args.allow_hard_links,

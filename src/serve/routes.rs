@@ -168,10 +168,11 @@ async fn create_session(
 }
 
 /// The fields a create-session body may carry.
-const SESSION_FIELDS: &str = "workspace, tools, sandbox";
+const SESSION_FIELDS: &str = "workspace, tools, sandbox, policy";
 
 /// A create-session body: empty, or an object of `workspace` (a name), `tools` (client tool
-/// definitions) and `sandbox` (a narrower mode, or `{"mode", "allow_network"}`).
+/// definitions), `sandbox` (a narrower mode, or `{"mode", "allow_network"}`) and `policy` (the
+/// name of a stricter policy the server offers).
 fn new_session(text: &str) -> Result<NewSession, ApiError> {
     let mut new = NewSession::default();
     if text.trim().is_empty() {
@@ -192,6 +193,12 @@ fn new_session(text: &str) -> Result<NewSession, ApiError> {
                 return Err(ApiError::BadRequest("`workspace` must be a string".into()));
             }
             ("tools", tools) => new.tools = Some(tools),
+            ("policy", Value::String(name)) => new.policy = Some(name),
+            ("policy", _) => {
+                return Err(ApiError::BadRequest(
+                    "`policy` must be the name of a session policy the server offers".into(),
+                ));
+            }
             ("sandbox", Value::String(mode)) => new.sandbox = Some(parse_mode(&mode)?),
             ("sandbox", Value::Object(o)) => {
                 for (k, v) in o {

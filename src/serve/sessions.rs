@@ -131,6 +131,91 @@ pub struct NewSession {
     pub sandbox: Option<SandboxMode>,
     /// `false` to take the network away when the server allows it.
     pub allow_network: Option<bool>,
+    /// The name of a session policy the server offers (`--session-policy NAME=FILE`).
+    pub policy: Option<String>,
+}
+
+/// The stricter policies a session may choose by name (`--session-policy NAME=FILE`): each the
+/// `permissions` object of a policy file (allow and deny rules and a default; no ask, no hooks),
+/// narrowing the server's policy for the sessions that choose it.
+#[derive(Debug, Default, Clone)]
+pub struct SessionPolicies(Vec<(String, Value)>);
+
+impl SessionPolicies {
+    /// Reads every `NAME=FILE`; the error names the file and what is wrong.
+    pub fn load(specs: &[String]) -> Result<SessionPolicies, String> {
+        let mut policies: Vec<(String, Value)> = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let Some((name, file)) = spec.split_once('=') else {
+                return Err(format!("--session-policy {spec}: expected NAME=FILE"));
+            };
+            let valid = (1..=64).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if !valid {
+                return Err(format!(
+                    "--session-policy {spec}: a name is 1 to 64 of [A-Za-z0-9._-]"
+                ));
+            }
+            if policies.iter().any(|(n, _)| n == name) {
+                return Err(format!("--session-policy {name}: given twice"));
+            }
+            let what = format!("session policy {name} ({file})");
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("{what}: cannot read it: {e}"))?;
+            let doc: Value =
+                serde_json::from_str(&text).map_err(|e| format!("{what}: not JSON: {e}"))?;
+            let Value::Object(fields) = doc else {
+                return Err(format!("{what}: a policy file must hold a JSON object"));
+            };
+            if fields.contains_key("hooks") {
+                return Err(format!(
+                    "{what}: a session policy holds permissions only (hooks belong in --policy)"
+                ));
+            }
+            let mut permissions = fields
+                .get("permissions")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
+            // A session policy lists what it denies: what it does not name, it leaves to the
+            // server's policy.
+            if let Value::Object(p) = &mut permissions {
+                p.entry("default").or_insert_with(|| json!("allow"));
+            }
+            let rules = crate::policy::Rules::from_json(&permissions)
+                .map_err(|e| format!("{what}: {e}"))?;
+            if rules.has_ask() {
+                return Err(format!(
+                    "{what}: a session policy may allow and deny, not ask (a session narrows by denying)"
+                ));
+            }
+            policies.push((name.to_string(), permissions));
+        }
+        Ok(SessionPolicies(policies))
+    }
+
+    /// True when the server offers none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The rules of the policy named `name`; `bad_request` naming the ones offered if none is.
+    fn rules(&self, name: &str) -> Result<crate::policy::Rules, ApiError> {
+        let Some((_, permissions)) = self.0.iter().find(|(n, _)| n == name) else {
+            let offered: Vec<&str> = self.0.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(ApiError::BadRequest(if offered.is_empty() {
+                format!("unknown policy `{name}`: this server offers no session policies")
+            } else {
+                format!(
+                    "unknown policy `{name}`: this server offers {}",
+                    offered.join(", ")
+                )
+            }));
+        };
+        crate::policy::Rules::from_json(permissions)
+            .map_err(|e| ApiError::BadRequest(format!("policy `{name}`: {e}")))
+    }
 }
 
 /// How strict a mode is: a session may move only up this order.
@@ -186,6 +271,8 @@ pub struct SessionTable {
     tool_limits: client_tools::Limits,
     /// Whether `read_file` follows multiply-linked files in workspaces.
     allow_hard_links: bool,
+    /// The stricter policies sessions may choose.
+    policies: SessionPolicies,
     max: usize,
     idle_timeout: Duration,
     start: Instant,
@@ -230,12 +317,19 @@ impl SessionTable {
             sandbox,
             tool_limits,
             allow_hard_links,
+            policies: SessionPolicies::default(),
             max,
             idle_timeout,
             start: Instant::now(),
             ids: RandomState::new(),
             next: AtomicU64::new(0),
         }
+    }
+
+    /// The same table, offering `policies` to its sessions.
+    pub fn with_policies(mut self, policies: SessionPolicies) -> Self {
+        self.policies = policies;
+        self
     }
 
     fn now_ms(&self) -> u64 {
@@ -277,6 +371,10 @@ impl SessionTable {
             check_name(name)?;
         }
         let sandbox = narrowed(&self.sandbox, new.sandbox, new.allow_network)?;
+        let rules = match &new.policy {
+            Some(name) => Some((name.clone(), self.policies.rules(name)?)),
+            None => None,
+        };
         let delegate = new.tools.is_some().then(|| Arc::new(Delegate::default()));
         let tools = match (&new.tools, &delegate) {
             (Some(defs), Some(delegate)) => client_tools::parse(defs, self.tool_limits, delegate)?,
@@ -336,6 +434,9 @@ impl SessionTable {
         if let Some(config) = sandbox {
             options = options.sandbox(config);
         }
+        if let Some((name, rules)) = rules {
+            options = options.rules(name, rules);
+        }
         let session = match self.engine.session_with(options).await {
             Ok(session) => session,
             Err(e) => {
@@ -344,7 +445,10 @@ impl SessionTable {
                     SessionError::Tool(crate::RegistryError::Duplicate(name)) => format!(
                         "client tool `{name}`: the name is taken (by a built-in or MCP tool, or twice in `tools`)"
                     ),
-                    SessionError::Tool(e) => format!("client tool {e}"),
+                    SessionError::Tool(crate::RegistryError::BadSchema { name, detail }) => {
+                        format!("client tool `{name}`: {detail}")
+                    }
+                    SessionError::Tool(e) => format!("client tool refused: {e}"),
                     other => format!("cannot open the session: {other}"),
                 }));
             }

@@ -11,3 +11,4 @@ mod audit_log_is_complete_and_never_blocks;
 mod chat_asks_on_the_terminal;
 mod permission_rules_see_the_confined_path;
 mod policy_overhead_figure;
+mod session_rules_narrow_the_policy;

@@ -418,3 +418,39 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
     assert_eq!(a.status, 200);
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_refused_before_its_body_is_read_says_the_connection_closes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = start(|_| {}).await;
+    let c = client();
+    let (id, _) = session(&c, &s, None).await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let body = turn(&[("t1", "glob", serde_json::json!({"pattern": "*"}))]);
+    let raw = |path: String| {
+        let (addr, body) = (addr.clone(), body.clone());
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TOKEN}\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            tcp.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut answer))
+                .await
+                .unwrap()
+                .unwrap();
+            String::from_utf8_lossy(&answer[..n]).to_lowercase()
+        }
+    };
+    // Refused before the body is read (an unknown session): the client is told to reconnect.
+    let refused = raw("/v1/sessions/snosuch/dispatch".to_string()).await;
+    assert!(refused.starts_with("http/1.1 4"), "{refused}");
+    assert!(refused.contains("connection: close"), "{refused}");
+    // Answered after reading it: the connection stays open for the next request.
+    let answered = raw(format!("/v1/sessions/{id}/dispatch")).await;
+    assert!(answered.starts_with("http/1.1 200"), "{answered}");
+    assert!(!answered.contains("connection: close"), "{answered}");
+    s.shutdown().await.unwrap();
+}

@@ -250,3 +250,116 @@ async fn a_session_may_narrow_the_servers_sandbox_but_never_widen_it() {
     }
     s.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_may_choose_a_stricter_policy_the_server_offers_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("read-only.json");
+    std::fs::write(
+        &file,
+        r#"{"permissions": {"deny": ["bash", "write_file"], "allow": ["edit_file"]}}"#,
+    )
+    .unwrap();
+    let server_policy = dir.path().join("server.json");
+    std::fs::write(
+        &server_policy,
+        r#"{"permissions": {"deny": ["edit_file"], "default": "allow"}}"#,
+    )
+    .unwrap();
+    let spec = format!("reviewer={}", file.display());
+    let policies = switchboard::serve::SessionPolicies::load(&[spec]).unwrap();
+    let s = start(|config| {
+        config.session_policies = policies;
+        config.policy.file = Some(server_policy.clone());
+    })
+    .await;
+    let c = client();
+    let strict = post(&c, &s.url("/v1/sessions"), r#"{"policy": "reviewer"}"#).await;
+    assert_eq!(strict.status, 201, "{}", strict.text);
+    let strict = strict.json()["session_id"].as_str().unwrap().to_string();
+    let plain = session(&c, &s, None).await.0;
+    let calls = turn(&[
+        ("b", "bash", serde_json::json!({"command": "echo hi"})),
+        (
+            "w",
+            "write_file",
+            serde_json::json!({"path": "a.txt", "content": "x"}),
+        ),
+        (
+            "e",
+            "edit_file",
+            serde_json::json!({"path": "a.txt", "old_text": "x", "new_text": "y"}),
+        ),
+        ("g", "glob", serde_json::json!({"pattern": "*"})),
+    ]);
+    let texts = |a: &Answer| -> Vec<String> {
+        a.json()["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let narrowed = texts(&dispatch(&c, &s, &strict, &calls).await);
+    assert!(
+        narrowed[0].starts_with("Error [permission_denied]")
+            && narrowed[0].contains("session's policy reviewer"),
+        "{narrowed:?}"
+    );
+    assert!(
+        narrowed[1].starts_with("Error [permission_denied]"),
+        "{narrowed:?}"
+    );
+    // The session's allow rule does not lift the server's deny.
+    assert!(
+        narrowed[2].starts_with("Error [permission_denied]") && !narrowed[2].contains("reviewer"),
+        "{narrowed:?}"
+    );
+    assert!(!narrowed[3].starts_with("Error"), "{narrowed:?}");
+    // Another session keeps the server's policy only.
+    let other = texts(&dispatch(&c, &s, &plain, &calls).await);
+    assert_eq!(other[0], "hi", "{other:?}");
+    assert!(!other[1].starts_with("Error"), "{other:?}");
+    for (body, says) in [
+        (r#"{"policy": "admin"}"#, "offers reviewer"),
+        (r#"{"policy": 3}"#, "`policy`"),
+    ] {
+        let a = post(&c, &s.url("/v1/sessions"), body).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (400, "bad_request"),
+            "{body}"
+        );
+        assert!(a.text.contains(says), "{}", a.text);
+    }
+    s.shutdown().await.unwrap();
+}
+
+#[test]
+fn a_session_policy_that_asks_or_has_hooks_is_refused_when_the_server_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, says) in [
+        ("asks", r#"{"permissions": {"ask": ["bash"]}}"#, "not ask"),
+        (
+            "hooks",
+            r#"{"hooks": {"PreToolUse": []}}"#,
+            "permissions only",
+        ),
+        (
+            "bad",
+            r#"{"permissions": {"deny": 3}}"#,
+            "session policy bad",
+        ),
+    ] {
+        let file = dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, text).unwrap();
+        let err =
+            switchboard::serve::SessionPolicies::load(&[format!("{name}={}", file.display())])
+                .unwrap_err();
+        assert!(err.contains(says), "{name}: {err}");
+    }
+    for spec in ["noequals", "bad name=x.json", "=x.json"] {
+        let err = switchboard::serve::SessionPolicies::load(&[spec.to_string()]).unwrap_err();
+        assert!(err.contains("--session-policy"), "{spec}: {err}");
+    }
+}
