@@ -181,6 +181,7 @@ pub fn main() -> ExitCode {
     if let Some(code) = crate::sandbox::run_if_requested() {
         return code;
     }
+    crate::sandbox::this_binary_is_the_trampoline();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

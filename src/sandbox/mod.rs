@@ -35,7 +35,7 @@ pub use launch::CallSandbox;
 pub(crate) use mode::parse_bytes;
 pub use mode::{SandboxConfig, SandboxError, SandboxLimits, SandboxMode};
 pub use mounts::HIDDEN as HIDDEN_DIRS;
-pub use probe::{SandboxStatus, find_trampoline};
+pub use probe::{SandboxStatus, find_trampoline, this_binary_is_the_trampoline};
 
 /// An engine's sandbox: its config and what the machine offers for it.
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::cgroup::CgroupParents;
 use super::exec::SUBCOMMAND;
@@ -60,14 +61,18 @@ impl SandboxStatus {
                  SandboxConfig::trampoline)"
             ));
         }
-        if self.landlock_abi < 1 {
+        if self.trampoline.is_none() {
+            // Landlock is probed through the trampoline: without one, nothing is known of it.
+            m.required
+                .push("Landlock (not probed: the trampoline is what probes it)".into());
+        } else if self.landlock_abi < 1 {
             m.required
                 .push("Landlock (the kernel has none: file access cannot be confined)".into());
         } else if self.landlock_abi < 3 {
             m.degraded
                 .push("Landlock truncate control (ABI 3; the kernel has an older one)".into());
         }
-        if self.landlock_abi < 6 {
+        if self.trampoline.is_some() && self.landlock_abi < 6 {
             m.degraded
                 .push("Landlock scoping of signals and abstract unix sockets (ABI 6)".to_string());
         }
@@ -101,15 +106,27 @@ pub struct Missing {
     pub degraded: Vec<String>,
 }
 
-/// The trampoline binary: `$SWITCHBOARD_TRAMPOLINE`; this process's own binary when it is
-/// `switchboard`; else a `switchboard` binary beside this process's binary or one directory up
-/// (how `cargo test` lays out test binaries). `None` if there is none.
+/// Set by the `switchboard` binary itself: whatever its file is called, it is the trampoline.
+static THIS_BINARY_IS_THE_TRAMPOLINE: AtomicBool = AtomicBool::new(false);
+
+/// Says that this process's binary is the `switchboard` CLI (it answers `sandbox-exec`), so a copy
+/// renamed or installed under another name still finds its trampoline: itself.
+pub fn this_binary_is_the_trampoline() {
+    THIS_BINARY_IS_THE_TRAMPOLINE.store(true, Ordering::Relaxed);
+}
+
+/// The trampoline binary: `$SWITCHBOARD_TRAMPOLINE`; this process's own binary when it is the
+/// `switchboard` CLI (whatever its name) or is named `switchboard`; else a `switchboard` binary
+/// beside this process's binary or one directory up (how `cargo test` lays out test binaries).
+/// `None` if there is none.
 pub fn find_trampoline() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(TRAMPOLINE_VAR) {
         return Some(PathBuf::from(path)).filter(|p| executable(p));
     }
     let me = std::env::current_exe().ok()?;
-    if me.file_name().is_some_and(|n| n == "switchboard") {
+    if THIS_BINARY_IS_THE_TRAMPOLINE.load(Ordering::Relaxed)
+        || me.file_name().is_some_and(|n| n == "switchboard")
+    {
         return Some(me);
     }
     let dir = me.parent()?;

@@ -145,3 +145,28 @@ fn the_mode_is_exported_as_a_metric() {
         "{line}"
     );
 }
+
+#[test]
+fn the_binary_under_another_name_is_still_its_own_trampoline() {
+    let dir = tempfile::tempdir().unwrap();
+    let renamed = dir.path().join("sb");
+    if std::fs::hard_link(TRAMPOLINE, &renamed).is_err() {
+        std::fs::copy(TRAMPOLINE, &renamed).unwrap();
+    }
+    let out = Command::new(&renamed)
+        .args(["tools", "--json"])
+        .env_remove("SWITCHBOARD_TRAMPOLINE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Where the kernel cannot enforce the default mode, it must not blame a missing trampoline.
+    if !out.status.success() {
+        assert!(!stderr.contains("the trampoline binary"), "{stderr}");
+        available(&format!("the default sandbox ({stderr})"), false);
+        return;
+    }
+    let sandbox = sandbox_of(&out);
+    assert_eq!(sandbox["mode"], "workspace-write");
+    assert_eq!(sandbox["trampoline"], renamed.display().to_string());
+}
