@@ -1,6 +1,7 @@
 """The README's agent loop, run as written against the real server and the real ``anthropic``
-SDK, with a scripted Messages API on loopback standing in for the model: it asks for two tool
-calls, then checks it got one tool_result per call, in order, and answers with text."""
+SDK, with a scripted Messages API on loopback standing in for the model: it asks for two built-in
+calls and one of the snippet's own tool, then checks it got one tool_result per call, in order, and
+answers with text."""
 
 import contextlib
 import io
@@ -37,6 +38,7 @@ class ScriptedModel(BaseHTTPRequestHandler):
                 {"type": "tool_use", "id": "toolu_w", "name": "write_file",
                  "input": {"path": "src/a.rs", "content": "fn main() {}\n"}},
                 {"type": "tool_use", "id": "toolu_g", "name": "glob", "input": {"pattern": "**/*.rs"}},
+                {"type": "tool_use", "id": "toolu_c", "name": "word_count", "input": {"text": "fn main() {}"}},
             ]
             stop = "tool_use"
         else:
@@ -70,11 +72,12 @@ def test_the_readme_agent_loop_runs_as_written(server, token, monkeypatch):
             exec(compile(code, "README.md", "exec"), {})
         assert out.getvalue().strip() == "There is one Rust file: src/a.rs."
         second = ScriptedModel.requests[1]
-        assert second["tools"] and {t["name"] for t in second["tools"]} >= {"bash", "glob"}
+        assert second["tools"] and {t["name"] for t in second["tools"]} >= {"bash", "glob", "word_count"}
         results = second["messages"][-1]
         assert results["role"] == "user"
-        assert [b["tool_use_id"] for b in results["content"]] == ["toolu_w", "toolu_g"]
+        assert [b["tool_use_id"] for b in results["content"]] == ["toolu_w", "toolu_g", "toolu_c"]
         assert results["content"][1]["content"] == "src/a.rs"
+        assert results["content"][2]["content"] == "3"  # the client tool ran here, in call order
         assert "my-repo" in second["system"]
     finally:
         model.shutdown()
