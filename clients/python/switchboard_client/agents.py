@@ -27,11 +27,13 @@ One ``switchboard_tools(...)`` bundle is one sidecar session: make one per conve
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import dataclasses
 import json
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 try:
@@ -361,6 +363,7 @@ def switchboard_tools(
 
     loop = _LoopThread.get()
     bridge = _Bridge(originals, client, session, workspace, sandbox, options, schemas)
+    _LIVE.add(bridge)
 
     def make(name: str, original: Optional[FunctionTool]) -> FunctionTool:
         async def on_invoke(ctx: Any, arguments: str) -> Any:
@@ -381,7 +384,128 @@ def switchboard_tools(
     return [make(n, o) for n, o in originals.items()], SwitchboardHooks(bridge, loop)
 
 
+_LIVE: "weakref.WeakSet[_Bridge]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_bridges() -> None:
+    """Deletes the sessions of bundles still open at exit (best effort, a few seconds at most)."""
+    if _LoopThread._instance is None:
+        return
+    for bridge in list(_LIVE):
+        try:
+            asyncio.run_coroutine_threadsafe(bridge.close(), _LoopThread._instance.loop
+                                             ).result(timeout=5)
+        except Exception:
+            pass
+
+
 # The engine's catalog entries for its five built-ins, as `GET /v1/tools` serves them (the same
 # snapshot as switchboard_client.langgraph's; a test compares it with the running server).
-_BUILTIN_CATALOG_JSON = r"""{}"""
+_BUILTIN_CATALOG_JSON = r"""{
+ "bash": {
+  "description": "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then stderr, capped keeping head and tail). Every process it starts is stopped when the call ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at most 600000).",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "command": {
+     "type": "string",
+     "description": "The command, run with `bash -c`."
+    },
+    "timeout_ms": {
+     "type": "integer",
+     "minimum": 1,
+     "maximum": 600000,
+     "description": "Time limit of this call in milliseconds (default 120000, at most 600000)."
+    }
+   },
+   "required": [
+    "command"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "read_file": {
+  "description": "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "path": {
+     "type": "string",
+     "description": "File path, relative to the workspace."
+    },
+    "limit": {
+     "type": "integer",
+     "minimum": 1,
+     "description": "Return at most this many lines."
+    }
+   },
+   "required": [
+    "path"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "write_file": {
+  "description": "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "path": {
+     "type": "string",
+     "description": "File path, relative to the workspace."
+    },
+    "content": {
+     "type": "string",
+     "description": "The complete new file content."
+    }
+   },
+   "required": [
+    "path",
+    "content"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "edit_file": {
+  "description": "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only that first match changes, even when old_text occurs several times: include enough surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a missing final newline) is kept; the file is replaced atomically.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "path": {
+     "type": "string",
+     "description": "File path, relative to the workspace."
+    },
+    "old_text": {
+     "type": "string",
+     "description": "Exact text to find (first occurrence is replaced)."
+    },
+    "new_text": {
+     "type": "string",
+     "description": "Replacement text."
+    }
+   },
+   "required": [
+    "path",
+    "old_text",
+    "new_text"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "glob": {
+  "description": "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "pattern": {
+     "type": "string"
+    }
+   },
+   "required": [
+    "pattern"
+   ]
+  }
+ }
+}"""
 _BUILTIN_CATALOG: Dict[str, Dict[str, Any]] = json.loads(_BUILTIN_CATALOG_JSON)

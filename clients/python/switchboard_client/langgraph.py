@@ -22,14 +22,17 @@ node works the same from ``invoke`` and ``ainvoke`` and from any number of event
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import json
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 try:
     from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, StructuredTool
     from langchain_core.utils.function_calling import convert_to_openai_tool
     from langgraph.errors import GraphBubbleUp
@@ -286,33 +289,37 @@ class ToolNode(_LangGraphToolNode):
         self._conversations: Dict[Any, _Conversation] = {}
         self._creating: Dict[Any, asyncio.Future] = {}
         self._turns: Dict[Any, _Turn] = {}
+        _LIVE.add(self)
 
     # ---- LangGraph entry points ------------------------------------------------------------
 
-    def _func(self, input: Any, config: Any, runtime: Any) -> Any:
+    def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         return self._loop.run(self._node(input, config, runtime, None))
 
-    async def _afunc(self, input: Any, config: Any, runtime: Any) -> Any:
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         return await self._loop.arun(
             self._node(input, config, runtime, asyncio.get_running_loop()))
 
     # ---- the turn --------------------------------------------------------------------------
 
-    def _turn_of(self, calls: List[Dict[str, Any]], state: Any) -> List[Dict[str, Any]]:
-        """The whole model turn a ``Send`` of one call belongs to: the calls of the AI message
-        holding it that have no ToolMessage yet (``post_model_hook`` sends only those)."""
+    def _turn_of(self, calls: List[Dict[str, Any]], state: Any) -> Tuple[List[Dict[str, Any]], Any]:
+        """The whole model turn a ``Send`` of one call belongs to, and its AI message's id: the
+        calls of the AI message holding it that have no ToolMessage yet (``post_model_hook``
+        sends only those)."""
         messages = state.get(self._messages_key) if isinstance(state, dict) else \
             getattr(state, self._messages_key, None) if state is not None else None
         if not messages or not isinstance(messages, list):
-            return calls
+            return calls, None
         wanted = {c.get("id") for c in calls}
         answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
         for m in reversed(messages):
             if isinstance(m, AIMessage) and any(c.get("id") in wanted for c in m.tool_calls):
-                turn = [c for c in m.tool_calls
+                turn = [dict(c) for c in m.tool_calls
                         if c.get("id") not in answered or c.get("id") in wanted]
-                return turn if all(c.get("id") for c in turn) else calls
-        return calls
+                if all(c.get("id") for c in turn):
+                    return turn, m.id
+                break
+        return calls, None
 
     async def _node(self, input: Any, config: Any, runtime: Any,
                     caller_loop: Optional[asyncio.AbstractEventLoop]) -> Any:
@@ -324,34 +331,38 @@ class ToolNode(_LangGraphToolNode):
         state = self._extract_state(input, config)
         thread = ((config or {}).get("configurable") or {}).get("thread_id")
         key = None if self._fixed_session is not None else thread
-        if input_type == "tool_calls" and len(tool_calls) == 1:
-            turn = self._turn_of(tool_calls, state)
+        if input_type != "tool_calls" or len(tool_calls) != 1:
+            # The whole AI message (a hand-built graph, create_react_agent(version="v1")).
+            ctx = _TurnContext(tool_calls, config, state, runtime, input_type, caller_loop)
+            outcomes = await self._run_turn(key, thread, tool_calls, ctx)
         else:
-            turn = tool_calls
-        ids = tuple(c["id"] for c in turn)
-        turn_key = (key, ids)
-        shared = self._turns.get(turn_key)
-        if shared is None:
-            shared = self._turns[turn_key] = _Turn(ids)
-            ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop)
-            task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
+            # create_react_agent's Send of one call: the first of the turn's Sends dispatches
+            # the whole turn, the others wait for it; each takes its own call's result.
+            turn, ai_id = self._turn_of(tool_calls, state)
+            ids = tuple(c["id"] for c in turn)
+            turn_key = (key, ai_id, ids)
+            shared = self._turns.get(turn_key)
+            if shared is None:
+                shared = self._turns[turn_key] = _Turn(ids)
+                ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop)
+                task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
 
-            def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
-                if fut.done():
-                    return
-                if t.cancelled():
-                    fut.cancel()
-                elif t.exception() is not None:
-                    fut.set_exception(t.exception())
-                else:
-                    fut.set_result(t.result())
-            task.add_done_callback(settle)
-        try:
-            outcomes = await asyncio.shield(shared.future)
-        finally:
-            shared.remaining.difference_update(c["id"] for c in tool_calls)
-            if not shared.remaining and self._turns.get(turn_key) is shared:
-                del self._turns[turn_key]
+                def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
+                    if fut.done():
+                        return
+                    if t.cancelled():
+                        fut.cancel()
+                    elif t.exception() is not None:
+                        fut.set_exception(t.exception())
+                    else:
+                        fut.set_result(t.result())
+                task.add_done_callback(settle)
+            try:
+                outcomes = await asyncio.shield(shared.future)
+            finally:
+                shared.remaining.difference_update(c["id"] for c in tool_calls)
+                if not shared.remaining and self._turns.get(turn_key) is shared:
+                    del self._turns[turn_key]
         outputs = []
         for call in tool_calls:
             out = outcomes[call["id"]]
@@ -515,5 +526,126 @@ class ToolNode(_LangGraphToolNode):
         await self._loop.arun(self._close())
 
 
-_BUILTIN_CATALOG_JSON = r"""{}"""
+_LIVE: "weakref.WeakSet[ToolNode]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_nodes() -> None:
+    """Deletes the sessions of nodes still open at exit (best effort, a few seconds at most)."""
+    if _LoopThread._instance is None:
+        return
+    loop = _LoopThread._instance.loop
+    for node in list(_LIVE):
+        try:
+            asyncio.run_coroutine_threadsafe(node._close(), loop).result(timeout=5)
+        except Exception:
+            pass
+
+
+_BUILTIN_CATALOG_JSON = r"""{
+ "bash": {
+  "description": "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then stderr, capped keeping head and tail). Every process it starts is stopped when the call ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at most 600000).",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "command": {
+     "type": "string",
+     "description": "The command, run with `bash -c`."
+    },
+    "timeout_ms": {
+     "type": "integer",
+     "minimum": 1,
+     "maximum": 600000,
+     "description": "Time limit of this call in milliseconds (default 120000, at most 600000)."
+    }
+   },
+   "required": [
+    "command"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "read_file": {
+  "description": "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "path": {
+     "type": "string",
+     "description": "File path, relative to the workspace."
+    },
+    "limit": {
+     "type": "integer",
+     "minimum": 1,
+     "description": "Return at most this many lines."
+    }
+   },
+   "required": [
+    "path"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "write_file": {
+  "description": "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "path": {
+     "type": "string",
+     "description": "File path, relative to the workspace."
+    },
+    "content": {
+     "type": "string",
+     "description": "The complete new file content."
+    }
+   },
+   "required": [
+    "path",
+    "content"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "edit_file": {
+  "description": "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only that first match changes, even when old_text occurs several times: include enough surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a missing final newline) is kept; the file is replaced atomically.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "path": {
+     "type": "string",
+     "description": "File path, relative to the workspace."
+    },
+    "old_text": {
+     "type": "string",
+     "description": "Exact text to find (first occurrence is replaced)."
+    },
+    "new_text": {
+     "type": "string",
+     "description": "Replacement text."
+    }
+   },
+   "required": [
+    "path",
+    "old_text",
+    "new_text"
+   ],
+   "additionalProperties": false
+  }
+ },
+ "glob": {
+  "description": "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
+  "input_schema": {
+   "type": "object",
+   "properties": {
+    "pattern": {
+     "type": "string"
+    }
+   },
+   "required": [
+    "pattern"
+   ]
+  }
+ }
+}"""
 _BUILTIN_CATALOG.update(json.loads(_BUILTIN_CATALOG_JSON))
