@@ -6,24 +6,38 @@ A harness opens a session (one per conversation), hands each model answer to
     from switchboard_client import Client
 
     with Client("http://127.0.0.1:7420", token="...") as client, client.session() as session:
-        messages.append(session.dispatch(response))   # the tool_result user message
+        @session.tool
+        def lookup(key: str) -> str:
+            "Looks a key up in the platform's store."
+            return store[key]
 
-``dispatch`` accepts a dict, a JSON string, or any object with ``model_dump()`` (the
-``anthropic`` SDK's ``Message``, the ``openai`` SDK's ``ChatCompletionMessage`` or
-``ChatCompletion``). ``AsyncClient`` is the same with ``async``/``await``. Every failure raises
-:class:`SwitchboardError`, whose ``code`` is the server's stable error code.
+        messages.append(session.dispatch(response))   # the tool_result user message, or None
+
+``dispatch`` accepts a dict (SDK objects may be nested anywhere inside), a JSON string, or any
+object with ``model_dump()`` (the ``anthropic`` SDK's ``Message``, the ``openai`` SDK's
+``ChatCompletionMessage`` or ``ChatCompletion``), and runs the session's client tools (the
+platform's own functions) as the server hands their calls over. ``session.start`` runs a turn
+in the background with a handle to cancel it. ``AsyncClient`` is the same with
+``async``/``await``. Every failure raises :class:`SwitchboardError`, whose ``code`` is the
+server's stable error code. The guide is ``docs/python.md``.
 """
 
-from ._async import AsyncClient, AsyncDispatchStream, AsyncSession
+from ._async import AsyncClient, AsyncDispatchStream, AsyncSession, AsyncTurn
 from ._common import SwitchboardError
-from ._sync import Client, DispatchStream, Session
+from ._sync import Client, DispatchStream, Session, Turn
+from ._tools import function_schema, tool_spec, type_schema
 
 __all__ = [
     "AsyncClient",
     "AsyncDispatchStream",
     "AsyncSession",
+    "AsyncTurn",
     "Client",
     "DispatchStream",
     "Session",
     "SwitchboardError",
+    "Turn",
+    "function_schema",
+    "tool_spec",
+    "type_schema",
 ]

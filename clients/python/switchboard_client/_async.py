@@ -1,45 +1,134 @@
-"""The asyncio client: the same API as the synchronous one, with ``await``."""
+"""The asyncio client, on one aiohttp ``ClientSession`` per client (keep-alive)."""
 
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Tuple
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import (Any, AsyncIterator, Callable, Dict, Generator, List, Optional, Set, Tuple,
+                    TypeVar, overload)
 
-import httpx
+import aiohttp
 
-from ._common import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT, SseParser, StreamState,
-                      SwitchboardError, connection_error, dispatch_request, error_from, headers)
+from . import _common as c
+from ._common import SwitchboardError
+from ._tools import ToolRegistry, no_function, tool_entry
+
+log = logging.getLogger("switchboard_client")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_JSON = {"Content-Type": "application/json"}
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 class AsyncClient:
-    """A connection pool to one Switchboard server, for asyncio."""
+    """A connection pool to one Switchboard server, for asyncio: the same API as
+    :class:`Client`, with ``await``. The aiohttp session is opened on first use, inside the
+    running loop; ``async with`` (or ``await client.close()``) closes it."""
 
-    def __init__(self, base_url: str = DEFAULT_BASE_URL, token: Optional[str] = None,
-                 timeout: Any = DEFAULT_TIMEOUT,
-                 transport: Optional[httpx.AsyncBaseTransport] = None):
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers(token),
-                                       timeout=timeout, transport=transport)
+    def __init__(self, base_url: str = c.DEFAULT_BASE_URL, token: Optional[str] = None, *,
+                 timeout: Optional[float] = None, max_retries: int = 5,
+                 retry_budget_s: float = 30):
+        self.base_url = base_url.rstrip("/")
+        self._headers = c.base_headers(token)
+        self._json_headers = {**self._headers, **_JSON}
+        self._stream_headers = {**self._json_headers, "Accept": "text/event-stream"}
+        connect = c.CONNECT_TIMEOUT if timeout is None else min(c.CONNECT_TIMEOUT, timeout)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect,
+                                              sock_read=timeout)
+        self.max_retries = max_retries
+        self.retry_budget_s = retry_budget_s
+        self._http: Optional[aiohttp.ClientSession] = None
+        self._executor: Optional[ThreadPoolExecutor] = None
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    # --- transport ---
+
+    def _session(self) -> aiohttp.ClientSession:
+        http = self._http
+        if http is None or http.closed:
+            # No connection limit: a streamed turn holds its connection while its client-tool
+            # answers need others.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+            http = self._http = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, auto_decompress=False,
+                skip_auto_headers=("User-Agent",))
+        return http
+
+    async def _open(self, method: str, path: str, body: Optional[bytes],
+                    headers: Dict[str, str]) -> aiohttp.ClientResponse:
+        """Sends one request, retrying ``overloaded``; returns the response (status < 400)."""
+        http = self._session()
+        url = self.base_url + path
+        attempt, started = 0, 0.0
+        while True:
+            try:
+                resp = await http.request(method, url, data=body, headers=headers)
+            except _TRANSPORT_ERRORS as e:
+                raise c.connection_error(e) from e
+            if resp.status < 400:
+                return resp
+            try:
+                data = await resp.read()
+            except _TRANSPORT_ERRORS:
+                data = b""
+            finally:
+                resp.release()
+            err = c.error_from(resp.status, resp.reason or "", resp.headers.get("Retry-After"),
+                               data)
+            if attempt == 0:
+                started = time.monotonic()
+            delay = c.retry_delay(err, attempt, time.monotonic() - started, self.max_retries,
+                                  self.retry_budget_s)
+            if delay is None:
+                raise err
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _request(self, method: str, path: str, body: Optional[bytes] = None,
+                       headers: Optional[Dict[str, str]] = None) -> Any:
+        resp = await self._open(method, path, body,
+                                headers or (self._json_headers if body is not None
+                                            else self._headers))
         try:
-            response = await self._http.request(method, path, **kwargs)
-        except httpx.TransportError as e:
-            raise connection_error(e) from e
-        if response.is_error:
-            raise error_from(response, response.text)
-        return response.json()
+            data = await resp.read()
+        except _TRANSPORT_ERRORS as e:
+            raise c.connection_error(e) from e
+        finally:
+            resp.release()
+        return json.loads(data) if data else None
 
-    async def session(self, workspace: Optional[str] = None) -> "AsyncSession":
-        body = {} if workspace is None else {"workspace": workspace}
-        created = await self._request("POST", "/v1/sessions", json=body)
-        return AsyncSession(self, created["session_id"], created["workspace"])
+    def _tool_executor(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=32,
+                                                thread_name_prefix="switchboard-tool")
+        return self._executor
+
+    # --- API ---
+
+    def session(self, workspace: Optional[str] = None, *, tools: Optional[List[Any]] = None,
+                sandbox: Any = None) -> "AsyncSession":
+        """See :meth:`Client.session`. ``async with client.session() as s`` deletes it on exit;
+        ``await client.session()`` creates it at once."""
+        return AsyncSession(self, workspace, tools=tools, sandbox=sandbox)
 
     async def tools(self, format: str = "anthropic") -> List[Any]:
-        return await self._request("GET", "/v1/tools", params={"format": format})
+        return await self._request("GET", f"/v1/tools?format={format}")
 
     async def health(self) -> Any:
         return await self._request("GET", "/healthz")
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -49,44 +138,223 @@ class AsyncClient:
 
 
 class AsyncSession:
-    """One conversation's session; ``async with`` closes (deletes) it on exit."""
+    """One conversation's session, for asyncio; see :class:`Session`. Created on the server on
+    first use; ``id`` and ``workspace`` are known once it is (``await session.create()``)."""
 
-    def __init__(self, client: AsyncClient, session_id: str, workspace: str):
+    def __init__(self, client: AsyncClient, workspace: Optional[str] = None, *,
+                 tools: Optional[List[Any]] = None, sandbox: Any = None):
         self._client = client
-        self.id = session_id
-        self.workspace = workspace
+        self._workspace_name = workspace
+        self._sandbox = sandbox
+        self._registry = ToolRegistry()
+        for t in tools or ():
+            self._registry.add_any(t)
+        self._id: Optional[str] = None
+        self._workspace: Optional[str] = None
+        self._creating: Optional["asyncio.Future[str]"] = None
+        self._closed = False
 
-    async def dispatch(self, message: Any, format: Optional[str] = None) -> Any:
-        fmt, body = dispatch_request(message, format)
-        return await self._client._request(
-            "POST", f"/v1/sessions/{self.id}/dispatch", params={"format": fmt}, content=body,
-            headers={"content-type": "application/json"})
+    # --- creation ---
+
+    async def create(self) -> "AsyncSession":
+        """Creates the server session now (otherwise the first use does)."""
+        await self._ensure()
+        return self
+
+    def __await__(self) -> Generator[Any, None, "AsyncSession"]:
+        return self.create().__await__()
+
+    async def _ensure(self) -> str:
+        if self._id is not None:
+            return self._id
+        if self._closed:
+            raise SwitchboardError("unknown_session", "the session is closed", 404)
+        if self._creating is None:
+            self._creating = asyncio.ensure_future(self._create())
+        try:
+            return await asyncio.shield(self._creating)
+        except BaseException:
+            if self._creating is not None and self._creating.done() \
+                    and self._creating.exception() is not None:
+                self._creating = None  # a failed creation is tried again by the next use
+            raise
+
+    async def _create(self) -> str:
+        body = c.session_body(self._workspace_name, self._registry.specs(), self._sandbox)
+        created = await self._client._request("POST", "/v1/sessions", body)
+        self._workspace = created["workspace"]
+        self._base = f"/v1/sessions/{created['session_id']}"
+        self._id = created["session_id"]
+        return self._id
+
+    def _need_created(self) -> None:
+        if self._id is None:
+            raise RuntimeError("the session is created on first use: `await session.create()` "
+                               "(or dispatch, info, tools) first")
+
+    @property
+    def id(self) -> str:
+        self._need_created()
+        return self._id  # type: ignore[return-value]
+
+    @property
+    def workspace(self) -> str:
+        self._need_created()
+        return self._workspace  # type: ignore[return-value]
+
+    @property
+    def created(self) -> bool:
+        return self._id is not None
+
+    # --- client tools ---
+
+    def _check_open_for_tools(self) -> None:
+        if self._id is not None or self._creating is not None or self._closed:
+            raise RuntimeError(
+                "client tools must be registered before the session is first used: the server "
+                "fixes a session's client tools when it creates it (on the first dispatch, "
+                "start, info or tools call). Register them first, or open a new session.")
+
+    @overload
+    def tool(self, fn: F) -> F: ...
+
+    @overload
+    def tool(self, fn: None = None, *, name: Optional[str] = None,
+             description: Optional[str] = None, concurrency_safe: bool = False,
+             access: Any = None, timeout_ms: Optional[int] = None,
+             output_cap: Optional[int] = None) -> Callable[[F], F]: ...
+
+    def tool(self, fn: Any = None, *, name: Optional[str] = None,
+             description: Optional[str] = None, concurrency_safe: bool = False,
+             access: Any = None, timeout_ms: Optional[int] = None,
+             output_cap: Optional[int] = None) -> Any:
+        """See :meth:`Session.tool`."""
+        def decorate(f: F) -> F:
+            self.register(f, name=name, description=description,
+                          concurrency_safe=concurrency_safe, access=access,
+                          timeout_ms=timeout_ms, output_cap=output_cap)
+            return f
+        return decorate(fn) if fn is not None else decorate
+
+    def register(self, fn: Optional[Callable[..., Any]], schema: Optional[Dict[str, Any]] = None,
+                 *, name: Optional[str] = None, description: Optional[str] = None,
+                 concurrency_safe: bool = False, access: Any = None,
+                 timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> Dict[str, Any]:
+        """See :meth:`Session.register`. A coroutine function runs as a task on the loop, a
+        plain function in a worker thread."""
+        self._check_open_for_tools()
+        entry = tool_entry(fn, schema, name=name, description=description,
+                           concurrency_safe=concurrency_safe, access=access,
+                           timeout_ms=timeout_ms, output_cap=output_cap)
+        self._registry.add(entry)
+        return entry.spec
+
+    @property
+    def client_tools(self) -> List[Dict[str, Any]]:
+        return self._registry.specs()
+
+    async def _run_call(self, call: Dict[str, Any]) -> None:
+        name = call.get("name", "")
+        entry = self._registry.get(name)
+        if entry is None or entry.fn is None:
+            body = c.error_body(no_function(name))
+        else:
+            try:
+                args, kwargs = entry.arguments(call.get("input"))
+                if entry.is_async:
+                    value = await entry.fn(*args, **kwargs)
+                else:
+                    loop = asyncio.get_running_loop()
+                    ctx = contextvars.copy_context()
+                    value = await loop.run_in_executor(
+                        self._client._tool_executor(),
+                        functools.partial(ctx.run, entry.fn, *args, **kwargs))
+                body = c.answer_body(value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a failing tool is a result, never a crashed loop
+                body = c.answer_body(error=e)
+        try:
+            await self._client._request("POST", f"{self._base}/calls/{call['call_id']}", body)
+        except SwitchboardError as e:
+            if e.code not in ("call_closed", "already_answered", "unknown_call",
+                              "unknown_session"):
+                log.warning("switchboard: answering client call %s failed: %s",
+                            call["call_id"], e)
+
+    # --- dispatch ---
+
+    def _prepare(self, message: Any, format: Optional[str]) -> Tuple[str, Optional[List[str]], bytes]:
+        document = c.as_document(message)
+        fmt = c.detect_format(document, format)
+        return fmt, c.called_tools(document, fmt), c.dumps(document)
+
+    async def dispatch(self, message: Any, format: Optional[str] = None, *,
+                       turn_id: Optional[str] = None) -> Any:
+        """See :meth:`Session.dispatch` (``None`` when the answer calls no tool)."""
+        fmt, names, body = self._prepare(message, format)
+        if names == []:
+            return None
+        if self._id is None:
+            await self._ensure()
+        tid = turn_id or c.new_turn_id()
+        if self._registry and (names is None or any(n in self._registry for n in names)):
+            stream = AsyncDispatchStream(self, fmt, body, tid, None)
+            async for _ in stream:
+                pass
+            return stream.answer
+        headers = {**self._client._json_headers, c.TURN_HEADER: tid}
+        return await self._client._request("POST", f"{self._base}/dispatch?format={fmt}", body,
+                                           headers)
+
+    def start(self, message: Any, format: Optional[str] = None, *,
+              turn_id: Optional[str] = None) -> "AsyncTurn":
+        """Starts the dispatch as a task and returns its handle: ``await turn`` is the answer,
+        ``await turn.cancel()`` cancels it. Needs a running loop."""
+        return AsyncTurn(self, message, format, turn_id or c.new_turn_id())
 
     def stream(self, message: Any, format: Optional[str] = None,
-               on_approval: Optional[Callable[[Any], bool]] = None) -> "AsyncDispatchStream":
-        """See :meth:`Session.stream` (``on_approval`` is a plain function here too)."""
-        fmt, body = dispatch_request(message, format)
+               on_approval: Optional[Callable[[Any], Any]] = None, *,
+               turn_id: Optional[str] = None) -> "AsyncDispatchStream":
+        """See :meth:`Session.stream`; ``on_approval`` may be a plain or a coroutine
+        function."""
+        fmt, _names, body = self._prepare(message, format)
+        return AsyncDispatchStream(self, fmt, body, turn_id or c.new_turn_id(), on_approval)
 
-        async def answer(request: Any) -> Any:
-            allow = bool(on_approval and on_approval(request))
-            return await self.approve(request["approval_id"], allow)
-
-        return AsyncDispatchStream(self._client._http, f"/v1/sessions/{self.id}/dispatch",
-                                   {"format": fmt, "stream": "true"}, body, answer)
+    async def tools(self, format: str = "anthropic") -> List[Any]:
+        await self._ensure()
+        return await self._client._request("GET", f"{self._base}/tools?format={format}")
 
     async def approve(self, approval_id: str, allow: bool) -> Any:
-        return await self._client._request(
-            "POST", f"/v1/sessions/{self.id}/approvals/{approval_id}", json={"allow": allow})
+        await self._ensure()
+        return await self._client._request("POST", f"{self._base}/approvals/{approval_id}",
+                                           c.dumps({"allow": bool(allow)}))
 
     async def info(self) -> Any:
-        return await self._client._request("GET", f"/v1/sessions/{self.id}")
+        await self._ensure()
+        return await self._client._request("GET", self._base)
 
     async def cancel(self) -> Any:
-        return await self._client._request("POST", f"/v1/sessions/{self.id}/cancel")
+        if self._id is None:
+            return None
+        return await self._client._request("POST", f"{self._base}/cancel")
+
+    async def cancel_turn(self, turn_id: str) -> Any:
+        """See :meth:`Session.cancel_turn`."""
+        await self._ensure()
+        return await self._client._request("POST", f"{self._base}/turns/{turn_id}/cancel")
 
     async def close(self) -> None:
+        self._closed = True
+        if self._id is None and self._creating is not None:
+            try:
+                await self._creating
+            except Exception:
+                pass
+        if self._id is None:
+            return
         try:
-            await self._client._request("DELETE", f"/v1/sessions/{self.id}")
+            await self._client._request("DELETE", self._base)
         except SwitchboardError as e:
             if e.code != "unknown_session":
                 raise
@@ -101,43 +369,100 @@ class AsyncSession:
 class AsyncDispatchStream:
     """``async for index, result in session.stream(msg)``; ``answer`` at the end."""
 
-    def __init__(self, http: httpx.AsyncClient, path: str, params: dict, body: bytes,
-                 answer_approval: Optional[Callable[[Any], Awaitable[Any]]] = None):
-        self._http, self._path, self._params, self._body = http, path, params, body
-        self._state = StreamState()
-        self._answer_approval = answer_approval
+    def __init__(self, session: AsyncSession, fmt: str, body: bytes, turn_id: str,
+                 on_approval: Optional[Callable[[Any], Any]]):
+        self._session, self._fmt, self._body = session, fmt, body
+        self.turn_id = turn_id
+        self._on_approval = on_approval
+        self._state = c.StreamState()
         self._iter: Optional[AsyncIterator[Tuple[int, Any]]] = None
 
     @property
     def answer(self) -> Any:
         return self._state.answer
 
+    async def _approve(self, request: Any) -> None:
+        allow = False
+        if self._on_approval is not None:
+            allow = self._on_approval(request)
+            if inspect.isawaitable(allow):
+                allow = await allow
+        await self._session.approve(request["approval_id"], bool(allow))
+
     async def _run(self) -> AsyncIterator[Tuple[int, Any]]:
-        parser = SseParser()
+        session = self._session
+        await session._ensure()
+        client = session._client
+        headers = {**client._stream_headers, c.TURN_HEADER: self.turn_id}
+        resp = await client._open("POST",
+                                  f"{session._base}/dispatch?format={self._fmt}&stream=true",
+                                  self._body, headers)
+        decoder = c.SseDecoder()
+        state = self._state
+        tasks: Set["asyncio.Task[None]"] = set()
         try:
-            async with self._http.stream(
-                    "POST", self._path, params=self._params, content=self._body,
-                    headers={"content-type": "application/json",
-                             "accept": "text/event-stream"}) as response:
-                if response.is_error:
-                    text = (await response.aread()).decode("utf-8", "replace")
-                    raise error_from(response, text)
-                async for line in response.aiter_lines():
-                    event = parser.feed(line.rstrip("\r"))
-                    if event is None:
-                        continue
-                    if event[0] == "approval_required" and self._answer_approval is not None:
-                        await self._answer_approval(json.loads(event[1]))
-                        continue
-                    item = self._state.handle(*event)
-                    if item is not None:
-                        yield item
-        except httpx.TransportError as e:
-            raise connection_error(e) from e
-        if self._state.answer is None:
+            async for chunk in resp.content.iter_any():
+                for event, data in decoder.feed(chunk):
+                    if event == "call":
+                        task = asyncio.ensure_future(session._run_call(json.loads(data)))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    elif event == "approval_required":
+                        request = json.loads(data)
+                        state.approvals.append(request)
+                        await self._approve(request)
+                    else:
+                        item = state.handle(event, data)
+                        if item is not None:
+                            yield item
+        except _TRANSPORT_ERRORS as e:
+            raise c.connection_error(e) from e
+        finally:
+            resp.release() if state.done else resp.close()
+            # Every call is answered once the stream has ended (by us, or by the server:
+            # `cancelled`); a tool still running has nothing left to answer.
+            if tasks:
+                pending = list(tasks)
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        if not state.done:
             raise SwitchboardError("connection_error", "the stream ended before `done`")
 
     def __aiter__(self) -> AsyncIterator[Tuple[int, Any]]:
         if self._iter is None:
             self._iter = self._run()
         return self._iter
+
+
+class AsyncTurn:
+    """A dispatch running as a task, under a turn id the client chose. ``await turn`` is its
+    answer; ``await turn.cancel()`` cancels it on the server."""
+
+    def __init__(self, session: AsyncSession, message: Any, format: Optional[str],
+                 turn_id: str):
+        self._session = session
+        self.turn_id = turn_id
+        self._task: "asyncio.Task[Any]" = asyncio.ensure_future(
+            session.dispatch(message, format, turn_id=turn_id))
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._task.__await__()
+
+    async def result(self, timeout: Optional[float] = None) -> Any:
+        """The answer, waiting at most ``timeout`` seconds (``asyncio.TimeoutError``)."""
+        return await asyncio.wait_for(asyncio.shield(self._task), timeout)
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    @property
+    def task(self) -> "asyncio.Task[Any]":
+        return self._task
+
+    async def cancel(self) -> Any:
+        """Cancels the turn on the server wherever it is (even before its dispatch arrived);
+        returns ``{"turn_id", "state"}``. The turn's calls are answered ``cancelled`` and
+        ``await turn`` returns the answer. From another thread:
+        ``asyncio.run_coroutine_threadsafe(turn.cancel(), loop)``."""
+        return await self._session.cancel_turn(self.turn_id)

@@ -1,23 +1,27 @@
-"""What the sync and async clients share: the error type, request bodies, SSE parsing."""
+"""What the sync and async clients share: the error type, request bodies, format detection,
+the incremental SSE decoder, client-tool answers and the retry rule. No I/O here."""
+
+from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
-
-import httpx
+from enum import Enum
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 TOKEN_ENV = "SWITCHBOARD_TOKEN"
 DEFAULT_BASE_URL = "http://127.0.0.1:7420"
-# Tool calls may run for minutes (bash: up to 600 s): no read timeout by default.
-DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+#: Seconds to wait for a connection. There is no read timeout by default: a call may run for
+#: minutes (``bash`` up to 600 s) and a client tool for up to a day.
+CONNECT_TIMEOUT = 10.0
 FORMATS = ("anthropic", "openai")
+TURN_HEADER = "Switchboard-Turn-Id"
 
 
 class SwitchboardError(Exception):
     """A request that failed. ``code`` is the server's error code (``unauthorized``,
     ``unknown_session``, ``bad_request``, ``payload_too_large``, ``too_many_sessions``,
-    ``overloaded``, ``shutting_down``, ...), or ``connection_error`` when the server could
-    not be reached; ``status`` is the HTTP status (None for connection errors);
+    ``overloaded``, ``shutting_down``, ``turn_in_progress``, ...), or ``connection_error`` when
+    the server could not be reached; ``status`` is the HTTP status (None for connection errors);
     ``retry_after`` the seconds the server asked to wait (with ``overloaded``)."""
 
     def __init__(self, code: str, message: str, status: Optional[int] = None,
@@ -29,37 +33,83 @@ class SwitchboardError(Exception):
         self.retry_after = retry_after
 
 
-def headers(token: Optional[str]) -> Dict[str, str]:
+def base_headers(token: Optional[str]) -> Dict[str, str]:
+    """The headers of every request: the bearer token (``SWITCHBOARD_TOKEN`` when not given)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def error_from(response: httpx.Response, text: str) -> SwitchboardError:
-    code, message = "http_error", text.strip() or response.reason_phrase
+def error_from(status: int, reason: str, retry_after: Optional[str], data: bytes) -> SwitchboardError:
+    text = data.decode("utf-8", "replace")
+    code, message = "http_error", text.strip() or reason or f"HTTP {status}"
     try:
         err = json.loads(text)["error"]
         code, message = err["code"], err["message"]
     except (ValueError, KeyError, TypeError):
         pass
-    retry_after = response.headers.get("retry-after")
     try:
         retry = float(retry_after) if retry_after is not None else None
     except ValueError:
         retry = None
-    return SwitchboardError(code, message, response.status_code, retry)
+    return SwitchboardError(code, message, status, retry)
 
 
-def connection_error(e: Exception) -> SwitchboardError:
+def connection_error(e: BaseException) -> SwitchboardError:
     return SwitchboardError("connection_error", str(e) or type(e).__name__)
 
 
+def retry_delay(err: SwitchboardError, attempt: int, elapsed: float, max_retries: int,
+                budget: float) -> Optional[float]:
+    """Seconds to wait before retrying a request refused with ``err``, or None to give up.
+    Only ``overloaded`` (nothing ran, the body was not read) is retried, after its
+    ``Retry-After``, at most ``max_retries`` times within ``budget`` seconds."""
+    if err.code != "overloaded" or attempt >= max_retries:
+        return None
+    delay = err.retry_after if err.retry_after is not None else 1.0
+    delay = max(0.0, delay)
+    if elapsed + delay > budget:
+        return None
+    return delay
+
+
+def new_turn_id() -> str:
+    return "py-" + os.urandom(8).hex()
+
+
+# --- request bodies ------------------------------------------------------------------------
+
+def _dump_model(obj: Any) -> Any:
+    try:
+        return obj.model_dump(mode="json", exclude_none=True)
+    except TypeError:
+        return obj.model_dump()
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps`` hook: SDK (pydantic) objects anywhere inside a document are dumped."""
+    if hasattr(obj, "model_dump"):
+        return _dump_model(obj)
+    if hasattr(obj, "dict") and callable(obj.dict):  # pydantic v1 models
+        return obj.dict()
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+_dumps = json.JSONEncoder(default=json_default, separators=(",", ":"), ensure_ascii=False).encode
+
+
+def dumps(document: Any) -> bytes:
+    return _dumps(document).encode("utf-8")
+
+
 def as_document(message: Any) -> Any:
-    """A JSON-able document from a dict/list, a JSON string, or an SDK model."""
+    """The top level of a message as a dict or list: a JSON string is parsed, an SDK object
+    dumped. Objects nested inside a dict are left for :func:`dumps`."""
     if hasattr(message, "model_dump"):
-        try:
-            return message.model_dump(mode="json", exclude_none=True)
-        except TypeError:
-            return message.model_dump()
+        return _dump_model(message)
     if isinstance(message, (bytes, bytearray)):
         message = message.decode("utf-8")
     if isinstance(message, str):
@@ -67,83 +117,189 @@ def as_document(message: Any) -> Any:
     return message
 
 
+def _get(obj: Any, key: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
 def detect_format(document: Any, format: Optional[str]) -> str:
-    """``format`` if given, else ``openai`` for an OpenAI message or completion, else
-    ``anthropic``."""
+    """``format`` if given, else ``openai`` for an OpenAI message, completion or ``tool_calls``
+    array, else ``anthropic``."""
     if format is not None:
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
         return format
-    if isinstance(document, dict) and ("tool_calls" in document or "choices" in document):
-        return "openai"
-    if isinstance(document, list) and document and isinstance(document[0], dict) \
-            and document[0].get("type") == "function":
-        return "openai"
+    if isinstance(document, dict):
+        if "tool_calls" in document or "choices" in document:
+            return "openai"
+    elif isinstance(document, list) and document:
+        first = document[0]
+        if _get(first, "type") == "function" or _get(first, "function") is not None:
+            return "openai"
     return "anthropic"
 
 
-def dispatch_request(message: Any, format: Optional[str]) -> Tuple[str, bytes]:
-    document = as_document(message)
-    fmt = detect_format(document, format)
-    return fmt, json.dumps(document).encode("utf-8")
+def called_tools(document: Any, fmt: str) -> Optional[List[str]]:
+    """The names of the tools a model answer calls, in order: ``[]`` when it calls none, None
+    when the shape is not one this function knows (the server then decides)."""
+    if fmt == "anthropic":
+        if isinstance(document, dict):
+            if "content" not in document:
+                return None
+            content = document["content"]
+        else:
+            content = document
+        if isinstance(content, str):
+            return []
+        if not isinstance(content, list):
+            return None
+        return [_get(b, "name") for b in content if _get(b, "type") == "tool_use"]
+    # openai
+    if isinstance(document, dict):
+        if "choices" in document:
+            choices = document["choices"]
+            if not choices:
+                return None
+            message = _get(choices[0], "message")
+            calls = _get(message, "tool_calls") if message is not None else None
+        elif "tool_calls" in document:
+            calls = document["tool_calls"]
+        else:
+            return None
+    else:
+        calls = document
+    if not calls:
+        return [] if calls is None or isinstance(calls, list) else None
+    if not isinstance(calls, list):
+        return None
+    return [_get(_get(c, "function"), "name") for c in calls]
 
 
-class SseParser:
-    """Turns the lines of an SSE body into ``(event, data)`` pairs."""
+# --- server-sent events ----------------------------------------------------------------------
+
+class SseDecoder:
+    """Turns the bytes of an SSE body, as they arrive, into ``(event, data)`` pairs."""
+
+    __slots__ = ("_buf",)
 
     def __init__(self) -> None:
-        self.event = ""
-        self.data = []
+        self._buf = b""
 
-    def feed(self, line: str) -> Optional[Tuple[str, str]]:
-        if line == "":
-            if not self.event and not self.data:
-                return None
-            out = (self.event or "message", "\n".join(self.data))
-            self.event, self.data = "", []
-            return out
-        if line.startswith(":"):
-            return None
-        field, _, value = line.partition(":")
-        if value.startswith(" "):
+    def feed(self, chunk: bytes) -> List[Tuple[str, bytes]]:
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        out: List[Tuple[str, bytes]] = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            event = _parse_block(buf[start:end])
+            start = end + 2
+            if event is not None:
+                out.append(event)
+        self._buf = buf[start:] if start else buf
+        return out
+
+
+def _parse_block(block: bytes) -> Optional[Tuple[str, bytes]]:
+    event = "message"
+    data: List[bytes] = []
+    for line in block.split(b"\n"):
+        if not line or line[:1] == b":":
+            continue
+        field, _, value = line.partition(b":")
+        if value[:1] == b" ":
             value = value[1:]
-        if field == "event":
-            self.event = value
-        elif field == "data":
-            self.data.append(value)
+        if field == b"event":
+            event = value.decode("utf-8", "replace")
+        elif field == b"data":
+            data.append(value)
+    if not data and event == "message":
         return None
-
-
-def parse_events(lines: Iterable[str]) -> Iterator[Tuple[str, str]]:
-    parser = SseParser()
-    for line in lines:
-        item = parser.feed(line.rstrip("\r"))
-        if item is not None:
-            yield item
+    return event, b"\n".join(data)
 
 
 class StreamState:
-    """Interprets the events of a streamed dispatch."""
+    """Interprets the events of a streamed dispatch: ``result`` items are returned, ``done``
+    sets ``answer``, ``error`` raises; ``call`` and ``approval_required`` go to the callbacks."""
 
-    def __init__(self, answer_approval: Optional[Callable[[Any], Any]] = None) -> None:
+    def __init__(self) -> None:
         self.answer: Any = None
-        self.answer_approval = answer_approval
+        self.done = False
         self.approvals: List[Any] = []
 
-    def handle(self, event: str, data: str) -> Optional[Tuple[int, Any]]:
-        if event == "approval_required":
-            request = json.loads(data)
-            self.approvals.append(request)
-            if self.answer_approval is not None:
-                self.answer_approval(request)
-            return None
+    def handle(self, event: str, data: bytes) -> Optional[Tuple[int, Any]]:
         if event == "result":
             item = json.loads(data)
             return item["index"], item["result"]
         if event == "done":
             self.answer = json.loads(data)
+            self.done = True
             return None
         if event == "error":
-            err = json.loads(data).get("error", {})
-            raise SwitchboardError(err.get("code", "internal"), err.get("message", data), 200)
+            try:
+                err = json.loads(data).get("error", {})
+            except ValueError:
+                err = {}
+            raise SwitchboardError(err.get("code", "internal"),
+                                   err.get("message", data.decode("utf-8", "replace")), 200)
         return None
+
+
+# --- client-tool answers ---------------------------------------------------------------------
+
+_BLOCK_TYPES = ("text", "image")
+
+
+def answer_content(value: Any) -> Any:
+    """A tool function's return value as the ``content`` of a call's answer: a str as is, None
+    as ``""``, a list of content blocks (text, image) as is, anything else as JSON text."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list) and value:
+        blocks = [_dump_model(b) if hasattr(b, "model_dump") else b for b in value]
+        if all(isinstance(b, dict) and b.get("type") in _BLOCK_TYPES for b in blocks):
+            return blocks
+    if hasattr(value, "model_dump_json"):
+        return value.model_dump_json()
+    try:
+        return _dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def answer_body(value: Any = None, error: Optional[BaseException] = None) -> bytes:
+    if error is not None:
+        text = str(error)
+        name = type(error).__name__
+        return dumps({"content": f"{name}: {text}" if text else name, "is_error": True})
+    return dumps({"content": answer_content(value), "is_error": False})
+
+
+def error_body(text: str) -> bytes:
+    return dumps({"content": text, "is_error": True})
+
+
+def format_query(fmt: str) -> str:
+    return f"?format={fmt}"
+
+
+def session_body(workspace: Optional[str], tools: List[Mapping[str, Any]], sandbox: Any) -> bytes:
+    body: Dict[str, Any] = {}
+    if workspace is not None:
+        body["workspace"] = workspace
+    if tools:
+        body["tools"] = list(tools)
+    if sandbox is not None:
+        body["sandbox"] = sandbox
+    return dumps(body)
+
+
+ApprovalCallback = Callable[[Any], Any]

@@ -1,0 +1,446 @@
+"""Client tools: a Python function (or a ready tool dict) as a tool declaration, its JSON schema
+from type hints, and the call of the function with a call's arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import re
+import sys
+import typing
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+try:  # pydantic is optional
+    import pydantic as _pydantic
+
+    _BaseModel: Any = _pydantic.BaseModel
+except ImportError:  # pragma: no cover - exercised without pydantic
+    _pydantic = None
+    _BaseModel = None
+
+_UnionType: Any = getattr(__import__("types"), "UnionType", None)  # X | Y (3.10+)
+
+_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _is_model(tp: Any) -> bool:
+    return _BaseModel is not None and isinstance(tp, type) and issubclass(tp, _BaseModel)
+
+
+class _Defs:
+    """Collects the ``$defs`` of pydantic schemas used as parameter types into the root."""
+
+    def __init__(self) -> None:
+        self.defs: Dict[str, Any] = {}
+
+    def model(self, tp: Any) -> Dict[str, Any]:
+        schema = dict(tp.model_json_schema())
+        self.defs.update(schema.pop("$defs", {}))
+        return schema
+
+
+def type_schema(tp: Any, defs: Optional[_Defs] = None) -> Dict[str, Any]:
+    """The JSON schema of a type hint: str, int, float, bool, None, list/sequence/set/tuple,
+    dict/mapping, Optional/Union, Literal, Enum, Annotated (a str annotation is the
+    description), pydantic models, dataclasses; ``Any`` or no hint is ``{}``."""
+    defs = defs if defs is not None else _Defs()
+    if tp is inspect.Parameter.empty or tp is Any or tp is object:
+        return {}
+    if tp is None or tp is type(None):
+        return {"type": "null"}
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        schema = type_schema(args[0], defs)
+        for extra in args[1:]:
+            if isinstance(extra, str):
+                schema = dict(schema, description=extra)
+        return schema
+    if origin is Union or (_UnionType is not None and origin is _UnionType):
+        options = [a for a in args if a is not type(None)]
+        nullable = len(options) < len(args)
+        if len(options) == 1:
+            inner = type_schema(options[0], defs)
+            if not nullable:
+                return inner
+            t = inner.get("type")
+            if isinstance(t, str) and set(inner) <= {"type", "description", "items",
+                                                       "additionalProperties", "enum"} \
+                    and "enum" not in inner:
+                return dict(inner, type=[t, "null"])
+            return {"anyOf": [inner, {"type": "null"}]}
+        schemas = [type_schema(a, defs) for a in options]
+        if nullable:
+            schemas.append({"type": "null"})
+        return {"anyOf": schemas}
+    if origin is typing.Literal:
+        values = [a.value if isinstance(a, enum.Enum) else a for a in args]
+        schema: Dict[str, Any] = {"enum": values}
+        kinds = {_json_type(v) for v in values}
+        if len(kinds) == 1 and None not in kinds:
+            schema = {"type": kinds.pop(), "enum": values}
+        return schema
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [m.value for m in tp]
+        kinds = {_json_type(v) for v in values}
+        schema = {"enum": values}
+        if len(kinds) == 1 and None not in kinds:
+            schema = {"type": kinds.pop(), "enum": values}
+        return schema
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if _is_model(tp):
+        return defs.model(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _object_schema(tp, defs)
+    container = origin or tp
+    if container in (list, set, frozenset, tuple) or _subclass(container, (List, typing.Sequence,
+                                                                            typing.AbstractSet)):
+        if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return {"type": "array", "prefixItems": [type_schema(a, defs) for a in args],
+                    "minItems": len(args), "maxItems": len(args)}
+        schema = {"type": "array"}
+        if args:
+            schema["items"] = type_schema(args[0], defs)
+        return schema
+    if container is dict or _subclass(container, (Dict, typing.Mapping)):
+        schema = {"type": "object"}
+        if len(args) == 2 and args[1] is not Any:
+            schema["additionalProperties"] = type_schema(args[1], defs)
+        return schema
+    if _is_typeddict(tp):
+        return _object_schema(tp, defs)
+    return {}
+
+
+def _subclass(tp: Any, bases: Tuple[Any, ...]) -> bool:
+    try:
+        import collections.abc as abc
+        mapping = {List: list, typing.Sequence: abc.Sequence, typing.AbstractSet: abc.Set,
+                   Dict: dict, typing.Mapping: abc.Mapping}
+        real = tuple(mapping.get(b, b) for b in bases)
+        return isinstance(tp, type) and issubclass(tp, real) and tp is not str \
+            and tp is not bytes
+    except TypeError:
+        return False
+
+
+def _is_typeddict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__annotations__") \
+        and hasattr(tp, "__total__")
+
+
+def _object_schema(tp: Any, defs: _Defs) -> Dict[str, Any]:
+    hints = typing.get_type_hints(tp, include_extras=True)
+    props = {k: type_schema(v, defs) for k, v in hints.items()}
+    required: List[str] = []
+    if dataclasses.is_dataclass(tp):
+        for f in dataclasses.fields(tp):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                required.append(f.name)
+    else:
+        required = sorted(getattr(tp, "__required_keys__", hints))
+    schema: Dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _json_type(v: Any) -> Optional[str]:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return None
+
+
+_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:\s*$")
+_OTHER_SECTION = re.compile(r"^\s*(Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$")
+_ARG_LINE = re.compile(r"^\s*\*{0,2}([A-Za-z_][A-Za-z0-9_]*)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def parse_docstring(doc: Optional[str]) -> Tuple[str, Dict[str, str]]:
+    """The description (the docstring up to a Google-style ``Args:`` section) and each
+    argument's description from that section."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    description: List[str] = []
+    params: Dict[str, str] = {}
+    i = 0
+    while i < len(lines) and not _SECTION.match(lines[i]):
+        description.append(lines[i])
+        i += 1
+    current = None
+    for line in lines[i + 1:] if i < len(lines) else []:
+        if _OTHER_SECTION.match(line):
+            break
+        m = _ARG_LINE.match(line)
+        if m and (len(line) - len(line.lstrip())) <= 8:
+            current = m.group(1)
+            params[current] = m.group(3).strip()
+        elif current and line.strip():
+            params[current] = (params[current] + " " + line.strip()).strip()
+    text = "\n".join(description).strip()
+    # Drop trailing Returns/Raises sections from the description.
+    out: List[str] = []
+    for line in text.splitlines():
+        if _OTHER_SECTION.match(line):
+            break
+        out.append(line)
+    return "\n".join(out).strip(), params
+
+
+class ToolEntry:
+    """One client tool: its declaration (``spec``, sent to the server) and its function."""
+
+    __slots__ = ("name", "spec", "fn", "is_async", "model", "converters")
+
+    def __init__(self, name: str, spec: Dict[str, Any], fn: Optional[Callable[..., Any]],
+                 model: Any = None, converters: Optional[Dict[str, Callable[[Any], Any]]] = None):
+        self.name = name
+        self.spec = spec
+        self.fn = fn
+        self.is_async = fn is not None and _is_coroutine_function(fn)
+        self.model = model  # a pydantic model: called with the whole input validated into it
+        self.converters = converters or {}
+
+    def arguments(self, input: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """The positional and keyword arguments of a call with ``input``."""
+        if self.model is not None:
+            return (self.model.model_validate(input or {}),), {}
+        kwargs = dict(input or {})
+        for key, convert in self.converters.items():
+            if key in kwargs:
+                kwargs[key] = convert(kwargs[key])
+        return (), kwargs
+
+
+def _is_coroutine_function(fn: Any) -> bool:
+    while isinstance(fn, __import__("functools").partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))
+
+
+def _converter(tp: Any) -> Optional[Callable[[Any], Any]]:
+    """How a JSON argument becomes the declared type, for the types JSON cannot carry."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _converter(typing.get_args(tp)[0])
+    if origin is Union or (_UnionType is not None and origin is _UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(options) == 1:
+            inner = _converter(options[0])
+            if inner is not None:
+                return lambda v: None if v is None else inner(v)
+        return None
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    if _is_model(tp):
+        return tp.model_validate
+    if origin in (list, List) and typing.get_args(tp):
+        inner = _converter(typing.get_args(tp)[0])
+        if inner is not None:
+            return lambda v: [inner(x) for x in v]
+    if tp is tuple or origin is tuple:
+        return tuple
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return lambda v: tp(**v)
+    return None
+
+
+def with_options(spec: Dict[str, Any], concurrency_safe: Optional[bool], access: Any,
+                 timeout_ms: Optional[int], output_cap: Optional[int]) -> Dict[str, Any]:
+    if concurrency_safe:
+        spec["concurrency_safe"] = True
+    if access is not None:
+        spec["access"] = access
+    if timeout_ms is not None:
+        spec["timeout_ms"] = int(timeout_ms)
+    if output_cap is not None:
+        spec["output_cap"] = int(output_cap)
+    return spec
+
+
+def spec_name(spec: Mapping[str, Any]) -> str:
+    """The name of a ready tool dict, Anthropic or OpenAI shape."""
+    if spec.get("type") == "function" and isinstance(spec.get("function"), Mapping):
+        return spec["function"]["name"]
+    if "name" in spec:
+        return spec["name"]
+    raise ValueError(f"a tool dict needs a `name` (Anthropic shape) or `function.name` "
+                     f"(OpenAI shape): {dict(spec)!r}")
+
+
+def _is_tool_dict(schema: Mapping[str, Any]) -> bool:
+    return ("input_schema" in schema and "name" in schema) or (
+        schema.get("type") == "function" and isinstance(schema.get("function"), Mapping))
+
+
+def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping[str, Any]] = None,
+               *, name: Optional[str] = None, description: Optional[str] = None,
+               concurrency_safe: bool = False, access: Any = None,
+               timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> ToolEntry:
+    """The declaration of a client tool. ``schema`` is the input JSON schema or a complete tool
+    dict (Anthropic or OpenAI shape); without it the schema comes from ``fn``'s type hints and
+    the description from its docstring."""
+    if fn is None and schema is None:
+        raise ValueError("a client tool needs a function or a schema")
+    if fn is not None and not callable(fn):
+        raise TypeError(f"a client tool's function must be callable, not {fn!r}")
+    if schema is not None and _is_tool_dict(schema):
+        spec = dict(schema)
+        if spec.get("type") == "function":
+            spec["function"] = dict(spec["function"])
+            inner = spec["function"]
+            if name is not None:
+                inner["name"] = name
+            if description is not None:
+                inner["description"] = description
+        else:
+            if name is not None:
+                spec["name"] = name
+            if description is not None:
+                spec["description"] = description
+        spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap)
+        return ToolEntry(spec_name(spec), spec, fn)
+    tool_name = name or (getattr(fn, "__name__", None) if fn is not None else None)
+    if not tool_name or tool_name == "<lambda>":
+        raise ValueError("a client tool needs a name: pass name=...")
+    if not _NAME.match(tool_name):
+        raise ValueError(f"tool name {tool_name!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
+    doc_description, arg_docs = parse_docstring(inspect.getdoc(fn) if fn is not None else None)
+    model = None
+    converters: Dict[str, Callable[[Any], Any]] = {}
+    if schema is not None:
+        input_schema = dict(schema)
+    else:
+        input_schema, model, converters = function_schema(fn, arg_docs)
+    spec = {"name": tool_name, "description": description if description is not None
+            else (doc_description or tool_name),
+            "input_schema": input_schema}
+    spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap)
+    return ToolEntry(tool_name, spec, fn, model, converters)
+
+
+def function_schema(fn: Callable[..., Any], arg_docs: Optional[Dict[str, str]] = None
+                    ) -> Tuple[Dict[str, Any], Any, Dict[str, Callable[[Any], Any]]]:
+    """The input schema of ``fn`` from its signature: each parameter a property (a default
+    makes it optional), or the whole schema of a single pydantic model parameter."""
+    arg_docs = arg_docs or {}
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # unresolvable forward references: fall back to the raw annotations
+        hints = {p.name: p.annotation for p in sig.parameters.values()}
+    params = [p for p in sig.parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    if len(params) == 1 and _is_model(hints.get(params[0].name)) \
+            and params[0].kind != params[0].KEYWORD_ONLY:
+        model = hints[params[0].name]
+        schema = dict(model.model_json_schema())
+        return schema, model, {}
+    defs = _Defs()
+    props: Dict[str, Any] = {}
+    required: List[str] = []
+    converters: Dict[str, Callable[[Any], Any]] = {}
+    for p in params:
+        if p.kind == p.POSITIONAL_ONLY:
+            raise TypeError(f"{fn.__name__}: positional-only parameter {p.name!r} cannot be "
+                            "given by name")
+        tp = hints.get(p.name, inspect.Parameter.empty)
+        prop = dict(type_schema(tp, defs))
+        if p.name in arg_docs and "description" not in prop:
+            prop["description"] = arg_docs[p.name]
+        if p.default is not inspect.Parameter.empty:
+            try:
+                import json
+                json.dumps(p.default)
+                if p.default is not None:
+                    prop["default"] = p.default.value if isinstance(p.default, enum.Enum) \
+                        else p.default
+            except (TypeError, ValueError):
+                pass
+        else:
+            required.append(p.name)
+        props[p.name] = prop
+        convert = _converter(tp)
+        if convert is not None:
+            converters[p.name] = convert
+    schema: Dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = required
+    if not var_kw:
+        schema["additionalProperties"] = False
+    if defs.defs:
+        schema["$defs"] = defs.defs
+    return schema, None, converters
+
+
+def tool_spec(fn: Callable[..., Any], schema: Optional[Mapping[str, Any]] = None, *,
+              name: Optional[str] = None, description: Optional[str] = None,
+              concurrency_safe: bool = False, access: Any = None,
+              timeout_ms: Optional[int] = None, output_cap: Optional[int] = None
+              ) -> Dict[str, Any]:
+    """The tool declaration (Anthropic shape, with the client-tool options) that
+    ``session.register`` would send for ``fn``."""
+    return tool_entry(fn, schema, name=name, description=description,
+                      concurrency_safe=concurrency_safe, access=access, timeout_ms=timeout_ms,
+                      output_cap=output_cap).spec
+
+
+class ToolRegistry:
+    """A session's client tools, in declaration order."""
+
+    def __init__(self) -> None:
+        self.entries: Dict[str, ToolEntry] = {}
+
+    def add(self, entry: ToolEntry) -> None:
+        if entry.name in self.entries:
+            raise ValueError(f"client tool {entry.name!r} is registered twice")
+        self.entries[entry.name] = entry
+
+    def add_any(self, tool: Any) -> None:
+        """A Python callable, or a ready tool dict (Anthropic or OpenAI shape)."""
+        if isinstance(tool, Mapping):
+            spec = dict(tool)
+            self.add(ToolEntry(spec_name(spec), spec, None))
+        elif callable(tool):
+            self.add(tool_entry(tool))
+        else:
+            raise TypeError(f"a client tool is a function or a tool dict, not {tool!r}")
+
+    def specs(self) -> List[Dict[str, Any]]:
+        return [e.spec for e in self.entries.values()]
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def get(self, name: str) -> Optional[ToolEntry]:
+        return self.entries.get(name)
+
+
+def no_function(name: str) -> str:
+    return (f"SwitchboardError: client tool {name!r} has no Python function in this session "
+            "(it was declared as a dict); register one with session.register(fn, schema=...)")
+
+
+if sys.version_info < (3, 9):  # pragma: no cover
+    raise ImportError("switchboard_client needs Python 3.9 or newer")
