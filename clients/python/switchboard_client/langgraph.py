@@ -178,7 +178,7 @@ class _Turn:
         self.remaining = set(ids)
 
 
-class _ToolFailed(Exception):
+class ToolError(Exception):
     """A client tool's error result, raised so the engine records it as ``execution_error``."""
 
 
@@ -466,23 +466,23 @@ class ToolNode(_LangGraphToolNode):
         async def run(**args: Any) -> Any:
             ctx = conv.turn
             if ctx is None:
-                raise _ToolFailed(f"{name}: called outside a turn")
+                raise ToolError(f"{name}: called outside a turn")
             call_id = ctx.claim(name, args)
             if call_id is None:
-                raise _ToolFailed(f"{name}: no call with these arguments in the turn")
+                raise ToolError(f"{name}: no call with these arguments in the turn")
             call = {"type": "tool_call", "id": call_id, "name": name, "args": args}
             try:
                 out = await _on_loop(ctx.caller_loop, node._run_tool(call, ctx))
             except GraphBubbleUp as e:            # an interrupt: the node re-raises it
                 ctx.local[call_id] = e
-                raise _ToolFailed(f"{name}: interrupted") from None
+                raise ToolError(f"{name}: interrupted") from None
             except Exception as e:                # handle_tool_errors=False: the node raises
                 ctx.local[call_id] = e
                 raise
             ctx.local[call_id] = out
             if isinstance(out, ToolMessage):
                 if out.status == "error":
-                    raise _ToolFailed(_text_of(out.content))
+                    raise ToolError(_text_of(out.content))
                 return _text_of(out.content)
             return ""                             # a Command: its own messages say it
 
@@ -546,83 +546,83 @@ _BUILTIN_CATALOG_JSON = r"""{
  "bash": {
   "description": "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then stderr, capped keeping head and tail). Every process it starts is stopped when the call ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at most 600000).",
   "input_schema": {
-   "type": "object",
+   "additionalProperties": false,
    "properties": {
     "command": {
-     "type": "string",
-     "description": "The command, run with `bash -c`."
+     "description": "The command, run with `bash -c`.",
+     "type": "string"
     },
     "timeout_ms": {
-     "type": "integer",
-     "minimum": 1,
+     "description": "Time limit of this call in milliseconds (default 120000, at most 600000).",
      "maximum": 600000,
-     "description": "Time limit of this call in milliseconds (default 120000, at most 600000)."
+     "minimum": 1,
+     "type": "integer"
     }
    },
    "required": [
     "command"
    ],
-   "additionalProperties": false
+   "type": "object"
   }
  },
  "read_file": {
   "description": "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
   "input_schema": {
-   "type": "object",
+   "additionalProperties": false,
    "properties": {
-    "path": {
-     "type": "string",
-     "description": "File path, relative to the workspace."
-    },
     "limit": {
-     "type": "integer",
+     "description": "Return at most this many lines.",
      "minimum": 1,
-     "description": "Return at most this many lines."
+     "type": "integer"
+    },
+    "path": {
+     "description": "File path, relative to the workspace.",
+     "type": "string"
     }
    },
    "required": [
     "path"
    ],
-   "additionalProperties": false
+   "type": "object"
   }
  },
  "write_file": {
   "description": "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
   "input_schema": {
-   "type": "object",
+   "additionalProperties": false,
    "properties": {
-    "path": {
-     "type": "string",
-     "description": "File path, relative to the workspace."
-    },
     "content": {
-     "type": "string",
-     "description": "The complete new file content."
+     "description": "The complete new file content.",
+     "type": "string"
+    },
+    "path": {
+     "description": "File path, relative to the workspace.",
+     "type": "string"
     }
    },
    "required": [
     "path",
     "content"
    ],
-   "additionalProperties": false
+   "type": "object"
   }
  },
  "edit_file": {
   "description": "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only that first match changes, even when old_text occurs several times: include enough surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a missing final newline) is kept; the file is replaced atomically.",
   "input_schema": {
-   "type": "object",
+   "additionalProperties": false,
    "properties": {
-    "path": {
-     "type": "string",
-     "description": "File path, relative to the workspace."
+    "new_text": {
+     "description": "Replacement text.",
+     "type": "string"
     },
     "old_text": {
-     "type": "string",
-     "description": "Exact text to find (first occurrence is replaced)."
+     "description": "Exact text to find (first occurrence is replaced).",
+     "type": "string"
     },
-    "new_text": {
-     "type": "string",
-     "description": "Replacement text."
+    "path": {
+     "description": "File path, relative to the workspace.",
+     "type": "string"
     }
    },
    "required": [
@@ -630,21 +630,23 @@ _BUILTIN_CATALOG_JSON = r"""{
     "old_text",
     "new_text"
    ],
-   "additionalProperties": false
+   "type": "object"
   }
  },
  "glob": {
   "description": "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
   "input_schema": {
-   "type": "object",
+   "additionalProperties": false,
    "properties": {
     "pattern": {
+     "description": "Glob pattern, relative to the workspace.",
      "type": "string"
     }
    },
    "required": [
     "pattern"
-   ]
+   ],
+   "type": "object"
   }
  }
 }"""

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, List
 
-import httpx
+import urllib.request
 import pytest
 
 pytest.importorskip("agents")
@@ -101,8 +101,10 @@ def file_tools(slow_write_s: float = 0.02):
 
 
 def test_builtins_match_the_servers_catalog(server, token):
-    catalog = httpx.get(f"{server.base_url}/v1/tools",
-                        headers={"Authorization": f"Bearer {token}"}).json()
+    request = urllib.request.Request(f"{server.base_url}/v1/tools",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request) as response:
+        catalog = json.load(response)
     live = {t["name"]: t for t in catalog}
     tools, _ = switchboard_tools([], builtins=True)
     assert [t.name for t in tools] == list(sb_agents.BUILTIN_NAMES)

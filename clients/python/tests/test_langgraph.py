@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any, List
 
-import httpx
+import urllib.request
 import pytest
 
 pytest.importorskip("langgraph")
@@ -155,8 +155,10 @@ def hand_built(model: Any, node: Any):
 # ---- tests --------------------------------------------------------------------------------
 
 def test_builtin_tools_match_the_servers_catalog(server, token):
-    catalog = httpx.get(f"{server.base_url}/v1/tools",
-                        headers={"Authorization": f"Bearer {token}"}).json()
+    request = urllib.request.Request(f"{server.base_url}/v1/tools",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request) as response:
+        catalog = json.load(response)
     live = {t["name"]: t for t in catalog}
     for t in builtin_tools():
         assert t.name in live
