@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextvars
 import json
 import os
 import threading
@@ -178,6 +179,19 @@ class _Turn:
         self.remaining = set(ids)
 
 
+_CAUGHT: "contextvars.ContextVar[Optional[List[BaseException]]]" = contextvars.ContextVar(
+    "switchboard_caught", default=None)
+
+
+def _catch_all(e: Exception) -> str:
+    """``handle_tool_errors=True``: every exception is an error result. The exception itself
+    goes to the engine (its answer reads ``Error [execution_error]: ValueError: ...``)."""
+    caught = _CAUGHT.get()
+    if caught is not None:
+        caught.append(e)
+    return f"Error: {e!r}\n Please fix your mistakes."
+
+
 class ToolError(Exception):
     """A client tool's error result, raised so the engine records it as ``execution_error``."""
 
@@ -265,7 +279,9 @@ class ToolNode(_LangGraphToolNode):
             wanted = []
         present = {t.name for t in tools if isinstance(t, BaseTool)}
         tools += [t for t in builtin_tools(wanted) if t.name not in present]
-        super().__init__(tools, name=name, tags=tags, handle_tool_errors=handle_tool_errors,
+        super().__init__(tools, name=name, tags=tags,
+                         handle_tool_errors=_catch_all if handle_tool_errors is True
+                         else handle_tool_errors,
                          messages_key=messages_key)
         self._builtin_names = {n for n, t in self.tools_by_name.items()
                                if isinstance(t, SwitchboardBuiltinTool)}
@@ -472,7 +488,7 @@ class ToolNode(_LangGraphToolNode):
                 raise ToolError(f"{name}: no call with these arguments in the turn")
             call = {"type": "tool_call", "id": call_id, "name": name, "args": args}
             try:
-                out = await _on_loop(ctx.caller_loop, node._run_tool(call, ctx))
+                out, caught = await _on_loop(ctx.caller_loop, node._run_tool(call, ctx))
             except GraphBubbleUp as e:            # an interrupt: the node re-raises it
                 ctx.local[call_id] = e
                 raise ToolError(f"{name}: interrupted") from None
@@ -481,6 +497,8 @@ class ToolNode(_LangGraphToolNode):
                 raise
             ctx.local[call_id] = out
             if isinstance(out, ToolMessage):
+                if out.status == "error" and caught:
+                    raise caught[-1]
                 if out.status == "error":
                     raise ToolError(_text_of(out.content))
                 return _text_of(out.content)
@@ -489,9 +507,13 @@ class ToolNode(_LangGraphToolNode):
         conv.session.register(run, schema, name=name, description=fn.get("description") or "",
                               **self._options.get(name, {}))
 
-    async def _run_tool(self, call: Dict[str, Any], ctx: _TurnContext) -> Any:
+    async def _run_tool(self, call: Dict[str, Any], ctx: _TurnContext
+                        ) -> Tuple[Any, List[BaseException]]:
         """Runs one LangChain tool as LangGraph's ``ToolNode`` does (injection, validation,
-        ``handle_tool_errors``, ``Command``), on the caller's event loop."""
+        ``handle_tool_errors``, ``Command``), on the caller's event loop; with the exceptions
+        ``handle_tool_errors=True`` caught."""
+        caught: List[BaseException] = []
+        _CAUGHT.set(caught)
         runtime = ctx.runtime
         tool_runtime = ToolRuntime(
             state=ctx.state, tool_call_id=call["id"], config=ctx.config,
@@ -502,7 +524,7 @@ class ToolNode(_LangGraphToolNode):
             server_info=getattr(runtime, "server_info", None))
         request = ToolCallRequest(tool_call=call, tool=self.tools_by_name[call["name"]],
                                   state=ctx.state, runtime=tool_runtime)
-        return await self._execute_tool_async(request, ctx.input_type, ctx.config)
+        return await self._execute_tool_async(request, ctx.input_type, ctx.config), caught
 
     # ---- lifecycle -------------------------------------------------------------------------
 

@@ -134,6 +134,26 @@ def test_one_response_is_one_turn_in_the_models_order(client):
         hooks.close()
 
 
+def test_tool_options_let_concurrency_safe_calls_overlap(client):
+    barrier = threading.Barrier(2, timeout=60)
+
+    @function_tool
+    def meet(who: str) -> str:
+        """Waits for the other caller."""
+        barrier.wait()            # only returns when both calls are running at once
+        return f"met {who}"
+
+    tools, hooks = switchboard_tools([meet], client=client, builtins=False,
+                                     tool_options={"meet": {"concurrency_safe": True}})
+    model = scripted(turn(("meet", {"who": "a"}), ("meet", {"who": "b"})))
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        assert outputs(model) == {"c0_0": "met a", "c0_1": "met b"}
+        assert hooks.turns == 1
+    finally:
+        hooks.close()
+
+
 def test_without_the_hooks_the_window_still_makes_one_turn(client):
     tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=False)
     model = scripted(turn(("lookup", {"key": "a"}), ("alookup", {"key": "b"})))

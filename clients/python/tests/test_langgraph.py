@@ -206,6 +206,24 @@ def test_one_turn_runs_in_call_order(client):
         node.close()
 
 
+def test_tool_options_let_concurrency_safe_calls_overlap(client):
+    barrier = threading.Barrier(2, timeout=60)
+
+    @tool
+    def meet(who: str) -> str:
+        """Waits for the other caller."""
+        barrier.wait()            # only returns when both calls are running at once
+        return f"met {who}"
+
+    node = ToolNode([meet], client=client, tool_options={"meet": {"concurrency_safe": True}})
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        result = graph.invoke(ask([("meet", {"who": "a"}), ("meet", {"who": "b"})]), thread())
+        assert [m.content for m in tool_messages(result)] == ["met a", "met b"]
+    finally:
+        node.close()
+
+
 def test_prebuilt_agent_binds_the_builtins_and_client_tools(client):
     model = ScriptedChat()
     node = ToolNode([lookup], client=client, builtins=True)
