@@ -127,6 +127,9 @@ class _Invocation:
         self.call_id, self.name, self.arguments = call_id, name, arguments
         self.ctx, self.loop, self.tool = ctx, loop, tool
         self.result: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.batch: Optional[List["_Invocation"]] = None
+        self.batch_task: Optional[asyncio.Task] = None
+        self.abandoned = False
 
 
 class _Bridge:
@@ -204,7 +207,18 @@ class _Bridge:
         self.wake.set()
         if self.collector is None or self.collector.done():
             self.collector = asyncio.ensure_future(self._collect())
-        return await asyncio.shield(inv.result)
+        try:
+            return await asyncio.shield(inv.result)
+        except asyncio.CancelledError:
+            # The run was cancelled (the SDK cancels its tool tasks): once every invocation of
+            # the turn is gone, the turn is cancelled on the server, its processes killed.
+            inv.abandoned = True
+            if self.arrived.get(inv.call_id) is inv:
+                del self.arrived[inv.call_id]
+            elif inv.batch is not None and inv.batch_task is not None \
+                    and all(i.abandoned for i in inv.batch) and not inv.batch_task.done():
+                inv.batch_task.cancel()
+            raise
 
     def _complete(self) -> bool:
         pending = [c for c in self.expected if c not in self.arrived]
@@ -228,7 +242,15 @@ class _Bridge:
             self.arrived = {}
             self.expected = [c for c in self.expected if c not in {v.call_id for v in batch}]
             async with self.turn_lock:
-                await self._turn(batch)
+                task = asyncio.ensure_future(self._turn(batch))
+                for inv in batch:
+                    inv.batch, inv.batch_task = batch, task
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if task.cancelled():
+                        continue            # that turn was cancelled; collect the next one
+                    raise
 
     async def _turn(self, batch: List[_Invocation]) -> None:
         try:
@@ -245,8 +267,16 @@ class _Bridge:
                 if isinstance(args, dict):
                     self.claims[_args_key(inv.name, args)].append(inv.call_id)
             self.turns += 1
-            answer = await session.dispatch({"role": "assistant", "content": blocks},
-                                            format="anthropic")
+            turn = session.start({"role": "assistant", "content": blocks}, format="anthropic")
+            try:
+                answer = await asyncio.shield(turn.task)
+            except asyncio.CancelledError:
+                if not turn.done():
+                    try:
+                        await turn.cancel()
+                    except Exception:
+                        pass
+                raise
             results = {r.get("tool_use_id"): r for r in (answer or {}).get("content", [])
                        if isinstance(r, dict)}
             for inv in batch:
@@ -257,7 +287,10 @@ class _Bridge:
         except BaseException as e:
             for inv in batch:
                 if not inv.result.done():
-                    inv.result.set_exception(e)
+                    if isinstance(e, asyncio.CancelledError):
+                        inv.result.cancel()
+                    else:
+                        inv.result.set_exception(e)
             if not isinstance(e, Exception):
                 raise
         finally:

@@ -177,6 +177,23 @@ class _Turn:
     def __init__(self, ids: Sequence[str]) -> None:
         self.future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.remaining = set(ids)
+        self.waiting = 0                      # Sends awaiting it; none left: it is cancelled
+        self.task: Optional[asyncio.Task] = None
+
+
+async def _run_cancellable(session: Any, message: Any) -> Any:
+    """Dispatches ``message`` as a turn; cancelling this cancels the turn on the server (its
+    calls answered ``cancelled``, its processes killed)."""
+    turn = session.start(message, format="anthropic")
+    try:
+        return await asyncio.shield(turn.task)
+    except asyncio.CancelledError:
+        if not turn.done():
+            try:
+                await turn.cancel()
+            except Exception:
+                pass
+        raise
 
 
 _CAUGHT: "contextvars.ContextVar[Optional[List[BaseException]]]" = contextvars.ContextVar(
@@ -361,7 +378,7 @@ class ToolNode(_LangGraphToolNode):
             if shared is None:
                 shared = self._turns[turn_key] = _Turn(ids)
                 ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop)
-                task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
+                task = shared.task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
 
                 def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
                     if fut.done():
@@ -373,9 +390,15 @@ class ToolNode(_LangGraphToolNode):
                     else:
                         fut.set_result(t.result())
                 task.add_done_callback(settle)
+            shared.waiting += 1
             try:
                 outcomes = await asyncio.shield(shared.future)
+            except asyncio.CancelledError:
+                if shared.waiting == 1 and shared.task is not None and not shared.task.done():
+                    shared.task.cancel()      # the graph run was cancelled: so is the turn
+                raise
             finally:
+                shared.waiting -= 1
                 shared.remaining.difference_update(c["id"] for c in tool_calls)
                 if not shared.remaining and self._turns.get(turn_key) is shared:
                     del self._turns[turn_key]
@@ -404,8 +427,8 @@ class ToolNode(_LangGraphToolNode):
             async with conv.lock:
                 conv.turn = ctx
                 try:
-                    answer = await conv.session.dispatch(
-                        {"role": "assistant", "content": blocks}, format="anthropic")
+                    answer = await _run_cancellable(
+                        conv.session, {"role": "assistant", "content": blocks})
                 finally:
                     conv.turn = None
             results = {r["tool_use_id"]: r for r in (answer or {}).get("content", [])

@@ -9,6 +9,7 @@ responses; no network). The write-then-read figures print with ``-s``:
 
 import asyncio
 import json
+import os
 import threading
 import time
 from typing import Any, List
@@ -51,7 +52,9 @@ def outputs(model: ScriptedModel, call: int = -1) -> dict:
 
 @pytest.fixture()
 def client(server, token):
-    return AsyncClient(server.base_url, token=token)
+    c = AsyncClient(server.base_url, token=token)
+    yield c
+    sb_agents._LoopThread.get().run(c.close())   # it lived on the adapter's loop
 
 
 order: List[str] = []
@@ -230,6 +233,32 @@ def test_client_tool_mixed_with_builtins_share_the_workspace(client):
         assert first["c0_2"].strip() == "mixed"
         assert "mixed" in last["c1_0"]
         assert hooks.turns == 2
+    finally:
+        hooks.close()
+
+
+def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
+    tools, hooks = switchboard_tools([], client=client, builtins=["bash"])
+    model = scripted(turn(("bash", {"command": "touch started && sleep 300"})))
+
+    async def main():
+        run = asyncio.ensure_future(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                               hooks=hooks))
+        while hooks.session is None or not hooks.session.created or not os.path.exists(
+                os.path.join(hooks.session.workspace, "started")):
+            assert not run.done()
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    try:
+        asyncio.run(main())
+        loop = sb_agents._LoopThread.get()
+        deadline = time.monotonic() + 120     # a bound for a hung test, not a measurement
+        while loop.run(hooks.session.info())["in_flight"] != 0:
+            assert time.monotonic() < deadline, "the cancelled turn kept running"
+            time.sleep(0.05)
     finally:
         hooks.close()
 

@@ -84,7 +84,9 @@ def thread(name: str = "t") -> dict:
 
 @pytest.fixture()
 def client(server, token):
-    return AsyncClient(server.base_url, token=token)
+    c = AsyncClient(server.base_url, token=token)
+    yield c
+    sb_langgraph._LoopThread.get().run(c.close())   # it lived on the adapter's loop
 
 
 # ---- tools --------------------------------------------------------------------------------
@@ -324,6 +326,35 @@ def test_handle_tool_errors_false_raises_like_langgraph(client):
     try:
         with pytest.raises(ValueError, match="boom: x"):
             graph.invoke(ask([("boom", {"reason": "x"})]), thread())
+    finally:
+        node.close()
+
+
+def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
+    node = ToolNode(builtin_tools(["bash"]), client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    config = thread("cancel")
+    key = config["configurable"]["thread_id"]
+
+    async def main():
+        run = asyncio.ensure_future(graph.ainvoke(
+            ask([("bash", {"command": "touch started && sleep 300"})]), config))
+        while key not in node._conversations or not node._conversations[key].session.created \
+                or not os.path.exists(os.path.join(node._conversations[key].session.workspace,
+                                                   "started")):
+            assert not run.done()
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    try:
+        asyncio.run(main())
+        session = node._conversations[key].session
+        deadline = time.monotonic() + 120     # a bound for a hung test, not a measurement
+        while node._loop.run(session.info())["in_flight"] != 0:
+            assert time.monotonic() < deadline, "the cancelled turn kept running"
+            time.sleep(0.05)
     finally:
         node.close()
 
