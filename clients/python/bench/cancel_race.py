@@ -29,6 +29,7 @@ async def main(args):
     states = collections.Counter()
     outcomes = collections.Counter()
     lateness = []
+    rtts = []
     remaining = [args.trials]
     started = time.monotonic()
     with Server() as server:
@@ -43,6 +44,7 @@ async def main(args):
                         await asyncio.sleep(delay)
                         t0 = time.monotonic()
                         answer = await turn.cancel()
+                        rtts.append(time.monotonic() - t0)
                         states[answer["state"]] += 1
                         result = await turn
                         lateness.append(time.monotonic() - t0)
@@ -67,6 +69,10 @@ async def main(args):
         print(f"  cancel -> answer: p50 {lateness[len(lateness) // 2] * 1000:.1f} ms, "
               f"p99 {lateness[min(len(lateness) - 1, int(0.99 * len(lateness)))] * 1000:.1f} ms, "
               f"max {lateness[-1] * 1000:.1f} ms")
+    if rtts:
+        rtts.sort()
+        print(f"  cancel request round trip: p50 {rtts[len(rtts) // 2] * 1000:.1f} ms, "
+              f"p99 {rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))] * 1000:.1f} ms")
     if outcomes["completed"]:
         sys.exit(1)
 

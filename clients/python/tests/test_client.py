@@ -132,11 +132,11 @@ def test_a_closed_session_is_gone(server, token):
 def test_errors_carry_the_server_code(server, token):
     with Client(server.base_url, token="wrong") as bad:
         with pytest.raises(SwitchboardError) as e:
-            bad.session()
+            bad.session().create()  # sessions are created on first use
         assert (e.value.code, e.value.status) == ("unauthorized", 401)
     with Client(server.base_url, token=token) as client:
         with pytest.raises(SwitchboardError) as e:
-            client.session("../escape")
+            client.session("../escape").create()
         assert e.value.code == "bad_request"
         with client.session() as session:
             with pytest.raises(SwitchboardError) as e:
