@@ -44,6 +44,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       "pip install 'switchboard-client[agents]'") from e
 
 from ._async import AsyncClient
+from ._common import SwitchboardError
 
 __all__ = ["switchboard_tools", "SwitchboardHooks", "BUILTIN_NAMES"]
 
@@ -153,21 +154,20 @@ class _Bridge:
             collections.deque)
         self.running: Dict[str, _Invocation] = {}
         self.turns = 0
+        self._registered = False
 
     # ---- the session -----------------------------------------------------------------------
 
     def _ensure_session(self) -> Any:
         if self.session is None:
-            if isinstance(self.client_arg, AsyncClient):
-                self.client = self.client_arg
-            else:
-                self.client = AsyncClient(self.client_arg or os.environ.get(URL_ENV)
-                                          or DEFAULT_URL)
+            if self.client is None:
+                self.client = self.client_arg if isinstance(self.client_arg, AsyncClient) \
+                    else AsyncClient(self.client_arg or os.environ.get(URL_ENV) or DEFAULT_URL)
             kwargs: Dict[str, Any] = {}
             if self.sandbox is not None:
                 kwargs["sandbox"] = self.sandbox
             self.session = self.client.session(self.workspace, **kwargs)
-        if not getattr(self, "_registered", False):
+        if not self._registered:
             for name, tool in self.tools.items():
                 if tool is not None:
                     self._register(name)
@@ -267,16 +267,26 @@ class _Bridge:
                 if isinstance(args, dict):
                     self.claims[_args_key(inv.name, args)].append(inv.call_id)
             self.turns += 1
-            turn = session.start({"role": "assistant", "content": blocks}, format="anthropic")
-            try:
-                answer = await asyncio.shield(turn.task)
-            except asyncio.CancelledError:
-                if not turn.done():
-                    try:
-                        await turn.cancel()
-                    except Exception:
-                        pass
-                raise
+            for attempt in (1, 2):
+                turn = session.start({"role": "assistant", "content": blocks},
+                                     format="anthropic")
+                try:
+                    answer = await asyncio.shield(turn.task)
+                    break
+                except asyncio.CancelledError:
+                    if not turn.done():
+                        try:
+                            await turn.cancel()
+                        except Exception:
+                            pass
+                    raise
+                except SwitchboardError as e:
+                    # The server closed the session (idle timeout, restart): nothing of the
+                    # turn ran; a new session runs it (a fresh workspace unless named).
+                    if e.code != "unknown_session" or attempt == 2 or not self.owns_session:
+                        raise
+                    self.session, self._registered = None, False
+                    session = self._ensure_session()
             results = {r.get("tool_use_id"): r for r in (answer or {}).get("content", [])
                        if isinstance(r, dict)}
             for inv in batch:
@@ -372,6 +382,9 @@ def switchboard_tools(
     Returns ``(function_tools, hooks)``: give the tools to the ``Agent`` and the hooks to
     ``Runner.run(..., hooks=hooks)``.
     """
+    if client is not None and not isinstance(client, (AsyncClient, str)):
+        raise TypeError("client must be an AsyncClient or a base URL (the adapter drives it "
+                        f"from its own event loop), not {type(client).__name__}")
     originals: Dict[str, Optional[FunctionTool]] = {}
     schemas: Dict[str, Tuple[str, Dict[str, Any]]] = {}
     for t in tools:

@@ -46,6 +46,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "pip install 'switchboard-client[langgraph]'") from e
 
 from ._async import AsyncClient
+from ._common import SwitchboardError
 
 __all__ = ["ToolNode", "builtin_tools", "BUILTIN_NAMES"]
 
@@ -312,6 +313,9 @@ class ToolNode(_LangGraphToolNode):
             if unknown:
                 raise ValueError(f"tool {n!r}: unknown switchboard options {sorted(unknown)}")
             self._options[n] = opts
+        if client is not None and not isinstance(client, (AsyncClient, str)):
+            raise TypeError("client must be an AsyncClient or a base URL (the adapter drives it "
+                            f"from its own event loop), not {type(client).__name__}")
         self._client_arg = client
         self._client: Optional[AsyncClient] = None
         self._owns_client = not isinstance(client, AsyncClient)
@@ -416,21 +420,33 @@ class ToolNode(_LangGraphToolNode):
         blocks = []
         for call in turn:
             name = call["name"]
-            if name not in self.tools_by_name and name in BUILTIN_NAMES:
-                # The session has every built-in; the node runs only those it was given.
+            if name not in self.tools_by_name:
+                # The session's catalog has every built-in (and the server's MCP tools); the
+                # node runs only the tools it was given, and answers any other name as
+                # LangGraph's ToolNode does: an error result naming the tools there are.
                 outcomes[call["id"]] = self._validate_tool_call(call)
                 continue
             blocks.append({"type": "tool_use", "id": call["id"], "name": name,
                            "input": call.get("args") or {}})
         if blocks:
-            conv = await self._conversation(key, thread)
-            async with conv.lock:
-                conv.turn = ctx
-                try:
-                    answer = await _run_cancellable(
-                        conv.session, {"role": "assistant", "content": blocks})
-                finally:
-                    conv.turn = None
+            for attempt in (1, 2):
+                conv = await self._conversation(key, thread)
+                async with conv.lock:
+                    conv.turn = ctx
+                    try:
+                        answer = await _run_cancellable(
+                            conv.session, {"role": "assistant", "content": blocks})
+                        break
+                    except SwitchboardError as e:
+                        # The server closed the session (idle timeout, restart): nothing of
+                        # the turn ran; a new session runs it (a fresh workspace unless named).
+                        if e.code != "unknown_session" or attempt == 2 \
+                                or self._fixed_session is not None:
+                            raise
+                        if self._conversations.get(key) is conv:
+                            del self._conversations[key]
+                    finally:
+                        conv.turn = None
             results = {r["tool_use_id"]: r for r in (answer or {}).get("content", [])
                        if isinstance(r, dict) and r.get("type") == "tool_result"}
             for block in blocks:

@@ -157,6 +157,45 @@ def test_tool_options_let_concurrency_safe_calls_overlap(client):
         hooks.close()
 
 
+def test_a_streamed_run_is_one_turn_too(client):
+    tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=["bash"])
+    model = scripted(turn(("lookup", {"key": "s"}), ("bash", {"command": "echo s"}),
+                          ("alookup", {"key": "t"})))
+
+    async def main():
+        result = Runner.run_streamed(Agent(name="a", model=model, tools=tools), "go",
+                                     hooks=hooks)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+    try:
+        assert asyncio.run(main()) == "done"
+        seen = outputs(model)
+        assert seen["c0_0"] == "value-of-s" and seen["c0_1"].strip() == "s"
+        assert seen["c0_2"] == "async-t"
+        assert hooks.turns == 1
+    finally:
+        hooks.close()
+
+
+def test_a_session_the_server_closed_is_replaced(server, token, client):
+    tools, hooks = switchboard_tools([lookup], client=client, builtins=False)
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=scripted(turn(("lookup", {"key": "1"}))),
+                                     tools=tools), "go", hooks=hooks))
+        first = hooks.session
+        request = urllib.request.Request(f"{server.base_url}/v1/sessions/{first.id}",
+                                         method="DELETE",
+                                         headers={"Authorization": f"Bearer {token}"})
+        urllib.request.urlopen(request).close()              # as the idle timeout would
+        model = scripted(turn(("lookup", {"key": "2"})))
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        assert outputs(model) == {"c0_0": "value-of-2"}
+        assert hooks.session is not first
+    finally:
+        hooks.close()
+
+
 def test_without_the_hooks_the_window_still_makes_one_turn(client):
     tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=False)
     model = scripted(turn(("lookup", {"key": "a"}), ("alookup", {"key": "b"})))

@@ -285,6 +285,41 @@ def test_an_unknown_tool_is_an_error_result_not_a_crash(client):
     node.close()
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_state_injection_command_and_both_agent_versions(client, version):
+    from typing import Annotated
+
+    from langchain_core.tools import InjectedToolCallId
+    from langgraph.prebuilt import InjectedState
+    from langgraph.types import Command
+
+    @tool
+    def count_messages(label: str, state: Annotated[dict, InjectedState]) -> str:
+        """Counts the conversation's messages."""
+        return f"{label}: {len(state['messages'])}"
+
+    @tool
+    def remember(note: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Adds a note to the conversation."""
+        return Command(update={"messages": [
+            ToolMessage(f"noted {note}", tool_call_id=tool_call_id, name="remember")]})
+
+    node = ToolNode([count_messages, remember, lookup], client=client)
+    assert "state" not in json.dumps(sb_langgraph.convert_to_openai_tool(count_messages))
+    graph = create_react_agent(ScriptedChat(), tools=node, version=version)
+    try:
+        result = graph.invoke(ask([("count_messages", {"label": "n"}),
+                                   ("remember", {"note": "x"}),
+                                   ("lookup", {"key": "k"})]), thread())
+        msgs = {m.tool_call_id: m for m in tool_messages(result)}
+        assert msgs["call_0_0"].content == "n: 2"           # the human and the AI message
+        assert msgs["call_0_1"].content == "noted x"
+        assert msgs["call_0_2"].content == "value-of-k"
+        assert result["messages"][-1].content == "done"
+    finally:
+        node.close()
+
+
 def test_one_session_per_thread(client):
     node = ToolNode([], client=client, builtins=True)
     graph = create_react_agent(ScriptedChat(), tools=node)
@@ -298,6 +333,40 @@ def test_one_session_per_thread(client):
         assert len(node._conversations) == 2
     finally:
         node.close()
+
+
+def _delete_on_the_server(server, token, session_id):
+    request = urllib.request.Request(f"{server.base_url}/v1/sessions/{session_id}",
+                                     method="DELETE",
+                                     headers={"Authorization": f"Bearer {token}"})
+    urllib.request.urlopen(request).close()
+
+
+def test_a_session_the_server_closed_is_replaced(server, token, client):
+    node = ToolNode([lookup], client=client, builtins=["bash"])
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    config = thread("gone")
+    try:
+        graph.invoke(ask([("bash", {"command": "true"})]), config)
+        first = node._conversations[config["configurable"]["thread_id"]].session
+        _delete_on_the_server(server, token, first.id)      # as the idle timeout would
+        msgs = tool_messages(graph.invoke(ask([("lookup", {"key": "k"})]), config))
+        assert msgs[0].content == "value-of-k"
+        assert node._conversations[config["configurable"]["thread_id"]].session is not first
+    finally:
+        node.close()
+
+
+def test_a_given_session_serves_every_thread(client):
+    session = client.session()
+    node = ToolNode([lookup], client=client, session=session, builtins=True)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    graph.invoke(ask([("write_file", {"path": "shared.txt", "content": "one"})]), thread("x"))
+    msgs = tool_messages(graph.invoke(ask([("read_file", {"path": "shared.txt"}),
+                                           ("lookup", {"key": "y"})]), thread("y")))
+    assert "one" in msgs[0].content and msgs[1].content == "value-of-y"
+    node.close()                       # a given session is the caller's to close
+    sb_langgraph._LoopThread.get().run(session.close())
 
 
 def test_ainvoke_and_no_thread_id_share_the_nodes_session(server, token, monkeypatch):
