@@ -38,7 +38,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 try:
     from agents import FunctionTool, RunHooks, function_tool
-    from agents.tool_context import ToolContext
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("switchboard_client.agents needs the OpenAI Agents SDK: "
                       "pip install 'switchboard-client[agents]'") from e

@@ -37,9 +37,12 @@ try:
     from langchain_core.tools import BaseTool, StructuredTool
     from langchain_core.utils.function_calling import convert_to_openai_tool
     from langgraph.errors import GraphBubbleUp
+    try:
+        from langgraph._internal._constants import CONFIG_KEY_RESUMING
+    except ImportError:  # pragma: no cover - older layouts
+        CONFIG_KEY_RESUMING = "__pregel_resuming"
     from langgraph.prebuilt import ToolNode as _LangGraphToolNode
     from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
-    from langgraph.types import Command
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "switchboard_client.langgraph needs langgraph and langchain-core: "
@@ -375,7 +378,12 @@ class ToolNode(_LangGraphToolNode):
         else:
             # create_react_agent's Send of one call: the first of the turn's Sends dispatches
             # the whole turn, the others wait for it; each takes its own call's result.
-            turn, ai_id = self._turn_of(tool_calls, state)
+            if ((config or {}).get("configurable") or {}).get(CONFIG_KEY_RESUMING):
+                # Resuming after an interrupt: only the Sends that did not finish run again
+                # (the others' results are saved), so this call is a turn of its own.
+                turn, ai_id = tool_calls, None
+            else:
+                turn, ai_id = self._turn_of(tool_calls, state)
             ids = tuple(c["id"] for c in turn)
             turn_key = (key, ai_id, ids)
             shared = self._turns.get(turn_key)

@@ -25,7 +25,7 @@ from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E4
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
-from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
+from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode as LangGraphToolNode  # noqa: E402
 from langgraph.prebuilt import create_react_agent, tools_condition  # noqa: E402
 
@@ -316,6 +316,40 @@ def test_state_injection_command_and_both_agent_versions(client, version):
         assert msgs["call_0_1"].content == "noted x"
         assert msgs["call_0_2"].content == "value-of-k"
         assert result["messages"][-1].content == "done"
+    finally:
+        node.close()
+
+
+def test_an_interrupt_in_a_tool_pauses_and_resumes_like_langgraph(client):
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command, interrupt
+
+    runs: List[str] = []
+
+    @tool
+    def confirm(question: str) -> str:
+        """Asks the human."""
+        runs.append("confirm")
+        return f"human said {interrupt(question)}"
+
+    @tool
+    def side_effect(k: str) -> str:
+        """Does something once."""
+        runs.append(f"side:{k}")
+        return "done"
+
+    node = ToolNode([confirm, side_effect], client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node, checkpointer=InMemorySaver())
+    config = thread("interrupt")
+    try:
+        paused = graph.invoke(ask([("side_effect", {"k": "1"}), ("confirm", {"question": "ok?"})],
+                                  [("side_effect", {"k": "2"})]), config)
+        assert [i.value for i in paused["__interrupt__"]] == ["ok?"]
+        result = graph.invoke(Command(resume="yes"), config)
+        msgs = {m.tool_call_id: m.content for m in tool_messages(result)}
+        assert msgs == {"call_0_0": "done", "call_0_1": "human said yes", "call_1_0": "done"}
+        # As with LangGraph's ToolNode: on resume only the interrupted call runs again.
+        assert runs == ["side:1", "confirm", "confirm", "side:2"]
     finally:
         node.close()
 
