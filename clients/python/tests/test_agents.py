@@ -3,7 +3,7 @@
 The model is the SDK's own ``agents.testing.ScriptedModel`` (a ``Model`` returning scripted
 responses; no network). The write-then-read figures print with ``-s``:
 
-    SWITCHBOARD_BIN=/work/bin/switchboard python -m pytest -q -s \
+    SWITCHBOARD_BIN=target/release/switchboard python -m pytest -q -s \
         clients/python/tests/test_agents.py -k write_then_read
 """
 
@@ -192,6 +192,32 @@ def test_a_session_the_server_closed_is_replaced(server, token, client):
         asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
         assert outputs(model) == {"c0_0": "value-of-2"}
         assert hooks.session is not first
+    finally:
+        hooks.close()
+
+
+def test_a_call_waiting_for_approval_does_not_hold_the_others(client):
+    @function_tool(needs_approval=True)
+    def delete_everything(why: str) -> str:
+        """Deletes everything."""
+        return f"deleted ({why})"
+
+    tools, hooks = switchboard_tools([lookup, delete_everything], client=client,
+                                     builtins=False)
+    model = scripted(turn(("delete_everything", {"why": "asked"}), ("lookup", {"key": "a"})))
+    agent = Agent(name="a", model=model, tools=tools)
+
+    async def main():
+        result = await Runner.run(agent, "go", hooks=hooks)
+        assert [i.name for i in result.interruptions] == ["delete_everything"]
+        state = result.to_state()
+        state.approve(result.interruptions[0])
+        return await Runner.run(agent, state, hooks=hooks)
+    try:
+        result = asyncio.run(main())
+        assert result.final_output == "done"
+        assert outputs(model) == {"c0_0": "deleted (asked)", "c0_1": "value-of-a"}
+        assert hooks.turns == 2      # lookup went first; the approved call after the approval
     finally:
         hooks.close()
 

@@ -3,7 +3,7 @@
 The model is scripted (no network): its human message says which tool calls each model turn
 makes. The write-then-read figures print with ``-s``:
 
-    SWITCHBOARD_BIN=/work/bin/switchboard python -m pytest -q -s \
+    SWITCHBOARD_BIN=target/release/switchboard python -m pytest -q -s \
         clients/python/tests/test_langgraph.py -k write_then_read
 """
 
