@@ -240,6 +240,8 @@ class _Bridge:
                            key=lambda v: order.get(v.call_id, len(order)))
             self.arrived = {}
             self.expected = [c for c in self.expected if c not in {v.call_id for v in batch}]
+            if not batch:
+                continue                    # every invocation was cancelled before its turn
             async with self.turn_lock:
                 task = asyncio.ensure_future(self._turn(batch))
                 for inv in batch:
