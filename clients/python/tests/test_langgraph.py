@@ -34,6 +34,8 @@ from switchboard_client import langgraph as sb_langgraph  # noqa: E402
 from switchboard_client.langgraph import ToolNode, builtin_tools  # noqa: E402
 
 TRIALS = 50
+# create_react_agent is deprecated in favour of langchain's create_agent; it is what we test.
+pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 
 
 class ScriptedChat(BaseChatModel):
