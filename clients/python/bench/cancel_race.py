@@ -32,7 +32,7 @@ async def main(args):
     rtts = []
     remaining = [args.trials]
     started = time.monotonic()
-    with Server() as server:
+    with Server(extra=args.server_arg) as server:
         async with AsyncClient(server.base_url, token=server.token) as client:
             async def worker(i):
                 async with client.session(f"race{i}") as session:
@@ -84,4 +84,6 @@ if __name__ == "__main__":
     p.add_argument("--max-delay-ms", type=float, default=500)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-seconds", type=float, default=300)
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="an extra argument for `switchboard serve` (repeatable)")
     asyncio.run(main(p.parse_args()))

@@ -44,13 +44,18 @@ class AsyncClient:
         self.max_retries = max_retries
         self.retry_budget_s = retry_budget_s
         self._http: Optional[aiohttp.ClientSession] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._executor: Optional[ThreadPoolExecutor] = None
 
     # --- transport ---
 
     def _session(self) -> aiohttp.ClientSession:
         http = self._http
-        if http is None or http.closed:
+        loop = asyncio.get_running_loop()
+        if http is None or http.closed or loop is not self._loop:
+            # (A client used from a new event loop, e.g. a second asyncio.run, opens a new
+            # aiohttp session: the old one belongs to the closed loop.)
+            self._loop = loop
             # No connection limit: a streamed turn holds its connection while its client-tool
             # answers need others.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)

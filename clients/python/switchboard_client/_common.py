@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from enum import Enum
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 TOKEN_ENV = "SWITCHBOARD_TOKEN"
 DEFAULT_BASE_URL = "http://127.0.0.1:7420"
@@ -291,7 +291,7 @@ def format_query(fmt: str) -> str:
     return f"?format={fmt}"
 
 
-def session_body(workspace: Optional[str], tools: List[Mapping[str, Any]], sandbox: Any) -> bytes:
+def session_body(workspace: Optional[str], tools: Sequence[Mapping[str, Any]], sandbox: Any) -> bytes:
     body: Dict[str, Any] = {}
     if workspace is not None:
         body["workspace"] = workspace

@@ -69,7 +69,7 @@ class Client:
                 data = b""
             finally:
                 resp.release_conn()
-            err = c.error_from(resp.status, resp.reason, resp.headers.get("retry-after"), data)
+            err = c.error_from(resp.status, resp.reason or "", resp.headers.get("retry-after"), data)
             if attempt == 0:
                 started = time.monotonic()
             delay = c.retry_delay(err, attempt, time.monotonic() - started, self.max_retries,

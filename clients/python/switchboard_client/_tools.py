@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
+import json
 import re
 import sys
+import types
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
+_BaseModel: Any
 try:  # pydantic is optional
-    import pydantic as _pydantic
-
-    _BaseModel: Any = _pydantic.BaseModel
+    from pydantic import BaseModel as _BaseModel
 except ImportError:  # pragma: no cover - exercised without pydantic
-    _pydantic = None
     _BaseModel = None
 
-_UnionType: Any = getattr(__import__("types"), "UnionType", None)  # X | Y (3.10+)
+_UnionType: Any = getattr(types, "UnionType", None)  # X | Y (3.10+)
 
 _OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -76,19 +77,9 @@ def type_schema(tp: Any, defs: Optional[_Defs] = None) -> Dict[str, Any]:
             schemas.append({"type": "null"})
         return {"anyOf": schemas}
     if origin is typing.Literal:
-        values = [a.value if isinstance(a, enum.Enum) else a for a in args]
-        schema: Dict[str, Any] = {"enum": values}
-        kinds = {_json_type(v) for v in values}
-        if len(kinds) == 1 and None not in kinds:
-            schema = {"type": kinds.pop(), "enum": values}
-        return schema
+        return _enum_schema([a.value if isinstance(a, enum.Enum) else a for a in args])
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        values = [m.value for m in tp]
-        kinds = {_json_type(v) for v in values}
-        schema = {"enum": values}
-        if len(kinds) == 1 and None not in kinds:
-            schema = {"type": kinds.pop(), "enum": values}
-        return schema
+        return _enum_schema([m.value for m in tp])
     if tp is bool:
         return {"type": "boolean"}
     if tp is int:
@@ -107,18 +98,25 @@ def type_schema(tp: Any, defs: Optional[_Defs] = None) -> Dict[str, Any]:
         if container is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             return {"type": "array", "prefixItems": [type_schema(a, defs) for a in args],
                     "minItems": len(args), "maxItems": len(args)}
-        schema = {"type": "array"}
+        array: Dict[str, Any] = {"type": "array"}
         if args:
-            schema["items"] = type_schema(args[0], defs)
-        return schema
+            array["items"] = type_schema(args[0], defs)
+        return array
     if container is dict or _subclass(container, (Dict, typing.Mapping)):
-        schema = {"type": "object"}
+        obj: Dict[str, Any] = {"type": "object"}
         if len(args) == 2 and args[1] is not Any:
-            schema["additionalProperties"] = type_schema(args[1], defs)
-        return schema
+            obj["additionalProperties"] = type_schema(args[1], defs)
+        return obj
     if _is_typeddict(tp):
         return _object_schema(tp, defs)
     return {}
+
+
+def _enum_schema(values: List[Any]) -> Dict[str, Any]:
+    kinds = {_json_type(v) for v in values}
+    if len(kinds) == 1 and None not in kinds:
+        return {"type": kinds.pop(), "enum": values}
+    return {"enum": values}
 
 
 def _subclass(tp: Any, bases: Tuple[Any, ...]) -> bool:
@@ -229,7 +227,7 @@ class ToolEntry:
 
 
 def _is_coroutine_function(fn: Any) -> bool:
-    while isinstance(fn, __import__("functools").partial):
+    while isinstance(fn, functools.partial):
         fn = fn.func
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None))
@@ -245,7 +243,8 @@ def _converter(tp: Any) -> Optional[Callable[[Any], Any]]:
         if len(options) == 1:
             inner = _converter(options[0])
             if inner is not None:
-                return lambda v: None if v is None else inner(v)
+                convert = inner
+                return lambda v: None if v is None else convert(v)
         return None
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp
@@ -254,7 +253,8 @@ def _converter(tp: Any) -> Optional[Callable[[Any], Any]]:
     if origin in (list, List) and typing.get_args(tp):
         inner = _converter(typing.get_args(tp)[0])
         if inner is not None:
-            return lambda v: [inner(x) for x in v]
+            item = inner
+            return lambda v: [item(x) for x in v]
     if tp is tuple or origin is tuple:
         return tuple
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -328,6 +328,7 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
     if schema is not None:
         input_schema = dict(schema)
     else:
+        assert fn is not None
         input_schema, model, converters = function_schema(fn, arg_docs)
     spec = {"name": tool_name, "description": description if description is not None
             else (doc_description or tool_name),
@@ -352,8 +353,7 @@ def function_schema(fn: Callable[..., Any], arg_docs: Optional[Dict[str, str]] =
     if len(params) == 1 and _is_model(hints.get(params[0].name)) \
             and params[0].kind != params[0].KEYWORD_ONLY:
         model = hints[params[0].name]
-        schema = dict(model.model_json_schema())
-        return schema, model, {}
+        return dict(model.model_json_schema()), model, {}
     defs = _Defs()
     props: Dict[str, Any] = {}
     required: List[str] = []
@@ -368,7 +368,6 @@ def function_schema(fn: Callable[..., Any], arg_docs: Optional[Dict[str, str]] =
             prop["description"] = arg_docs[p.name]
         if p.default is not inspect.Parameter.empty:
             try:
-                import json
                 json.dumps(p.default)
                 if p.default is not None:
                     prop["default"] = p.default.value if isinstance(p.default, enum.Enum) \
