@@ -1,0 +1,722 @@
+"""LangGraph adapter: a drop-in ``ToolNode`` that runs a model turn's tool calls through Switchboard.
+
+::
+
+    from switchboard_client.langgraph import ToolNode, builtin_tools
+
+    tools = [lookup_order, refund] + builtin_tools()      # LangChain tools + bash, read_file, ...
+    graph = create_react_agent(model, tools=ToolNode(tools))
+
+One AI message's ``tool_calls`` are ONE turn of a sidecar session, in the model's order: the
+engine validates every call against its schema, plans them (conflicting calls run in call order,
+the rest overlap), runs the built-ins itself and hands each LangChain tool's call back to this
+process, where the tool runs exactly as LangGraph's own ``ToolNode`` would run it (state, store
+and ``ToolRuntime`` injection, ``handle_tool_errors``, ``Command`` returns). Every call gets
+exactly one ``ToolMessage`` with its ``tool_call_id``; a failure is ``status="error"``.
+
+One sidecar session per conversation: keyed by ``config["configurable"]["thread_id"]`` when there
+is one, else one session for the node. The sessions live on a private event-loop thread, so the
+node works the same from ``invoke`` and ``ainvoke`` and from any number of event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import contextvars
+import json
+import os
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+try:
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool, StructuredTool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langgraph.errors import GraphBubbleUp
+    try:
+        from langgraph._internal._constants import CONFIG_KEY_RESUMING
+    except ImportError:  # pragma: no cover - older layouts
+        CONFIG_KEY_RESUMING = "__pregel_resuming"
+    from langgraph.prebuilt import ToolNode as _LangGraphToolNode
+    from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "switchboard_client.langgraph needs langgraph and langchain-core: "
+        "pip install 'switchboard-client[langgraph]'") from e
+
+from ._async import AsyncClient
+from ._common import SwitchboardError
+
+__all__ = ["ToolNode", "builtin_tools", "BUILTIN_NAMES"]
+
+URL_ENV = "SWITCHBOARD_URL"
+DEFAULT_URL = "http://127.0.0.1:7420"
+
+BUILTIN_NAMES = ("bash", "read_file", "write_file", "edit_file", "glob")
+
+# The engine's catalog for its five built-ins, as `GET /v1/tools` serves it (a test compares this
+# with the running server, so a change of the engine's schemas fails the tests, not the user).
+_BUILTIN_CATALOG: Dict[str, Dict[str, Any]] = {}  # filled below from _BUILTIN_CATALOG_JSON
+
+
+# --------------------------------------------------------------------------------------------
+# The private event loop every session of this module lives on.
+# --------------------------------------------------------------------------------------------
+
+class _LoopThread:
+    """One daemon thread running an event loop; the sessions (and their HTTP pools) live here,
+    so they never depend on the loop — or the lack of one — of whoever calls the node."""
+
+    _lock = threading.Lock()
+    _instance: Optional["_LoopThread"] = None
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever,
+                                       name="switchboard-langgraph", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def get(cls) -> "_LoopThread":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def run(self, coro: Any) -> Any:
+        """Runs ``coro`` on the loop and blocks the calling thread for its result."""
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("switchboard ToolNode called from its own event-loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def arun(self, coro: Any) -> Any:
+        """Runs ``coro`` on the loop; cancelling the caller cancels it."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+
+async def _on_loop(loop: Optional[asyncio.AbstractEventLoop], coro: Any) -> Any:
+    """Awaits ``coro`` on ``loop`` (the caller's loop) from the private loop, or here when the
+    caller has no loop (``invoke``)."""
+    if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+# --------------------------------------------------------------------------------------------
+# Built-ins as LangChain tools.
+# --------------------------------------------------------------------------------------------
+
+class SwitchboardBuiltinTool(StructuredTool):
+    """A LangChain tool describing one of the engine's built-ins. Bind a model to it; the
+    switchboard ``ToolNode`` runs it in the engine. Called any other way it raises."""
+
+
+def _builtin_refusal(name: str) -> Callable[..., Any]:
+    def refuse(**_: Any) -> Any:
+        raise NotImplementedError(
+            f"`{name}` is a Switchboard built-in: it runs through "
+            "switchboard_client.langgraph.ToolNode, not on its own")
+    return refuse
+
+
+def builtin_tools(names: Optional[Iterable[str]] = None) -> List[BaseTool]:
+    """LangChain tools describing the engine's built-ins (``bash``, ``read_file``,
+    ``write_file``, ``edit_file``, ``glob``, or the ``names`` asked for), with the engine's own
+    descriptions and JSON schemas, for ``model.bind_tools`` and for :class:`ToolNode`."""
+    chosen = BUILTIN_NAMES if names is None else tuple(names)
+    out: List[BaseTool] = []
+    for name in chosen:
+        if name not in _BUILTIN_CATALOG:
+            raise ValueError(f"no built-in named {name!r}; the built-ins are {BUILTIN_NAMES}")
+        spec = _BUILTIN_CATALOG[name]
+        out.append(SwitchboardBuiltinTool(
+            name=name, description=spec["description"], args_schema=spec["input_schema"],
+            func=_builtin_refusal(name)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Per conversation and per turn state.
+# --------------------------------------------------------------------------------------------
+
+def _args_key(name: str, args: Any) -> Tuple[str, str]:
+    return name, json.dumps(args, sort_keys=True, default=str)
+
+
+class _TurnContext:
+    """What the client-tool runners of one turn need: the node's config, state and runtime,
+    the caller's loop, which call id a (name, arguments) pair is, and what each tool returned."""
+
+    def __init__(self, calls: List[Dict[str, Any]], config: Any, state: Any, runtime: Any,
+                 input_type: str, caller_loop: Optional[asyncio.AbstractEventLoop]) -> None:
+        self.config, self.state, self.runtime = config, state, runtime
+        self.input_type = input_type
+        self.caller_loop = caller_loop
+        self.ids: Dict[Tuple[str, str], collections.deque] = collections.defaultdict(
+            collections.deque)
+        for call in calls:
+            self.ids[_args_key(call["name"], call["args"])].append(call["id"])
+        self.local: Dict[str, Any] = {}      # call id -> ToolMessage | Command | list | exception
+
+    def claim(self, name: str, args: Any) -> Optional[str]:
+        queue = self.ids.get(_args_key(name, args))
+        return queue.popleft() if queue else None
+
+
+class _Conversation:
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.lock = asyncio.Lock()           # one turn at a time per conversation
+        self.turn: Optional[_TurnContext] = None
+
+
+class _Turn:
+    """A turn shared by the ``Send`` invocations that each carry one of its calls."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.remaining = set(ids)
+        self.waiting = 0                      # Sends awaiting it; none left: it is cancelled
+        self.task: Optional[asyncio.Task] = None
+
+
+async def _run_cancellable(session: Any, message: Any) -> Any:
+    """Dispatches ``message`` as a turn; cancelling this cancels the turn on the server (its
+    calls answered ``cancelled``, its processes killed)."""
+    turn = session.start(message, format="anthropic")
+    try:
+        return await asyncio.shield(turn.task)
+    except asyncio.CancelledError:
+        if not turn.done():
+            try:
+                await turn.cancel()
+            except Exception:
+                pass
+        raise
+
+
+_CAUGHT: "contextvars.ContextVar[Optional[List[BaseException]]]" = contextvars.ContextVar(
+    "switchboard_caught", default=None)
+
+
+def _catch_all(e: Exception) -> str:
+    """``handle_tool_errors=True``: every exception is an error result. The exception itself
+    goes to the engine (its answer reads ``Error [execution_error]: ValueError: ...``)."""
+    caught = _CAUGHT.get()
+    if caught is not None:
+        caught.append(e)
+    return f"Error: {e!r}\n Please fix your mistakes."
+
+
+class ToolError(Exception):
+    """A client tool's error result, raised so the engine records it as ``execution_error``."""
+
+
+def _text_of(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        if all(isinstance(b, str) or (isinstance(b, dict) and b.get("type") == "text")
+               for b in content):
+            return "".join(b if isinstance(b, str) else b.get("text", "") for b in content)
+        return content
+    return json.dumps(content, default=str)
+
+
+def _result_content(content: Any) -> Any:
+    """The engine's tool_result content as a ToolMessage's content."""
+    if isinstance(content, list):
+        if all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+            return "".join(b.get("text", "") for b in content)
+        return content
+    return "" if content is None else content
+
+
+# --------------------------------------------------------------------------------------------
+# The node.
+# --------------------------------------------------------------------------------------------
+
+ToolOptions = Dict[str, Dict[str, Any]]
+_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
+
+
+class ToolNode(_LangGraphToolNode):
+    """LangGraph's ``ToolNode``, with the turn run by Switchboard.
+
+    Args:
+        tools: LangChain tools (``BaseTool``, ``@tool`` functions, plain callables) and any of
+            :func:`builtin_tools`. The LangChain ones become the session's client tools (schema:
+            the tool's ``tool_call_schema``, as the model sees it); the built-ins run in the
+            engine.
+        client: an :class:`~switchboard_client.AsyncClient`, or a base URL; default
+            ``$SWITCHBOARD_URL`` (else ``http://127.0.0.1:7420``) with ``$SWITCHBOARD_TOKEN``.
+            The node drives it from its own event-loop thread: do not share it with other code.
+        session: one session (from ``AsyncClient.session()``) for every conversation, instead
+            of one per thread. Its server side must not exist yet (the node registers tools).
+        builtins: ``True`` adds all five built-ins to the node (and so to a prebuilt agent's
+            model binding); a list of names adds those; default: only the built-ins in
+            ``tools``. A call to a built-in the node does not have is an error result, as an
+            unknown tool is for LangGraph's ``ToolNode``.
+        workspace: the session's workspace name, or a function ``thread_id -> name``; default a
+            fresh directory per session.
+        sandbox: a narrower sandbox for the sessions (``"read-only"``, ...).
+        tool_options: per tool name, engine options: ``concurrency_safe``, ``access``,
+            ``timeout_ms``, ``output_cap`` (also read from a tool's
+            ``metadata["switchboard"]``). A client tool without them runs alone in its turn.
+        name, tags, handle_tool_errors, messages_key: as for LangGraph's ``ToolNode``.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Union[BaseTool, Callable[..., Any]]],
+        *,
+        client: Union[AsyncClient, str, None] = None,
+        session: Any = None,
+        builtins: Union[bool, Iterable[str], None] = None,
+        workspace: Union[str, Callable[[Optional[str]], str], None] = None,
+        sandbox: Any = None,
+        tool_options: Optional[ToolOptions] = None,
+        name: str = "tools",
+        tags: Optional[List[str]] = None,
+        handle_tool_errors: Any = True,
+        messages_key: str = "messages",
+        wrap_tool_call: Any = None,
+        awrap_tool_call: Any = None,
+    ) -> None:
+        if wrap_tool_call is not None or awrap_tool_call is not None:
+            raise TypeError("switchboard ToolNode: wrap_tool_call/awrap_tool_call are not "
+                            "supported (the engine runs the turn)")
+        tools = list(tools)
+        if builtins is True:
+            wanted = list(BUILTIN_NAMES)
+        elif builtins:
+            wanted = list(builtins)
+        else:
+            wanted = []
+        present = {t.name for t in tools if isinstance(t, BaseTool)}
+        tools += [t for t in builtin_tools(wanted) if t.name not in present]
+        super().__init__(tools, name=name, tags=tags,
+                         handle_tool_errors=_catch_all if handle_tool_errors is True
+                         else handle_tool_errors,
+                         messages_key=messages_key)
+        self._builtin_names = {n for n, t in self.tools_by_name.items()
+                               if isinstance(t, SwitchboardBuiltinTool)}
+        self._client_tools = {n: t for n, t in self.tools_by_name.items()
+                              if n not in self._builtin_names}
+        self._options: ToolOptions = {}
+        for n, t in self._client_tools.items():
+            opts = dict((t.metadata or {}).get("switchboard", {}))
+            opts.update((tool_options or {}).get(n, {}))
+            unknown = set(opts) - set(_OPTION_KEYS)
+            if unknown:
+                raise ValueError(f"tool {n!r}: unknown switchboard options {sorted(unknown)}")
+            self._options[n] = opts
+        if client is not None and not isinstance(client, (AsyncClient, str)):
+            raise TypeError("client must be an AsyncClient or a base URL (the adapter drives it "
+                            f"from its own event loop), not {type(client).__name__}")
+        self._client_arg = client
+        self._client: Optional[AsyncClient] = None
+        self._owns_client = not isinstance(client, AsyncClient)
+        self._fixed_session = session
+        self._workspace = workspace
+        self._sandbox = sandbox
+        self._loop = _LoopThread.get()
+        self._conversations: Dict[Any, _Conversation] = {}
+        self._creating: Dict[Any, asyncio.Future] = {}
+        self._turns: Dict[Any, _Turn] = {}
+        _LIVE.add(self)
+
+    # ---- LangGraph entry points ------------------------------------------------------------
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
+        return self._loop.run(self._node(input, config, runtime, None))
+
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
+        return await self._loop.arun(
+            self._node(input, config, runtime, asyncio.get_running_loop()))
+
+    # ---- the turn --------------------------------------------------------------------------
+
+    def _turn_of(self, calls: List[Dict[str, Any]], state: Any) -> Tuple[List[Dict[str, Any]], Any]:
+        """The whole model turn a ``Send`` of one call belongs to, and its AI message's id: the
+        calls of the AI message holding it that have no ToolMessage yet (``post_model_hook``
+        sends only those)."""
+        messages = state.get(self._messages_key) if isinstance(state, dict) else \
+            getattr(state, self._messages_key, None) if state is not None else None
+        if not messages or not isinstance(messages, list):
+            return calls, None
+        wanted = {c.get("id") for c in calls}
+        answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+        for m in reversed(messages):
+            if isinstance(m, AIMessage) and any(c.get("id") in wanted for c in m.tool_calls):
+                turn = [dict(c) for c in m.tool_calls
+                        if c.get("id") not in answered or c.get("id") in wanted]
+                if all(c.get("id") for c in turn):
+                    return turn, m.id
+                break
+        return calls, None
+
+    async def _node(self, input: Any, config: Any, runtime: Any,
+                    caller_loop: Optional[asyncio.AbstractEventLoop]) -> Any:
+        tool_calls, input_type = self._parse_input(input)
+        tool_calls = [dict(c) for c in tool_calls]
+        for i, call in enumerate(tool_calls):     # the engine needs an id for every call
+            if not call.get("id"):
+                call["id"] = f"switchboard_call_{i}"
+        state = self._extract_state(input, config)
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        key = None if self._fixed_session is not None else thread
+        if input_type != "tool_calls" or len(tool_calls) != 1:
+            # The whole AI message (a hand-built graph, create_react_agent(version="v1")).
+            ctx = _TurnContext(tool_calls, config, state, runtime, input_type, caller_loop)
+            outcomes = await self._run_turn(key, thread, tool_calls, ctx)
+        else:
+            # create_react_agent's Send of one call: the first of the turn's Sends dispatches
+            # the whole turn, the others wait for it; each takes its own call's result.
+            if ((config or {}).get("configurable") or {}).get(CONFIG_KEY_RESUMING):
+                # Resuming after an interrupt: only the Sends that did not finish run again
+                # (the others' results are saved), so this call is a turn of its own.
+                turn, ai_id = tool_calls, None
+            else:
+                turn, ai_id = self._turn_of(tool_calls, state)
+            ids = tuple(c["id"] for c in turn)
+            turn_key = (key, ai_id, ids)
+            shared = self._turns.get(turn_key)
+            if shared is None:
+                shared = self._turns[turn_key] = _Turn(ids)
+                ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop)
+                task = shared.task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
+
+                def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
+                    if fut.done():
+                        return
+                    if t.cancelled():
+                        fut.cancel()
+                    elif t.exception() is not None:
+                        fut.set_exception(t.exception())
+                    else:
+                        fut.set_result(t.result())
+                task.add_done_callback(settle)
+            shared.waiting += 1
+            try:
+                outcomes = await asyncio.shield(shared.future)
+            except asyncio.CancelledError:
+                if shared.waiting == 1 and shared.task is not None and not shared.task.done():
+                    shared.task.cancel()      # the graph run was cancelled: so is the turn
+                raise
+            finally:
+                shared.waiting -= 1
+                shared.remaining.difference_update(c["id"] for c in tool_calls)
+                if not shared.remaining and self._turns.get(turn_key) is shared:
+                    del self._turns[turn_key]
+        outputs = []
+        for call in tool_calls:
+            out = outcomes[call["id"]]
+            if isinstance(out, BaseException):
+                raise out
+            outputs.append(out)
+        return self._combine_tool_outputs(outputs, input_type)
+
+    async def _run_turn(self, key: Any, thread: Optional[str], turn: List[Dict[str, Any]],
+                        ctx: _TurnContext) -> Dict[str, Any]:
+        outcomes: Dict[str, Any] = {}
+        blocks = []
+        for call in turn:
+            name = call["name"]
+            if name not in self.tools_by_name:
+                # The session's catalog has every built-in (and the server's MCP tools); the
+                # node runs only the tools it was given, and answers any other name as
+                # LangGraph's ToolNode does: an error result naming the tools there are.
+                outcomes[call["id"]] = self._validate_tool_call(call)
+                continue
+            blocks.append({"type": "tool_use", "id": call["id"], "name": name,
+                           "input": call.get("args") or {}})
+        if blocks:
+            for attempt in (1, 2):
+                conv = await self._conversation(key, thread)
+                async with conv.lock:
+                    conv.turn = ctx
+                    try:
+                        answer = await _run_cancellable(
+                            conv.session, {"role": "assistant", "content": blocks})
+                        break
+                    except SwitchboardError as e:
+                        # The server closed the session (idle timeout, restart): nothing of
+                        # the turn ran; a new session runs it (a fresh workspace unless named).
+                        if e.code != "unknown_session" or attempt == 2 \
+                                or self._fixed_session is not None:
+                            raise
+                        if self._conversations.get(key) is conv:
+                            del self._conversations[key]
+                    finally:
+                        conv.turn = None
+            results = {r["tool_use_id"]: r for r in (answer or {}).get("content", [])
+                       if isinstance(r, dict) and r.get("type") == "tool_result"}
+            for block in blocks:
+                outcomes[block["id"]] = self._message_for(block, results.get(block["id"]), ctx)
+        return outcomes
+
+    def _message_for(self, block: Dict[str, Any], result: Optional[Dict[str, Any]],
+                     ctx: _TurnContext) -> Any:
+        call_id, name = block["id"], block["name"]
+        local = ctx.local.get(call_id)
+        if isinstance(local, BaseException):
+            return local                          # re-raised by the node (interrupts, ...)
+        if result is None:                        # cannot happen: one result per call
+            return ToolMessage("switchboard: no result for this call", name=name,
+                               tool_call_id=call_id, status="error")
+        content = _result_content(result.get("content"))
+        is_error = bool(result.get("is_error"))
+        if isinstance(local, ToolMessage):
+            return local.model_copy(update={"content": content,
+                                            "status": "error" if is_error else local.status})
+        if local is not None and not is_error:
+            return local                          # a Command (or a list of them)
+        return ToolMessage(content=content, name=name, tool_call_id=call_id,
+                           status="error" if is_error else "success")
+
+    # ---- sessions --------------------------------------------------------------------------
+
+    def _get_client(self) -> AsyncClient:
+        if self._client is None:
+            if isinstance(self._client_arg, AsyncClient):
+                self._client = self._client_arg
+            else:
+                url = self._client_arg or os.environ.get(URL_ENV) or DEFAULT_URL
+                self._client = AsyncClient(url)
+        return self._client
+
+    async def _conversation(self, key: Any, thread: Optional[str]) -> _Conversation:
+        conv = self._conversations.get(key)
+        if conv is not None:
+            return conv
+        pending = self._creating.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut = self._creating[key] = asyncio.get_running_loop().create_future()
+        try:
+            if self._fixed_session is not None:
+                session = self._fixed_session
+            else:
+                ws = self._workspace(thread) if callable(self._workspace) else self._workspace
+                kwargs: Dict[str, Any] = {}
+                if self._sandbox is not None:
+                    kwargs["sandbox"] = self._sandbox
+                session = self._get_client().session(ws, **kwargs)
+            conv = _Conversation(session)
+            for name, tool in self._client_tools.items():
+                self._register(conv, name, tool)
+            self._conversations[key] = conv
+            fut.set_result(conv)
+            return conv
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()                       # mark retrieved
+            raise
+        finally:
+            del self._creating[key]
+
+    def _register(self, conv: _Conversation, name: str, tool: BaseTool) -> None:
+        fn = convert_to_openai_tool(tool)["function"]
+        schema = fn.get("parameters") or {"type": "object", "properties": {}}
+        node = self
+
+        async def run(**args: Any) -> Any:
+            ctx = conv.turn
+            if ctx is None:
+                raise ToolError(f"{name}: called outside a turn")
+            call_id = ctx.claim(name, args)
+            if call_id is None:
+                raise ToolError(f"{name}: no call with these arguments in the turn")
+            call = {"type": "tool_call", "id": call_id, "name": name, "args": args}
+            try:
+                out, caught = await _on_loop(ctx.caller_loop, node._run_tool(call, ctx))
+            except GraphBubbleUp as e:            # an interrupt: the node re-raises it
+                ctx.local[call_id] = e
+                raise ToolError(f"{name}: interrupted") from None
+            except Exception as e:                # handle_tool_errors=False: the node raises
+                ctx.local[call_id] = e
+                raise
+            ctx.local[call_id] = out
+            if isinstance(out, ToolMessage):
+                if out.status == "error" and caught:
+                    raise caught[-1]
+                if out.status == "error":
+                    raise ToolError(_text_of(out.content))
+                return _text_of(out.content)
+            return ""                             # a Command: its own messages say it
+
+        conv.session.register(run, schema, name=name, description=fn.get("description") or "",
+                              **self._options.get(name, {}))
+
+    async def _run_tool(self, call: Dict[str, Any], ctx: _TurnContext
+                        ) -> Tuple[Any, List[BaseException]]:
+        """Runs one LangChain tool as LangGraph's ``ToolNode`` does (injection, validation,
+        ``handle_tool_errors``, ``Command``), on the caller's event loop; with the exceptions
+        ``handle_tool_errors=True`` caught."""
+        caught: List[BaseException] = []
+        _CAUGHT.set(caught)
+        runtime = ctx.runtime
+        tool_runtime = ToolRuntime(
+            state=ctx.state, tool_call_id=call["id"], config=ctx.config,
+            context=getattr(runtime, "context", None), store=getattr(runtime, "store", None),
+            stream_writer=getattr(runtime, "stream_writer", None),
+            tools=list(self.tools_by_name.values()),
+            execution_info=getattr(runtime, "execution_info", None),
+            server_info=getattr(runtime, "server_info", None))
+        request = ToolCallRequest(tool_call=call, tool=self.tools_by_name[call["name"]],
+                                  state=ctx.state, runtime=tool_runtime)
+        return await self._execute_tool_async(request, ctx.input_type, ctx.config), caught
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def _close(self) -> None:
+        conversations, self._conversations = list(self._conversations.values()), {}
+        for conv in conversations:
+            if conv.session is not self._fixed_session:
+                try:
+                    await conv.session.close()
+                except Exception:
+                    pass
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    def close(self) -> None:
+        """Deletes the node's sessions (their workspaces stay) and closes its own client."""
+        self._loop.run(self._close())
+
+    async def aclose(self) -> None:
+        await self._loop.arun(self._close())
+
+
+_LIVE: "weakref.WeakSet[ToolNode]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_nodes() -> None:
+    """Deletes the sessions of nodes still open at exit (best effort, a few seconds at most)."""
+    if _LoopThread._instance is None:
+        return
+    loop = _LoopThread._instance.loop
+    for node in list(_LIVE):
+        try:
+            asyncio.run_coroutine_threadsafe(node._close(), loop).result(timeout=5)
+        except Exception:
+            pass
+
+
+_BUILTIN_CATALOG_JSON = r"""{
+ "bash": {
+  "description": "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then stderr, capped keeping head and tail). Every process it starts is stopped when the call ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at most 600000).",
+  "input_schema": {
+   "additionalProperties": false,
+   "properties": {
+    "command": {
+     "description": "The command, run with `bash -c`.",
+     "type": "string"
+    },
+    "timeout_ms": {
+     "description": "Time limit of this call in milliseconds (default 120000, at most 600000).",
+     "maximum": 600000,
+     "minimum": 1,
+     "type": "integer"
+    }
+   },
+   "required": [
+    "command"
+   ],
+   "type": "object"
+  }
+ },
+ "read_file": {
+  "description": "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
+  "input_schema": {
+   "additionalProperties": false,
+   "properties": {
+    "limit": {
+     "description": "Return at most this many lines.",
+     "minimum": 1,
+     "type": "integer"
+    },
+    "path": {
+     "description": "File path, relative to the workspace.",
+     "type": "string"
+    }
+   },
+   "required": [
+    "path"
+   ],
+   "type": "object"
+  }
+ },
+ "write_file": {
+  "description": "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
+  "input_schema": {
+   "additionalProperties": false,
+   "properties": {
+    "content": {
+     "description": "The complete new file content.",
+     "type": "string"
+    },
+    "path": {
+     "description": "File path, relative to the workspace.",
+     "type": "string"
+    }
+   },
+   "required": [
+    "path",
+    "content"
+   ],
+   "type": "object"
+  }
+ },
+ "edit_file": {
+  "description": "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only that first match changes, even when old_text occurs several times: include enough surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a missing final newline) is kept; the file is replaced atomically.",
+  "input_schema": {
+   "additionalProperties": false,
+   "properties": {
+    "new_text": {
+     "description": "Replacement text.",
+     "type": "string"
+    },
+    "old_text": {
+     "description": "Exact text to find (first occurrence is replaced).",
+     "type": "string"
+    },
+    "path": {
+     "description": "File path, relative to the workspace.",
+     "type": "string"
+    }
+   },
+   "required": [
+    "path",
+    "old_text",
+    "new_text"
+   ],
+   "type": "object"
+  }
+ },
+ "glob": {
+  "description": "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
+  "input_schema": {
+   "additionalProperties": false,
+   "properties": {
+    "pattern": {
+     "description": "Glob pattern, relative to the workspace.",
+     "type": "string"
+    }
+   },
+   "required": [
+    "pattern"
+   ],
+   "type": "object"
+  }
+ }
+}"""
+_BUILTIN_CATALOG.update(json.loads(_BUILTIN_CATALOG_JSON))

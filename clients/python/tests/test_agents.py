@@ -1,0 +1,386 @@
+"""The OpenAI Agents SDK adapter against the real openai-agents and the real server.
+
+The model is the SDK's own ``agents.testing.ScriptedModel`` (a ``Model`` returning scripted
+responses; no network). The write-then-read figures print with ``-s``:
+
+    SWITCHBOARD_BIN=target/release/switchboard python -m pytest -q -s \
+        clients/python/tests/test_agents.py -k write_then_read
+"""
+
+import asyncio
+import json
+import os
+import threading
+import time
+from typing import Any, List
+
+import urllib.request
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled  # noqa: E402
+from agents.exceptions import ModelBehaviorError  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+from switchboard_client import AsyncClient  # noqa: E402
+from switchboard_client import agents as sb_agents  # noqa: E402
+from switchboard_client.agents import switchboard_tools  # noqa: E402
+
+TRIALS = 50
+set_tracing_disabled(True)      # no trace export (and no network) from the tests
+
+
+def turn(*calls: Any, k: int = 0) -> list:
+    """One model response: the function calls, ids ``c{k}_{i}``."""
+    return [function_call(name, args, call_id=f"c{k}_{i}") for i, (name, args) in
+            enumerate(calls)]
+
+
+def scripted(*turns: list) -> ScriptedModel:
+    return ScriptedModel([*turns, [assistant_message("done")]])
+
+
+def outputs(model: ScriptedModel, call: int = -1) -> dict:
+    """call_id -> output of the function_call_output items the model saw in its ``call``-th
+    request (default: the last)."""
+    items = model.calls[call].input
+    items = items if isinstance(items, list) else []
+    return {i["call_id"]: i["output"] for i in items
+            if isinstance(i, dict) and i.get("type") == "function_call_output"}
+
+
+@pytest.fixture()
+def client(server, token):
+    c = AsyncClient(server.base_url, token=token)
+    yield c
+    sb_agents._LoopThread.get().run(c.close())   # it lived on the adapter's loop
+
+
+order: List[str] = []
+order_lock = threading.Lock()
+
+
+@function_tool
+def lookup(key: str) -> str:
+    """Looks a key up."""
+    with order_lock:
+        order.append(f"lookup:{key}")
+    return f"value-of-{key}"
+
+
+@function_tool
+async def alookup(key: str) -> str:
+    """Looks a key up, asynchronously."""
+    await asyncio.sleep(0.001)
+    with order_lock:
+        order.append(f"alookup:{key}")
+    return f"async-{key}"
+
+
+def boom(reason: str) -> str:
+    """Always fails."""
+    raise ValueError(f"boom: {reason}")
+
+
+def file_tools(slow_write_s: float = 0.02):
+    """A write tool that sleeps a little before writing (realistic I/O) and a read tool."""
+
+    @function_tool
+    async def write_note(path: str, text: str) -> str:
+        """Writes text to a file."""
+        await asyncio.sleep(slow_write_s)
+        with open(path, "w") as f:
+            f.write(text)
+        return f"wrote {path}"
+
+    @function_tool
+    def read_note(path: str) -> str:
+        """Reads a file."""
+        with open(path) as f:
+            return f.read()
+
+    return [write_note, read_note]
+
+
+def test_builtins_match_the_servers_catalog(server, token):
+    request = urllib.request.Request(f"{server.base_url}/v1/tools",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request) as response:
+        catalog = json.load(response)
+    live = {t["name"]: t for t in catalog}
+    tools, _ = switchboard_tools([], builtins=True)
+    assert [t.name for t in tools] == list(sb_agents.BUILTIN_NAMES)
+    for t in tools:
+        assert t.description == live[t.name]["description"]
+        assert t.params_json_schema == live[t.name]["input_schema"]
+
+
+def test_one_response_is_one_turn_in_the_models_order(client):
+    tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=["bash"])
+    calls = [("alookup", {"key": "0"}), ("lookup", {"key": "1"}),
+             ("bash", {"command": "echo hi"}), ("alookup", {"key": "3"}),
+             ("lookup", {"key": "4"})]
+    model = scripted(turn(*calls))
+    agent = Agent(name="a", model=model, tools=tools)
+    with order_lock:
+        order.clear()
+    try:
+        result = asyncio.run(Runner.run(agent, "go", hooks=hooks))
+        assert result.final_output == "done"
+        seen = outputs(model)
+        assert seen["c0_0"] == "async-0" and seen["c0_1"] == "value-of-1"
+        assert seen["c0_2"].strip() == "hi"
+        assert hooks.turns == 1
+        assert order == ["alookup:0", "lookup:1", "alookup:3", "lookup:4"]
+    finally:
+        hooks.close()
+
+
+def test_tool_options_let_concurrency_safe_calls_overlap(client):
+    barrier = threading.Barrier(2, timeout=60)
+
+    @function_tool
+    def meet(who: str) -> str:
+        """Waits for the other caller."""
+        barrier.wait()            # only returns when both calls are running at once
+        return f"met {who}"
+
+    tools, hooks = switchboard_tools([meet], client=client, builtins=False,
+                                     tool_options={"meet": {"concurrency_safe": True}})
+    model = scripted(turn(("meet", {"who": "a"}), ("meet", {"who": "b"})))
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        assert outputs(model) == {"c0_0": "met a", "c0_1": "met b"}
+        assert hooks.turns == 1
+    finally:
+        hooks.close()
+
+
+def test_a_streamed_run_is_one_turn_too(client):
+    tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=["bash"])
+    model = scripted(turn(("lookup", {"key": "s"}), ("bash", {"command": "echo s"}),
+                          ("alookup", {"key": "t"})))
+
+    async def main():
+        result = Runner.run_streamed(Agent(name="a", model=model, tools=tools), "go",
+                                     hooks=hooks)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+    try:
+        assert asyncio.run(main()) == "done"
+        seen = outputs(model)
+        assert seen["c0_0"] == "value-of-s" and seen["c0_1"].strip() == "s"
+        assert seen["c0_2"] == "async-t"
+        assert hooks.turns == 1
+    finally:
+        hooks.close()
+
+
+def test_a_session_the_server_closed_is_replaced(server, token, client):
+    tools, hooks = switchboard_tools([lookup], client=client, builtins=False)
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=scripted(turn(("lookup", {"key": "1"}))),
+                                     tools=tools), "go", hooks=hooks))
+        first = hooks.session
+        request = urllib.request.Request(f"{server.base_url}/v1/sessions/{first.id}",
+                                         method="DELETE",
+                                         headers={"Authorization": f"Bearer {token}"})
+        urllib.request.urlopen(request).close()              # as the idle timeout would
+        model = scripted(turn(("lookup", {"key": "2"})))
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        assert outputs(model) == {"c0_0": "value-of-2"}
+        assert hooks.session is not first
+    finally:
+        hooks.close()
+
+
+def test_a_call_waiting_for_approval_does_not_hold_the_others(client):
+    @function_tool(needs_approval=True)
+    def delete_everything(why: str) -> str:
+        """Deletes everything."""
+        return f"deleted ({why})"
+
+    tools, hooks = switchboard_tools([lookup, delete_everything], client=client,
+                                     builtins=False)
+    model = scripted(turn(("delete_everything", {"why": "asked"}), ("lookup", {"key": "a"})))
+    agent = Agent(name="a", model=model, tools=tools)
+
+    async def main():
+        result = await Runner.run(agent, "go", hooks=hooks)
+        assert [i.name for i in result.interruptions] == ["delete_everything"]
+        state = result.to_state()
+        state.approve(result.interruptions[0])
+        return await Runner.run(agent, state, hooks=hooks)
+    try:
+        result = asyncio.run(main())
+        assert result.final_output == "done"
+        assert outputs(model) == {"c0_0": "deleted (asked)", "c0_1": "value-of-a"}
+        assert hooks.turns == 2      # lookup went first; the approved call after the approval
+    finally:
+        hooks.close()
+
+
+def test_without_the_hooks_the_window_still_makes_one_turn(client):
+    tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=False)
+    model = scripted(turn(("lookup", {"key": "a"}), ("alookup", {"key": "b"})))
+    try:
+        result = Runner.run_sync(Agent(name="a", model=model, tools=tools), "go")
+        assert result.final_output == "done"
+        assert outputs(model) == {"c0_0": "value-of-a", "c0_1": "async-b"}
+        assert hooks.turns == 1
+    finally:
+        hooks.close()
+
+
+def test_a_raising_tool_is_an_error_result_and_the_run_goes_on(client):
+    tools, hooks = switchboard_tools([lookup, boom], client=client, builtins=False)
+    model = scripted(turn(("boom", {"reason": "bad"}), ("lookup", {"key": "k"})),
+                     turn(("lookup", {"key": "again"}), k=1))
+    try:
+        result = asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                        hooks=hooks))
+        assert result.final_output == "done"
+        first = outputs(model, 1)
+        # The SDK's own failure text (it hides the exception from the model), as an error.
+        assert "error" in first["c0_0"].lower()
+        assert first["c0_1"] == "value-of-k"
+        assert outputs(model)["c1_0"] == "value-of-again"
+        assert hooks.turns == 2
+    finally:
+        hooks.close()
+
+
+def test_invalid_arguments_are_the_engines_error_result(client):
+    tools, hooks = switchboard_tools([lookup], client=client, builtins=False)
+    model = scripted([function_call("lookup", '{"key": 5}', call_id="c0_0"),
+                      function_call("lookup", {"key": "ok"}, call_id="c0_1")])
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        seen = outputs(model)
+        assert "invalid_arguments" in seen["c0_0"], seen
+        assert seen["c0_1"] == "value-of-ok"
+    finally:
+        hooks.close()
+
+
+def test_an_unknown_tool_is_an_error_result_not_a_crash(client):
+    tools, hooks = switchboard_tools([lookup], client=client, builtins=False)
+    model = scripted(turn(("no_such_tool", {}), ("lookup", {"key": "k"})))
+    try:
+        # The SDK decides what an unknown name is: an error result with this setting...
+        result = asyncio.run(Runner.run(
+            Agent(name="a", model=model, tools=tools), "go", hooks=hooks,
+            run_config=RunConfig(tool_not_found_behavior="return_error_to_model")))
+        assert result.final_output == "done"
+        seen = outputs(model)
+        assert "not found" in seen["c0_0"] and seen["c0_1"] == "value-of-k"
+        # ...and by default its ModelBehaviorError, before any tool runs.
+        model = scripted(turn(("no_such_tool", {}), ("lookup", {"key": "k"})))
+        with pytest.raises(ModelBehaviorError):
+            asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                   hooks=hooks))
+    finally:
+        hooks.close()
+
+
+def test_client_tool_mixed_with_builtins_share_the_workspace(client):
+    tools, hooks = switchboard_tools([lookup], client=client)
+    model = scripted(turn(("write_file", {"path": "m.txt", "content": "mixed"}),
+                          ("lookup", {"key": "m"}),
+                          ("bash", {"command": "cat m.txt"})),
+                     turn(("read_file", {"path": "m.txt"}), k=1))
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        first, last = outputs(model, 1), outputs(model)
+        assert first["c0_1"] == "value-of-m"
+        assert first["c0_2"].strip() == "mixed"
+        assert "mixed" in last["c1_0"]
+        assert hooks.turns == 2
+    finally:
+        hooks.close()
+
+
+def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
+    tools, hooks = switchboard_tools([], client=client, builtins=["bash"])
+    model = scripted(turn(("bash", {"command": "touch started && sleep 300"})))
+
+    async def main():
+        run = asyncio.ensure_future(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                               hooks=hooks))
+        while hooks.session is None or not hooks.session.created or not os.path.exists(
+                os.path.join(hooks.session.workspace, "started")):
+            assert not run.done()
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    try:
+        asyncio.run(main())
+        loop = sb_agents._LoopThread.get()
+        deadline = time.monotonic() + 120     # a bound for a hung test, not a measurement
+        while loop.run(hooks.session.info())["in_flight"] != 0:
+            assert time.monotonic() < deadline, "the cancelled turn kept running"
+            time.sleep(0.05)
+    finally:
+        hooks.close()
+
+
+# ---- write then read ----------------------------------------------------------------------
+
+def _count_fresh(make_tools, make_turn, read_id: str, trials: int = TRIALS,
+                 use_hooks: bool = True) -> int:
+    fresh = 0
+    for i in range(trials):
+        tools, hooks = make_tools()
+        model = scripted(*make_turn(i))
+        agent = Agent(name="a", model=model, tools=tools)
+        try:
+            asyncio.run(Runner.run(agent, "go", hooks=hooks if use_hooks else None))
+        finally:
+            if hasattr(hooks, "close"):
+                hooks.close()
+        got = outputs(model)[read_id]
+        fresh += "new" in got and "old" not in got
+    return fresh
+
+
+def test_write_then_read_builtins_through_the_adapter(client):
+    def turns(i):
+        p = f"wr{i}.txt"
+        return (turn(("write_file", {"path": p, "content": "old"})),
+                turn(("write_file", {"path": p, "content": "new"}), ("read_file", {"path": p}),
+                     k=1))
+    fresh = _count_fresh(lambda: switchboard_tools([], client=client), turns, "c1_1")
+    print(f"\nwrite-then-read, built-ins through switchboard_tools: "
+          f"{fresh}/{TRIALS} reads saw the write")
+    assert fresh == TRIALS
+
+
+def _python_file_turns(tmp_path):
+    def turns(i):
+        p = str(tmp_path / f"note{i}.txt")
+        with open(p, "w") as f:
+            f.write("old")
+        return (turn(("write_note", {"path": p, "text": "new"}), ("read_note", {"path": p})),)
+    return turns
+
+
+def test_write_then_read_client_tools_through_the_adapter(client, tmp_path):
+    fresh = _count_fresh(lambda: switchboard_tools(file_tools(), client=client, builtins=False),
+                         _python_file_turns(tmp_path), "c0_1")
+    print(f"\nwrite-then-read, Python tools through switchboard_tools: "
+          f"{fresh}/{TRIALS} reads saw the write")
+    assert fresh == TRIALS
+
+
+def test_write_then_read_through_the_sdk_alone(tmp_path):
+    """The peer: the Agents SDK's own concurrent execution of the same Python tools. Reported;
+    only "at least one read was stale" is asserted."""
+    fresh = _count_fresh(lambda: (file_tools(), None), _python_file_turns(tmp_path), "c0_1",
+                         use_hooks=False)
+    print(f"\nwrite-then-read, Python tools through the Agents SDK alone: "
+          f"{fresh}/{TRIALS} reads saw the write")
+    assert fresh < TRIALS

@@ -1,0 +1,523 @@
+"""The LangGraph adapter against the real langgraph/langchain-core and the real server.
+
+The model is scripted (no network): its human message says which tool calls each model turn
+makes. The write-then-read figures print with ``-s``:
+
+    SWITCHBOARD_BIN=target/release/switchboard python -m pytest -q -s \
+        clients/python/tests/test_langgraph.py -k write_then_read
+"""
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any, List
+
+import urllib.request
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("langchain_core")
+
+from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
+from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
+from langgraph.prebuilt import ToolNode as LangGraphToolNode  # noqa: E402
+from langgraph.prebuilt import create_react_agent, tools_condition  # noqa: E402
+
+from switchboard_client import AsyncClient  # noqa: E402
+from switchboard_client import langgraph as sb_langgraph  # noqa: E402
+from switchboard_client.langgraph import ToolNode, builtin_tools  # noqa: E402
+
+TRIALS = 50
+# create_react_agent is deprecated in favour of langchain's create_agent; it is what we test.
+pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+
+
+class ScriptedChat(BaseChatModel):
+    """Its human message is JSON: a list of model turns, each a list of [name, args] calls.
+    Turn k is answered when the conversation holds k AI messages; after the last, "done"."""
+
+    bound: List[str] = []
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> "ScriptedChat":
+        return self.model_copy(update={"bound": [getattr(t, "name", None) for t in tools]})
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        human = next(m for m in messages if isinstance(m, HumanMessage))
+        turns = json.loads(human.content)
+        k = sum(1 for m in messages if isinstance(m, AIMessage))
+        if k < len(turns):
+            calls = [{"name": n, "args": a, "id": f"call_{k}_{i}", "type": "tool_call"}
+                     for i, (n, a) in enumerate(turns[k])]
+            message = AIMessage(content="", tool_calls=calls)
+        else:
+            message = AIMessage(content="done")
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def ask(*turns: Any) -> dict:
+    return {"messages": [HumanMessage(json.dumps([list(map(list, t)) for t in turns]))]}
+
+
+def tool_messages(result: dict) -> List[ToolMessage]:
+    return [m for m in result["messages"] if isinstance(m, ToolMessage)]
+
+
+def last_turn(result: dict) -> List[ToolMessage]:
+    """The ToolMessages answering the last AI message that had tool calls."""
+    messages = result["messages"]
+    ai = [i for i, m in enumerate(messages) if isinstance(m, AIMessage) and m.tool_calls][-1]
+    return [m for m in messages[ai + 1:] if isinstance(m, ToolMessage)]
+
+
+def thread(name: str = "t") -> dict:
+    return {"configurable": {"thread_id": f"{name}-{uuid.uuid4().hex[:8]}"}}
+
+
+@pytest.fixture()
+def client(server, token):
+    c = AsyncClient(server.base_url, token=token)
+    yield c
+    sb_langgraph._LoopThread.get().run(c.close())   # it lived on the adapter's loop
+
+
+# ---- tools --------------------------------------------------------------------------------
+
+order: List[str] = []
+order_lock = threading.Lock()
+
+
+@tool
+def lookup(key: str) -> str:
+    """Looks a key up."""
+    with order_lock:
+        order.append(f"lookup:{key}")
+    return f"value-of-{key}"
+
+
+@tool
+def boom(reason: str) -> str:
+    """Always fails."""
+    raise ValueError(f"boom: {reason}")
+
+
+@tool
+async def alookup(key: str) -> str:
+    """Looks a key up, asynchronously."""
+    await asyncio.sleep(0.001)
+    with order_lock:
+        order.append(f"alookup:{key}")
+    return f"async-{key}"
+
+
+def file_tools(slow_write_s: float = 0.02):
+    """A write tool that sleeps a little before writing (realistic I/O) and a read tool."""
+
+    @tool
+    def write_note(path: str, text: str) -> str:
+        """Writes text to a file."""
+        time.sleep(slow_write_s)
+        with open(path, "w") as f:
+            f.write(text)
+        return f"wrote {path}"
+
+    @tool
+    def read_note(path: str) -> str:
+        """Reads a file."""
+        with open(path) as f:
+            return f.read()
+
+    return [write_note, read_note]
+
+
+def hand_built(model: Any, node: Any):
+    tools = list(node.tools_by_name.values())
+    bound = model.bind_tools(tools)
+
+    def agent(state: MessagesState):
+        return {"messages": [bound.invoke(state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", node)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    return g.compile()
+
+
+# ---- tests --------------------------------------------------------------------------------
+
+def test_builtin_tools_match_the_servers_catalog(server, token):
+    request = urllib.request.Request(f"{server.base_url}/v1/tools",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request) as response:
+        catalog = json.load(response)
+    live = {t["name"]: t for t in catalog}
+    for t in builtin_tools():
+        assert t.name in live
+        assert t.description == live[t.name]["description"]
+        assert t.args_schema == live[t.name]["input_schema"]
+    with pytest.raises(NotImplementedError):
+        builtin_tools(["bash"])[0].invoke({"command": "true"})
+
+
+def test_hand_built_graph_client_tool_mixed_with_builtins(client):
+    node = ToolNode([lookup, alookup], client=client, builtins=["bash", "write_file"])
+    graph = hand_built(ScriptedChat(), node)
+    try:
+        result = graph.invoke(ask([("lookup", {"key": "a"}),
+                                   ("bash", {"command": "echo hi"}),
+                                   ("alookup", {"key": "b"}),
+                                   ("write_file", {"path": "x.txt", "content": "x"})]),
+                              thread())
+        msgs = tool_messages(result)
+        assert [m.tool_call_id for m in msgs] == ["call_0_0", "call_0_1", "call_0_2", "call_0_3"]
+        assert [m.name for m in msgs] == ["lookup", "bash", "alookup", "write_file"]
+        assert msgs[0].content == "value-of-a"
+        assert msgs[1].content.strip() == "hi"
+        assert msgs[2].content == "async-b"
+        assert all(m.status == "success" for m in msgs), msgs
+        assert result["messages"][-1].content == "done"
+    finally:
+        node.close()
+
+
+def test_one_turn_runs_in_call_order(client):
+    node = ToolNode([lookup, alookup], client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        with order_lock:
+            order.clear()
+        calls = [("lookup", {"key": str(i)}) if i % 2 else ("alookup", {"key": str(i)})
+                 for i in range(6)]
+        result = graph.invoke(ask(calls), thread())
+        msgs = tool_messages(result)
+        assert [m.tool_call_id for m in msgs] == [f"call_0_{i}" for i in range(6)]
+        # Client tools without options run alone: one after another, in call order.
+        assert order == [f"{n}:{a['key']}" for n, a in calls]
+    finally:
+        node.close()
+
+
+def test_tool_options_let_concurrency_safe_calls_overlap(client):
+    barrier = threading.Barrier(2, timeout=60)
+
+    @tool
+    def meet(who: str) -> str:
+        """Waits for the other caller."""
+        barrier.wait()            # only returns when both calls are running at once
+        return f"met {who}"
+
+    node = ToolNode([meet], client=client, tool_options={"meet": {"concurrency_safe": True}})
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        result = graph.invoke(ask([("meet", {"who": "a"}), ("meet", {"who": "b"})]), thread())
+        assert [m.content for m in tool_messages(result)] == ["met a", "met b"]
+    finally:
+        node.close()
+
+
+def test_prebuilt_agent_binds_the_builtins_and_client_tools(client):
+    model = ScriptedChat()
+    node = ToolNode([lookup], client=client, builtins=True)
+    assert set(node.tools_by_name) == {"lookup", "bash", "read_file", "write_file",
+                                       "edit_file", "glob"}
+    graph = create_react_agent(model, tools=node)
+    try:
+        result = graph.invoke(ask([("glob", {"pattern": "*"}), ("lookup", {"key": "z"})]),
+                              thread())
+        msgs = tool_messages(result)
+        assert [m.name for m in msgs] == ["glob", "lookup"]
+        assert msgs[1].content == "value-of-z"
+    finally:
+        node.close()
+
+
+def test_a_raising_tool_is_an_error_result_and_the_loop_goes_on(client):
+    node = ToolNode([lookup, boom], client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        result = graph.invoke(ask([("boom", {"reason": "bad"}), ("lookup", {"key": "k"})],
+                                  [("lookup", {"key": "again"})]), thread())
+        msgs = tool_messages(result)
+        assert msgs[0].status == "error" and "boom: bad" in msgs[0].content
+        assert msgs[1].status == "success" and msgs[1].content == "value-of-k"
+        assert msgs[2].content == "value-of-again"
+        assert result["messages"][-1].content == "done"
+    finally:
+        node.close()
+
+
+def test_invalid_arguments_are_the_engines_error_result(client):
+    node = ToolNode([lookup], client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        result = graph.invoke(ask([("lookup", {"key": 5}), ("lookup", {"key": "ok"})]), thread())
+        msgs = tool_messages(result)
+        assert msgs[0].status == "error" and "invalid_arguments" in msgs[0].content, msgs[0]
+        assert msgs[1].content == "value-of-ok"
+    finally:
+        node.close()
+
+
+def test_an_unknown_tool_is_an_error_result_not_a_crash(client):
+    node = ToolNode([lookup], client=client)          # no built-ins enabled
+    for graph in (create_react_agent(ScriptedChat(), tools=node),
+                  hand_built(ScriptedChat(), node)):
+        result = graph.invoke(ask([("no_such_tool", {}), ("bash", {"command": "echo no"}),
+                                   ("lookup", {"key": "k"})]), thread())
+        msgs = tool_messages(result)
+        assert [m.tool_call_id for m in msgs] == ["call_0_0", "call_0_1", "call_0_2"]
+        assert msgs[0].status == "error" and "no_such_tool" in msgs[0].content
+        assert msgs[1].status == "error" and "bash" in msgs[1].content
+        assert "echo no" not in msgs[1].content
+        assert msgs[2].content == "value-of-k"
+        assert result["messages"][-1].content == "done"
+    node.close()
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_state_injection_command_and_both_agent_versions(client, version):
+    from typing import Annotated
+
+    from langchain_core.tools import InjectedToolCallId
+    from langgraph.prebuilt import InjectedState
+    from langgraph.types import Command
+
+    @tool
+    def count_messages(label: str, state: Annotated[dict, InjectedState]) -> str:
+        """Counts the conversation's messages."""
+        return f"{label}: {len(state['messages'])}"
+
+    @tool
+    def remember(note: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Adds a note to the conversation."""
+        return Command(update={"messages": [
+            ToolMessage(f"noted {note}", tool_call_id=tool_call_id, name="remember")]})
+
+    node = ToolNode([count_messages, remember, lookup], client=client)
+    assert "state" not in json.dumps(sb_langgraph.convert_to_openai_tool(count_messages))
+    graph = create_react_agent(ScriptedChat(), tools=node, version=version)
+    try:
+        result = graph.invoke(ask([("count_messages", {"label": "n"}),
+                                   ("remember", {"note": "x"}),
+                                   ("lookup", {"key": "k"})]), thread())
+        msgs = {m.tool_call_id: m for m in tool_messages(result)}
+        assert msgs["call_0_0"].content == "n: 2"           # the human and the AI message
+        assert msgs["call_0_1"].content == "noted x"
+        assert msgs["call_0_2"].content == "value-of-k"
+        assert result["messages"][-1].content == "done"
+    finally:
+        node.close()
+
+
+def test_an_interrupt_in_a_tool_pauses_and_resumes_like_langgraph(client):
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command, interrupt
+
+    runs: List[str] = []
+
+    @tool
+    def confirm(question: str) -> str:
+        """Asks the human."""
+        runs.append("confirm")
+        return f"human said {interrupt(question)}"
+
+    @tool
+    def side_effect(k: str) -> str:
+        """Does something once."""
+        runs.append(f"side:{k}")
+        return "done"
+
+    node = ToolNode([confirm, side_effect], client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node, checkpointer=InMemorySaver())
+    config = thread("interrupt")
+    try:
+        paused = graph.invoke(ask([("side_effect", {"k": "1"}), ("confirm", {"question": "ok?"})],
+                                  [("side_effect", {"k": "2"})]), config)
+        assert [i.value for i in paused["__interrupt__"]] == ["ok?"]
+        result = graph.invoke(Command(resume="yes"), config)
+        msgs = {m.tool_call_id: m.content for m in tool_messages(result)}
+        assert msgs == {"call_0_0": "done", "call_0_1": "human said yes", "call_1_0": "done"}
+        # As with LangGraph's ToolNode: on resume only the interrupted call runs again.
+        assert runs == ["side:1", "confirm", "confirm", "side:2"]
+    finally:
+        node.close()
+
+
+def test_one_session_per_thread(client):
+    node = ToolNode([], client=client, builtins=True)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        a, b = thread("a"), thread("b")
+        graph.invoke(ask([("write_file", {"path": "mine.txt", "content": "A's"})]), a)
+        seen_a = tool_messages(graph.invoke(ask([("read_file", {"path": "mine.txt"})]), a))
+        seen_b = tool_messages(graph.invoke(ask([("read_file", {"path": "mine.txt"})]), b))
+        assert seen_a[0].status == "success" and "A's" in seen_a[0].content
+        assert seen_b[0].status == "error"
+        assert len(node._conversations) == 2
+    finally:
+        node.close()
+
+
+def _delete_on_the_server(server, token, session_id):
+    request = urllib.request.Request(f"{server.base_url}/v1/sessions/{session_id}",
+                                     method="DELETE",
+                                     headers={"Authorization": f"Bearer {token}"})
+    urllib.request.urlopen(request).close()
+
+
+def test_a_session_the_server_closed_is_replaced(server, token, client):
+    node = ToolNode([lookup], client=client, builtins=["bash"])
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    config = thread("gone")
+    try:
+        graph.invoke(ask([("bash", {"command": "true"})]), config)
+        first = node._conversations[config["configurable"]["thread_id"]].session
+        _delete_on_the_server(server, token, first.id)      # as the idle timeout would
+        msgs = tool_messages(graph.invoke(ask([("lookup", {"key": "k"})]), config))
+        assert msgs[0].content == "value-of-k"
+        assert node._conversations[config["configurable"]["thread_id"]].session is not first
+    finally:
+        node.close()
+
+
+def test_a_given_session_serves_every_thread(client):
+    session = client.session()
+    node = ToolNode([lookup], client=client, session=session, builtins=True)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    graph.invoke(ask([("write_file", {"path": "shared.txt", "content": "one"})]), thread("x"))
+    msgs = tool_messages(graph.invoke(ask([("read_file", {"path": "shared.txt"}),
+                                           ("lookup", {"key": "y"})]), thread("y")))
+    assert "one" in msgs[0].content and msgs[1].content == "value-of-y"
+    node.close()                       # a given session is the caller's to close
+    sb_langgraph._LoopThread.get().run(session.close())
+
+
+def test_ainvoke_and_no_thread_id_share_the_nodes_session(server, token, monkeypatch):
+    monkeypatch.setenv("SWITCHBOARD_URL", server.base_url)
+    monkeypatch.setenv("SWITCHBOARD_TOKEN", token)
+    node = ToolNode([alookup], builtins=["write_file", "read_file"])   # client from the env
+    graph = create_react_agent(ScriptedChat(), tools=node)
+
+    async def main():
+        await graph.ainvoke(ask([("write_file", {"path": "n.txt", "content": "node"})]))
+        return await graph.ainvoke(ask([("read_file", {"path": "n.txt"}),
+                                        ("alookup", {"key": "q"})]))
+    try:
+        msgs = tool_messages(asyncio.run(main()))     # a loop of its own, then another one
+        assert "node" in msgs[0].content and msgs[1].content == "async-q"
+        msgs = tool_messages(asyncio.run(graph.ainvoke(ask([("read_file", {"path": "n.txt"})]))))
+        assert "node" in msgs[0].content
+        assert list(node._conversations) == [None]
+    finally:
+        node.close()
+
+
+def test_handle_tool_errors_false_raises_like_langgraph(client):
+    node = ToolNode([boom], client=client, handle_tool_errors=False)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        with pytest.raises(ValueError, match="boom: x"):
+            graph.invoke(ask([("boom", {"reason": "x"})]), thread())
+    finally:
+        node.close()
+
+
+def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
+    node = ToolNode(builtin_tools(["bash"]), client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    config = thread("cancel")
+    key = config["configurable"]["thread_id"]
+
+    async def main():
+        run = asyncio.ensure_future(graph.ainvoke(
+            ask([("bash", {"command": "touch started && sleep 300"})]), config))
+        while key not in node._conversations or not node._conversations[key].session.created \
+                or not os.path.exists(os.path.join(node._conversations[key].session.workspace,
+                                                   "started")):
+            assert not run.done()
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    try:
+        asyncio.run(main())
+        session = node._conversations[key].session
+        deadline = time.monotonic() + 120     # a bound for a hung test, not a measurement
+        while node._loop.run(session.info())["in_flight"] != 0:
+            assert time.monotonic() < deadline, "the cancelled turn kept running"
+            time.sleep(0.05)
+    finally:
+        node.close()
+
+
+# ---- write then read ----------------------------------------------------------------------
+
+def _count_fresh(graph: Any, make_turns: Any, read_index: int, trials: int = TRIALS) -> int:
+    fresh = 0
+    for i in range(trials):
+        result = graph.invoke(ask(*make_turns(i)), thread(f"wr{i}"))
+        got = last_turn(result)[read_index]
+        assert got.status == "success", got
+        fresh += "new" in got.content and "old" not in got.content
+    return fresh
+
+
+def test_write_then_read_builtins_through_the_adapter(client):
+    node = ToolNode(builtin_tools(), client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        def turns(i):
+            p = f"wr{i}.txt"
+            return ([("write_file", {"path": p, "content": "old"})],
+                    [("write_file", {"path": p, "content": "new"}), ("read_file", {"path": p})])
+        fresh = _count_fresh(graph, turns, 1)
+        print(f"\nwrite-then-read, built-ins through switchboard ToolNode: "
+              f"{fresh}/{TRIALS} reads saw the write")
+        assert fresh == TRIALS
+    finally:
+        node.close()
+
+
+def _python_file_turns(tmp_path):
+    def turns(i):
+        p = str(tmp_path / f"note{i}.txt")
+        with open(p, "w") as f:
+            f.write("old")
+        return ([("write_note", {"path": p, "text": "new"}), ("read_note", {"path": p})],)
+    return turns
+
+
+def test_write_then_read_client_tools_through_the_adapter(client, tmp_path):
+    node = ToolNode(file_tools(), client=client)
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    try:
+        fresh = _count_fresh(graph, _python_file_turns(tmp_path), 1)
+        print(f"\nwrite-then-read, Python tools through switchboard ToolNode: "
+              f"{fresh}/{TRIALS} reads saw the write")
+        assert fresh == TRIALS
+    finally:
+        node.close()
+
+
+def test_write_then_read_through_langgraphs_own_toolnode(tmp_path):
+    """The peer: LangGraph's own ToolNode with the same Python tools. Reported, and only
+    "at least one read was stale" is asserted."""
+    graph = create_react_agent(ScriptedChat(), tools=LangGraphToolNode(file_tools()))
+    fresh = _count_fresh(graph, _python_file_turns(tmp_path), 1)
+    print(f"\nwrite-then-read, Python tools through LangGraph's own ToolNode: "
+          f"{fresh}/{TRIALS} reads saw the write")
+    assert fresh < TRIALS
