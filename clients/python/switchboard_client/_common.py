@@ -33,6 +33,17 @@ class SwitchboardError(Exception):
         self.retry_after = retry_after
 
 
+class ToolError(Exception):
+    """Raised by a client tool to choose the error text the model sees: the call is answered
+    ``{"content": message, "is_error": true}`` with ``message`` as it is (the engine shows it as
+    ``Error [execution_error]: message``). Any other exception is answered
+    ``"<ExceptionType>: <message>"``."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 def base_headers(token: Optional[str]) -> Dict[str, str]:
     """The headers of every request: the bearer token (``SWITCHBOARD_TOKEN`` when not given)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV)
@@ -276,6 +287,8 @@ def answer_content(value: Any) -> Any:
 
 
 def answer_body(value: Any = None, error: Optional[BaseException] = None) -> bytes:
+    if isinstance(error, ToolError):
+        return error_body(str(error.message))
     if error is not None:
         text = str(error)
         name = type(error).__name__

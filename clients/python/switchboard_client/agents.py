@@ -42,7 +42,7 @@ from . import _bridge
 from ._async import AsyncClient
 from ._bridge import (BUILTIN_NAMES, DEFAULT_URL, URL_ENV, args_key, on_loop,  # noqa: F401
                       run_cancellable)
-from ._common import SwitchboardError
+from ._common import SwitchboardError, ToolError
 
 __all__ = ["switchboard_tools", "SwitchboardHooks", "BUILTIN_NAMES"]
 
@@ -55,10 +55,6 @@ class _LoopThread(_bridge.LoopThread):
 
     thread_name = "switchboard-agents"
     caller = "switchboard_tools"
-
-
-class ToolError(Exception):
-    """A tool's error output, raised so the engine records an ``execution_error``."""
 
 
 def _text(content: Any) -> str:
@@ -151,6 +147,8 @@ class _Bridge:
             setattr(inv.ctx, _DEFAULT_FAILURE_ATTR, False)
             output = await on_loop(inv.loop, tool.on_invoke_tool(inv.ctx, inv.arguments))
             if getattr(inv.ctx, _DEFAULT_FAILURE_ATTR, False):
+                # The SDK's failure function answered for a raising tool: its text is the
+                # call's error, as the SDK wrote it (no exception type in front).
                 setattr(inv.ctx, _DEFAULT_FAILURE_ATTR, False)
                 raise ToolError(_output_text(output))
             return _output_text(output)

@@ -147,7 +147,8 @@ def _catch_all(e: Exception) -> str:
 
 
 class ToolError(Exception):
-    """A client tool's error result, raised so the engine records it as ``execution_error``."""
+    """A client tool's error result, raised so the engine records it as ``execution_error``.
+    Not :class:`switchboard_client.ToolError`: the answer keeps its ``ToolError:`` prefix."""
 
 
 def _text_of(content: Any) -> Any:
