@@ -1,13 +1,16 @@
 """What the adapters' tests (``test_langgraph.py``, ``test_agents.py``) share: the plain Python
 tools each framework wraps with its own decorator, the order they ran in, the adapter's client,
-the server's live catalog and the wait for a cancelled turn to end."""
+the server's live catalog, and the cancel of a running turn."""
 
 import asyncio
 import json
+import os
 import threading
 import time
 import urllib.request
 from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
 
 from switchboard_client import AsyncClient
 
@@ -60,6 +63,23 @@ def live_catalog(server: Any, token: str) -> Dict[str, Dict[str, Any]]:
     with urllib.request.urlopen(request) as response:
         catalog = json.load(response)
     return {t["name"]: t for t in catalog}
+
+
+async def cancel_once_started(run: Any, session_of: Callable[[], Any]) -> None:
+    """Runs the coroutine ``run`` (a graph or agent run whose turn runs ``touch started && sleep
+    300``) until the file ``started`` is in the workspace of ``session_of()`` (None until the
+    adapter has made the session), then cancels it: the run raises ``CancelledError``."""
+    task = asyncio.ensure_future(run)
+    while True:
+        session = session_of()
+        if session is not None and session.created and os.path.exists(
+                os.path.join(session.workspace, "started")):
+            break
+        assert not task.done()
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 def wait_until_idle(loop_thread: Any, session: Any) -> None:

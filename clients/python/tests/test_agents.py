@@ -8,7 +8,6 @@ responses; no network). The write-then-read figures print with ``-s``:
 """
 
 import asyncio
-import os
 import threading
 from typing import Any
 
@@ -268,19 +267,10 @@ def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
     tools, hooks = switchboard_tools([], client=client, builtins=["bash"])
     model = scripted(turn(("bash", {"command": "touch started && sleep 300"})))
 
-    async def main():
-        run = asyncio.ensure_future(Runner.run(Agent(name="a", model=model, tools=tools), "go",
-                                               hooks=hooks))
-        while hooks.session is None or not hooks.session.created or not os.path.exists(
-                os.path.join(hooks.session.workspace, "started")):
-            assert not run.done()
-            await asyncio.sleep(0.01)
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
-
     try:
-        asyncio.run(main())
+        asyncio.run(shared.cancel_once_started(
+            Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks),
+            lambda: hooks.session))
         shared.wait_until_idle(sb_agents._LoopThread.get(), hooks.session)
     finally:
         hooks.close()

@@ -9,7 +9,6 @@ makes. The write-then-read figures print with ``-s``:
 
 import asyncio
 import json
-import os
 import threading
 import time
 import uuid
@@ -401,20 +400,14 @@ def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
     config = thread("cancel")
     key = config["configurable"]["thread_id"]
 
-    async def main():
-        run = asyncio.ensure_future(graph.ainvoke(
-            ask([("bash", {"command": "touch started && sleep 300"})]), config))
-        while key not in node._conversations or not node._conversations[key].session.created \
-                or not os.path.exists(os.path.join(node._conversations[key].session.workspace,
-                                                   "started")):
-            assert not run.done()
-            await asyncio.sleep(0.01)
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
+    def session_of():
+        conv = node._conversations.get(key)
+        return conv.session if conv is not None else None
 
     try:
-        asyncio.run(main())
+        asyncio.run(shared.cancel_once_started(
+            graph.ainvoke(ask([("bash", {"command": "touch started && sleep 300"})]), config),
+            session_of))
         session = node._conversations[key].session
         shared.wait_until_idle(node._loop, session)
     finally:
