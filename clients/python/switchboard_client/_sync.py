@@ -163,7 +163,7 @@ class Session(c.SessionBase):
     def _run_call(self, call: Dict[str, Any]) -> None:
         """Runs one client-tool call (in a worker thread) and posts its answer, once."""
         entry, missing = self._call_entry(call)
-        body = _call_body(entry, call.get("input")) if entry else c.error_body(missing)
+        body = _call_body(entry, call.get("input")) if entry is not None else c.error_body(missing)
         self._answer(call["call_id"], body)
 
     def _answer(self, call_id: str, body: bytes) -> None:
