@@ -14,7 +14,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from _harness import Server, machine, pct, noop_message  # noqa: E402
+from _harness import Server, machine, noop_message, pct, tiny_file  # noqa: E402
 from switchboard_client import AsyncClient, Client  # noqa: E402
 
 CLIENT_TOOL = {"role": "assistant", "content": [
@@ -43,8 +43,7 @@ def sync_side(base_url, token, turns, max_seconds):
         session = client.session("rt-sync")
         session.register(noop_tool)
         with session:
-            with open(os.path.join(session.workspace, "tiny.txt"), "w") as f:
-                f.write("x")
+            tiny_file(session.workspace)
             for label, msg, want in (("client tool (stream)", CLIENT_TOOL, "ok"),
                                      ("built-in read_file (JSON)", noop_message(), "x")):
                 samples, end = [], time.monotonic() + max_seconds
@@ -69,8 +68,7 @@ async def async_side(base_url, token, turns, max_seconds):
             session.register(noop_tool if tool == "sync" else async_noop_tool, name="noop_tool")
             async with session:
                 await session.create()
-                with open(os.path.join(session.workspace, "tiny.txt"), "w") as f:
-                    f.write("x")
+                tiny_file(session.workspace)
                 cases = [(f"client tool, {tool} fn (stream)", CLIENT_TOOL, "ok")]
                 if tool == "sync":
                     cases.append(("built-in read_file (JSON)", noop_message(), "x"))

@@ -10,17 +10,16 @@ dispatch and dispatches per second; the server runs in its own process.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import sys
-import time
 
 import aiohttp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from _harness import Server, machine, median, noop_message  # noqa: E402
+from _harness import (Rounds, Server, check_noop, cpu_arguments, noop_message,  # noqa: E402
+                      raw_headers, raw_turn_id, tiny_file)
 from switchboard_client import AsyncClient  # noqa: E402
 
 
@@ -29,8 +28,7 @@ async def run_client(sessions, turns):
 
     async def one(session):
         for _ in range(turns):
-            answer = await session.dispatch(msg)
-            assert answer["content"][0]["content"] == "x", answer
+            check_noop(await session.dispatch(msg))
 
     await asyncio.gather(*(one(s) for s in sessions))
 
@@ -41,22 +39,15 @@ async def run_raw(http, urls, headers, turns):
     async def one(url):
         for _ in range(turns):
             h = dict(headers)
-            h["Switchboard-Turn-Id"] = "py-" + os.urandom(8).hex()
+            h["Switchboard-Turn-Id"] = raw_turn_id()
             async with http.post(url, data=body, headers=h) as r:
                 data = await r.read()
                 if r.status != 200:
                     raise RuntimeError(data)
                 answer = json.loads(data)
-            assert answer["content"][0]["content"] == "x", answer
+            check_noop(answer)
 
     await asyncio.gather(*(one(u) for u in urls))
-
-
-async def measure(label, coro_fn, dispatches):
-    t0, c0 = time.perf_counter(), time.process_time()
-    await coro_fn()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"side": label, "cpu_us": cpu / dispatches * 1e6, "per_s": dispatches / wall}
 
 
 async def main(args):
@@ -65,49 +56,28 @@ async def main(args):
             sessions = [client.session(f"bench{i}") for i in range(args.sessions)]
             for s in sessions:
                 await s.create()
-                with open(os.path.join(s.workspace, "tiny.txt"), "w") as f:
-                    f.write("x")
+                tiny_file(s.workspace)
             urls = [f"{server.base_url}/v1/sessions/{s.id}/dispatch?format=anthropic"
                     for s in sessions]
-            headers = {"Authorization": f"Bearer {server.token}",
-                       "Content-Type": "application/json"}
+            headers = raw_headers(server.token)
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector) as http:
                 # Warm both up: connections, caches.
                 await run_client(sessions, 5)
                 await run_raw(http, urls, headers, 5)
-                dispatches = args.sessions * args.turns
-                results = {"client": [], "raw": []}
-                deadline = time.monotonic() + args.max_seconds
+                rounds = Rounds(args)
                 for r in range(args.rounds):
-                    order = [("client", lambda: run_client(sessions, args.turns)),
-                             ("raw", lambda: run_raw(http, urls, headers, args.turns))]
-                    if r % 2:
-                        order.reverse()
-                    for label, fn in order:
-                        m = await measure(label, fn, dispatches)
-                        results[label].append(m)
-                        print(f"round {r + 1} {label:6s} {m['cpu_us']:7.1f} us CPU/dispatch  "
-                              f"{m['per_s']:8.0f} dispatches/s", flush=True)
-                    if time.monotonic() > deadline:
-                        print("(time bound reached)")
+                    for label, fn in rounds.sides(
+                            r, lambda: run_client(sessions, args.turns),
+                            lambda: run_raw(http, urls, headers, args.turns)):
+                        started = rounds.start()
+                        await fn()
+                        rounds.record(r, label, started)
+                    if rounds.over():
                         break
-    c = median([m["cpu_us"] for m in results["client"]])
-    raw = median([m["cpu_us"] for m in results["raw"]])
-    cs = median([m["per_s"] for m in results["client"]])
-    rs = median([m["per_s"] for m in results["raw"]])
-    print(f"\n{machine()}")
-    print(f"{args.sessions} sessions x {args.turns} turns per round, {len(results['client'])} "
-          "rounds, medians:")
-    print(f"  AsyncClient: {c:7.1f} us CPU per dispatch, {cs:8.0f} dispatches/s")
-    print(f"  raw aiohttp: {raw:7.1f} us CPU per dispatch, {rs:8.0f} dispatches/s")
-    print(f"  ratio (client / raw CPU): {c / raw:.3f}")
+    rounds.report(f"{args.sessions} sessions x {args.turns} turns per round", "AsyncClient",
+                  "raw aiohttp")
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sessions", type=int, default=50)
-    p.add_argument("--turns", type=int, default=100, help="turns per session per round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--max-seconds", type=float, default=300)
-    asyncio.run(main(p.parse_args()))
+    asyncio.run(main(cpu_arguments(__doc__)))

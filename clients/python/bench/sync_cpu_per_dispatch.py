@@ -10,17 +10,16 @@ per dispatch and dispatches per second.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import threading
-import time
 
 import urllib3
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from _harness import Server, machine, median, noop_message  # noqa: E402
+from _harness import (Rounds, Server, check_noop, cpu_arguments, noop_message,  # noqa: E402
+                      raw_headers, raw_turn_id, tiny_file)
 from switchboard_client import Client  # noqa: E402
 
 
@@ -48,8 +47,7 @@ def run_client(sessions, turns):
     def one(session):
         def go():
             for _ in range(turns):
-                answer = session.dispatch(msg)
-                assert answer["content"][0]["content"] == "x", answer
+                check_noop(session.dispatch(msg))
         return go
 
     in_threads([one(s) for s in sessions])
@@ -62,22 +60,14 @@ def run_raw(pool, paths, headers, turns):
         def go():
             for _ in range(turns):
                 h = dict(headers)
-                h["Switchboard-Turn-Id"] = "py-" + os.urandom(8).hex()
+                h["Switchboard-Turn-Id"] = raw_turn_id()
                 r = pool.urlopen("POST", path, body=body, headers=h, retries=False)
                 if r.status != 200:
                     raise RuntimeError(r.data)
-                answer = json.loads(r.data)
-                assert answer["content"][0]["content"] == "x", answer
+                check_noop(json.loads(r.data))
         return go
 
     in_threads([one(p) for p in paths])
-
-
-def measure(label, fn, dispatches):
-    t0, c0 = time.perf_counter(), time.process_time()
-    fn()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"side": label, "cpu_us": cpu / dispatches * 1e6, "per_s": dispatches / wall}
 
 
 def main(args):
@@ -86,46 +76,25 @@ def main(args):
         sessions = [client.session(f"bench{i}") for i in range(args.sessions)]
         for s in sessions:
             s.create()
-            with open(os.path.join(s.workspace, "tiny.txt"), "w") as f:
-                f.write("x")
+            tiny_file(s.workspace)
         paths = [f"/v1/sessions/{s.id}/dispatch?format=anthropic" for s in sessions]
-        headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
+        headers = raw_headers(server.token)
         pool = urllib3.connection_from_url(server.base_url, maxsize=args.sessions, block=False)
         run_client(sessions, 5)
         run_raw(pool, paths, headers, 5)
-        dispatches = args.sessions * args.turns
-        results = {"client": [], "raw": []}
-        deadline = time.monotonic() + args.max_seconds
+        rounds = Rounds(args)
         for r in range(args.rounds):
-            order = [("client", lambda: run_client(sessions, args.turns)),
-                     ("raw", lambda: run_raw(pool, paths, headers, args.turns))]
-            if r % 2:
-                order.reverse()
-            for label, fn in order:
-                m = measure(label, fn, dispatches)
-                results[label].append(m)
-                print(f"round {r + 1} {label:6s} {m['cpu_us']:7.1f} us CPU/dispatch  "
-                      f"{m['per_s']:8.0f} dispatches/s", flush=True)
-            if time.monotonic() > deadline:
-                print("(time bound reached)")
+            for label, fn in rounds.sides(r, lambda: run_client(sessions, args.turns),
+                                          lambda: run_raw(pool, paths, headers, args.turns)):
+                started = rounds.start()
+                fn()
+                rounds.record(r, label, started)
+            if rounds.over():
                 break
         pool.close()
-    c = median([m["cpu_us"] for m in results["client"]])
-    raw = median([m["cpu_us"] for m in results["raw"]])
-    cs = median([m["per_s"] for m in results["client"]])
-    rs = median([m["per_s"] for m in results["raw"]])
-    print(f"\n{machine()}")
-    print(f"{args.sessions} sessions (threads) x {args.turns} turns per round, "
-          f"{len(results['client'])} rounds, medians:")
-    print(f"  Client:      {c:7.1f} us CPU per dispatch, {cs:8.0f} dispatches/s")
-    print(f"  raw urllib3: {raw:7.1f} us CPU per dispatch, {rs:8.0f} dispatches/s")
-    print(f"  ratio (client / raw CPU): {c / raw:.3f}")
+    rounds.report(f"{args.sessions} sessions (threads) x {args.turns} turns per round", "Client",
+                  "raw urllib3")
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sessions", type=int, default=50)
-    p.add_argument("--turns", type=int, default=100, help="turns per session per round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--max-seconds", type=float, default=300)
-    main(p.parse_args())
+    main(cpu_arguments(__doc__))

@@ -19,11 +19,12 @@ object with ``model_dump()`` (the ``anthropic`` SDK's ``Message``, the ``openai`
 platform's own functions) as the server hands their calls over. ``session.start`` runs a turn
 in the background with a handle to cancel it. ``AsyncClient`` is the same with
 ``async``/``await``. Every failure raises :class:`SwitchboardError`, whose ``code`` is the
-server's stable error code. The guide is ``docs/python.md``.
+server's stable error code. A client tool raises :class:`ToolError` to choose the error text the
+model sees. The guide is ``docs/python.md``.
 """
 
 from ._async import AsyncClient, AsyncDispatchStream, AsyncSession, AsyncTurn
-from ._common import SwitchboardError
+from ._common import SwitchboardError, ToolError
 from ._sync import Client, DispatchStream, Session, Turn
 from ._tools import function_schema, tool_spec, type_schema
 
@@ -36,6 +37,7 @@ __all__ = [
     "DispatchStream",
     "Session",
     "SwitchboardError",
+    "ToolError",
     "Turn",
     "function_schema",
     "tool_spec",

@@ -8,21 +8,16 @@ import functools
 import inspect
 import json
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import (Any, AsyncIterator, Callable, Dict, Generator, List, Optional, Set, Tuple,
-                    TypeVar, overload)
+from typing import Any, AsyncIterator, Callable, Dict, Generator, List, Optional, Set, Tuple
 
 import aiohttp
 
 from . import _common as c
 from ._common import SwitchboardError
-from ._tools import ToolRegistry, no_function, tool_entry
 
 log = logging.getLogger("switchboard_client")
-F = TypeVar("F", bound=Callable[..., Any])
 
-_JSON = {"Content-Type": "application/json"}
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
@@ -35,11 +30,9 @@ class AsyncClient:
                  timeout: Optional[float] = None, max_retries: int = 5,
                  retry_budget_s: float = 30):
         self.base_url = base_url.rstrip("/")
-        self._headers = c.base_headers(token)
-        self._json_headers = {**self._headers, **_JSON}
-        self._stream_headers = {**self._json_headers, "Accept": "text/event-stream"}
-        connect = c.CONNECT_TIMEOUT if timeout is None else min(c.CONNECT_TIMEOUT, timeout)
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect,
+        self._headers, self._json_headers, self._stream_headers = c.request_headers(token)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None,
+                                              sock_connect=c.connect_timeout(timeout),
                                               sock_read=timeout)
         self.max_retries = max_retries
         self.retry_budget_s = retry_budget_s
@@ -69,7 +62,7 @@ class AsyncClient:
         """Sends one request, retrying ``overloaded``; returns the response (status < 400)."""
         http = self._session()
         url = self.base_url + path
-        attempt, started = 0, 0.0
+        retries = c.Retries(self.max_retries, self.retry_budget_s)
         while True:
             try:
                 resp = await http.request(method, url, data=body, headers=headers)
@@ -85,13 +78,9 @@ class AsyncClient:
                 resp.release()
             err = c.error_from(resp.status, resp.reason or "", resp.headers.get("Retry-After"),
                                data)
-            if attempt == 0:
-                started = time.monotonic()
-            delay = c.retry_delay(err, attempt, time.monotonic() - started, self.max_retries,
-                                  self.retry_budget_s)
+            delay = retries.delay(err)
             if delay is None:
                 raise err
-            attempt += 1
             await asyncio.sleep(delay)
 
     async def _request(self, method: str, path: str, body: Optional[bytes] = None,
@@ -109,8 +98,7 @@ class AsyncClient:
 
     def _tool_executor(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=32,
-                                                thread_name_prefix="switchboard-tool")
+            self._executor = c.tool_executor()
         return self._executor
 
     # --- API ---
@@ -142,22 +130,15 @@ class AsyncClient:
         await self.close()
 
 
-class AsyncSession:
+class AsyncSession(c.SessionBase):
     """One conversation's session, for asyncio; see :class:`Session`. Created on the server on
     first use; ``id`` and ``workspace`` are known once it is (``await session.create()``)."""
 
     def __init__(self, client: AsyncClient, workspace: Optional[str] = None, *,
                  tools: Optional[List[Any]] = None, sandbox: Any = None):
-        self._client = client
-        self._workspace_name = workspace
-        self._sandbox = sandbox
-        self._registry = ToolRegistry()
-        for t in tools or ():
-            self._registry.add_any(t)
-        self._id: Optional[str] = None
-        self._workspace: Optional[str] = None
+        super().__init__(client, workspace, tools, sandbox)
+        self._client: AsyncClient = client
         self._creating: Optional["asyncio.Future[str]"] = None
-        self._closed = False
 
     # --- creation ---
 
@@ -185,12 +166,8 @@ class AsyncSession:
             raise
 
     async def _create(self) -> str:
-        body = c.session_body(self._workspace_name, self._registry.specs(), self._sandbox)
-        created = await self._client._request("POST", "/v1/sessions", body)
-        self._workspace = created["workspace"]
-        self._base = f"/v1/sessions/{created['session_id']}"
-        self._id = created["session_id"]
-        return self._id
+        created = await self._client._request("POST", "/v1/sessions", self._create_body())
+        return self._adopt(created)
 
     def _need_created(self) -> None:
         if self._id is None:
@@ -207,62 +184,15 @@ class AsyncSession:
         self._need_created()
         return self._workspace  # type: ignore[return-value]
 
-    @property
-    def created(self) -> bool:
-        return self._id is not None
-
     # --- client tools ---
 
-    def _check_open_for_tools(self) -> None:
-        if self._id is not None or self._creating is not None or self._closed:
-            raise RuntimeError(
-                "client tools must be registered before the session is first used: the server "
-                "fixes a session's client tools when it creates it (on the first dispatch, "
-                "start, info or tools call). Register them first, or open a new session.")
-
-    @overload
-    def tool(self, fn: F) -> F: ...
-
-    @overload
-    def tool(self, fn: None = None, *, name: Optional[str] = None,
-             description: Optional[str] = None, concurrency_safe: bool = False,
-             access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None) -> Callable[[F], F]: ...
-
-    def tool(self, fn: Any = None, *, name: Optional[str] = None,
-             description: Optional[str] = None, concurrency_safe: bool = False,
-             access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None) -> Any:
-        """See :meth:`Session.tool`."""
-        def decorate(f: F) -> F:
-            self.register(f, name=name, description=description,
-                          concurrency_safe=concurrency_safe, access=access,
-                          timeout_ms=timeout_ms, output_cap=output_cap)
-            return f
-        return decorate(fn) if fn is not None else decorate
-
-    def register(self, fn: Optional[Callable[..., Any]], schema: Optional[Dict[str, Any]] = None,
-                 *, name: Optional[str] = None, description: Optional[str] = None,
-                 concurrency_safe: bool = False, access: Any = None,
-                 timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> Dict[str, Any]:
-        """See :meth:`Session.register`. A coroutine function runs as a task on the loop, a
-        plain function in a worker thread."""
-        self._check_open_for_tools()
-        entry = tool_entry(fn, schema, name=name, description=description,
-                           concurrency_safe=concurrency_safe, access=access,
-                           timeout_ms=timeout_ms, output_cap=output_cap)
-        self._registry.add(entry)
-        return entry.spec
-
-    @property
-    def client_tools(self) -> List[Dict[str, Any]]:
-        return self._registry.specs()
+    def _tools_fixed(self) -> bool:
+        return self._id is not None or self._creating is not None or self._closed
 
     async def _run_call(self, call: Dict[str, Any]) -> None:
-        name = call.get("name", "")
-        entry = self._registry.get(name)
+        entry, missing = self._call_entry(call)
         if entry is None or entry.fn is None:
-            body = c.error_body(no_function(name))
+            body = c.error_body(missing)
         else:
             try:
                 args, kwargs = entry.arguments(call.get("input"))
@@ -282,28 +212,22 @@ class AsyncSession:
         try:
             await self._client._request("POST", f"{self._base}/calls/{call['call_id']}", body)
         except SwitchboardError as e:
-            if e.code not in ("call_closed", "already_answered", "unknown_call",
-                              "unknown_session"):
+            if e.code not in c.LATE_ANSWER_CODES:
                 log.warning("switchboard: answering client call %s failed: %s",
                             call["call_id"], e)
 
     # --- dispatch ---
 
-    def _prepare(self, message: Any, format: Optional[str]) -> Tuple[str, Optional[List[str]], bytes]:
-        document = c.as_document(message)
-        fmt = c.detect_format(document, format)
-        return fmt, c.called_tools(document, fmt), c.dumps(document)
-
     async def dispatch(self, message: Any, format: Optional[str] = None, *,
                        turn_id: Optional[str] = None) -> Any:
         """See :meth:`Session.dispatch` (``None`` when the answer calls no tool)."""
-        fmt, names, body = self._prepare(message, format)
+        fmt, names, body = c.prepare(message, format)
         if names == []:
             return None
         if self._id is None:
             await self._ensure()
         tid = turn_id or c.new_turn_id()
-        if self._registry and (names is None or any(n in self._registry for n in names)):
+        if self._streams(names):
             stream = AsyncDispatchStream(self, fmt, body, tid, None)
             async for _ in stream:
                 pass
@@ -323,7 +247,7 @@ class AsyncSession:
                turn_id: Optional[str] = None) -> "AsyncDispatchStream":
         """See :meth:`Session.stream`; ``on_approval`` may be a plain or a coroutine
         function."""
-        fmt, _names, body = self._prepare(message, format)
+        fmt, _names, body = c.prepare(message, format)
         return AsyncDispatchStream(self, fmt, body, turn_id or c.new_turn_id(), on_approval)
 
     async def tools(self, format: str = "anthropic") -> List[Any]:
@@ -371,20 +295,15 @@ class AsyncSession:
         await self.close()
 
 
-class AsyncDispatchStream:
+class AsyncDispatchStream(c.StreamBase):
     """``async for index, result in session.stream(msg)``; ``answer`` at the end."""
+
+    _session: AsyncSession
 
     def __init__(self, session: AsyncSession, fmt: str, body: bytes, turn_id: str,
                  on_approval: Optional[Callable[[Any], Any]]):
-        self._session, self._fmt, self._body = session, fmt, body
-        self.turn_id = turn_id
-        self._on_approval = on_approval
-        self._state = c.StreamState()
+        super().__init__(session, fmt, body, turn_id, on_approval)
         self._iter: Optional[AsyncIterator[Tuple[int, Any]]] = None
-
-    @property
-    def answer(self) -> Any:
-        return self._state.answer
 
     async def _approve(self, request: Any) -> None:
         allow = False
@@ -398,28 +317,21 @@ class AsyncDispatchStream:
         session = self._session
         await session._ensure()
         client = session._client
-        headers = {**client._stream_headers, c.TURN_HEADER: self.turn_id}
-        resp = await client._open("POST",
-                                  f"{session._base}/dispatch?format={self._fmt}&stream=true",
-                                  self._body, headers)
-        decoder = c.SseDecoder()
+        path, headers = self._request()
+        resp = await client._open("POST", path, self._body, headers)
         state = self._state
         tasks: Set["asyncio.Task[None]"] = set()
         try:
             async for chunk in resp.content.iter_any():
-                for event, data in decoder.feed(chunk):
-                    if event == "call":
-                        task = asyncio.ensure_future(session._run_call(json.loads(data)))
+                for kind, value in state.feed(chunk):
+                    if kind == "call":
+                        task = asyncio.ensure_future(session._run_call(value))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
-                    elif event == "approval_required":
-                        request = json.loads(data)
-                        state.approvals.append(request)
-                        await self._approve(request)
+                    elif kind == "approval":
+                        await self._approve(value)
                     else:
-                        item = state.handle(event, data)
-                        if item is not None:
-                            yield item
+                        yield value
         except _TRANSPORT_ERRORS as e:
             raise c.connection_error(e) from e
         finally:

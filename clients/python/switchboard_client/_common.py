@@ -1,12 +1,17 @@
-"""What the sync and async clients share: the error type, request bodies, format detection,
-the incremental SSE decoder, client-tool answers and the retry rule. No I/O here."""
+"""What the sync and async clients share: the error types, headers and request bodies, format
+detection, the incremental SSE decoder and the stream's events, client-tool answers, the retry
+rule, and the I/O-free halves of a session and of a streamed dispatch. No I/O here."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from ._tools import SessionTools
 
 TOKEN_ENV = "SWITCHBOARD_TOKEN"
 DEFAULT_BASE_URL = "http://127.0.0.1:7420"
@@ -15,6 +20,9 @@ DEFAULT_BASE_URL = "http://127.0.0.1:7420"
 CONNECT_TIMEOUT = 10.0
 FORMATS = ("anthropic", "openai")
 TURN_HEADER = "Switchboard-Turn-Id"
+#: What the server answers a client-tool answer that came too late (the call is closed, already
+#: answered, or its session is gone): nothing to report.
+LATE_ANSWER_CODES = ("call_closed", "already_answered", "unknown_call", "unknown_session")
 
 
 class SwitchboardError(Exception):
@@ -33,10 +41,38 @@ class SwitchboardError(Exception):
         self.retry_after = retry_after
 
 
+class ToolError(Exception):
+    """Raised by a client tool to choose the error text the model sees: the call is answered
+    ``{"content": message, "is_error": true}`` with ``message`` as it is (the engine shows it as
+    ``Error [execution_error]: message``). Any other exception is answered
+    ``"<ExceptionType>: <message>"``."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 def base_headers(token: Optional[str]) -> Dict[str, str]:
     """The headers of every request: the bearer token (``SWITCHBOARD_TOKEN`` when not given)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV)
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def request_headers(token: Optional[str]) -> Tuple[Dict[str, str], Dict[str, str],
+                                                   Dict[str, str]]:
+    """The headers of a request without a body, with a JSON body, and of a streamed dispatch."""
+    headers = base_headers(token)
+    json_headers = {**headers, "Content-Type": "application/json"}
+    return headers, json_headers, {**json_headers, "Accept": "text/event-stream"}
+
+
+def tool_executor() -> ThreadPoolExecutor:
+    """The worker threads of a client's plain-function client tools."""
+    return ThreadPoolExecutor(max_workers=32, thread_name_prefix="switchboard-tool")
+
+
+def connect_timeout(timeout: Optional[float]) -> float:
+    return CONNECT_TIMEOUT if timeout is None else min(CONNECT_TIMEOUT, timeout)
 
 
 def error_from(status: int, reason: str, retry_after: Optional[str], data: bytes) -> SwitchboardError:
@@ -70,6 +106,26 @@ def retry_delay(err: SwitchboardError, attempt: int, elapsed: float, max_retries
     if elapsed + delay > budget:
         return None
     return delay
+
+
+class Retries:
+    """The retries of one request: :meth:`delay` is the wait before the next attempt after the
+    refusal ``err``, or None to raise it (see :func:`retry_delay`)."""
+
+    __slots__ = ("max_retries", "budget", "attempt", "started")
+
+    def __init__(self, max_retries: int, budget: float) -> None:
+        self.max_retries, self.budget = max_retries, budget
+        self.attempt, self.started = 0, 0.0
+
+    def delay(self, err: SwitchboardError) -> Optional[float]:
+        if self.attempt == 0:
+            self.started = time.monotonic()
+        delay = retry_delay(err, self.attempt, time.monotonic() - self.started,
+                            self.max_retries, self.budget)
+        if delay is not None:
+            self.attempt += 1
+        return delay
 
 
 def new_turn_id() -> str:
@@ -230,6 +286,24 @@ class StreamState:
         self.answer: Any = None
         self.done = False
         self.approvals: List[Any] = []
+        self._decoder = SseDecoder()
+
+    def feed(self, chunk: bytes) -> Iterator[Tuple[str, Any]]:
+        """The events of the next bytes of the body, for the client to act on one by one, in
+        order: ``("call", call)`` (run the client tool), ``("approval", request)`` (answer it)
+        and ``("result", (index, result))`` (yield it). Lazy: an ``error`` event raises only
+        once the events before it have been acted on."""
+        for event, data in self._decoder.feed(chunk):
+            if event == "call":
+                yield "call", json.loads(data)
+            elif event == "approval_required":
+                request = json.loads(data)
+                self.approvals.append(request)
+                yield "approval", request
+            else:
+                item = self.handle(event, data)
+                if item is not None:
+                    yield "result", item
 
     def handle(self, event: str, data: bytes) -> Optional[Tuple[int, Any]]:
         if event == "result":
@@ -276,6 +350,8 @@ def answer_content(value: Any) -> Any:
 
 
 def answer_body(value: Any = None, error: Optional[BaseException] = None) -> bytes:
+    if isinstance(error, ToolError):
+        return error_body(str(error.message))
     if error is not None:
         text = str(error)
         name = type(error).__name__
@@ -285,6 +361,14 @@ def answer_body(value: Any = None, error: Optional[BaseException] = None) -> byt
 
 def error_body(text: str) -> bytes:
     return dumps({"content": text, "is_error": True})
+
+
+def prepare(message: Any, format: Optional[str]) -> Tuple[str, Optional[List[str]], bytes]:
+    """A dispatch's format, the names of the tools it calls (``[]``: none, ``None``: unknown)
+    and its body."""
+    document = as_document(message)
+    fmt = detect_format(document, format)
+    return fmt, called_tools(document, fmt), dumps(document)
 
 
 def format_query(fmt: str) -> str:
@@ -303,3 +387,59 @@ def session_body(workspace: Optional[str], tools: Sequence[Mapping[str, Any]], s
 
 
 ApprovalCallback = Callable[[Any], Any]
+
+
+# --- what a session and a streamed dispatch are, sync or async ---------------------------------
+
+class SessionBase(SessionTools):
+    """The state of a session (:class:`Session`, :class:`AsyncSession`) and what of it is not
+    I/O: the body that creates it on the server, and what the server's answer sets."""
+
+    _base: str          # the session's path on the server, once created
+
+    def __init__(self, client: Any, workspace: Optional[str], tools: Optional[List[Any]],
+                 sandbox: Any) -> None:
+        super().__init__(tools)
+        self._client = client
+        self._workspace_name = workspace
+        self._sandbox = sandbox
+        self._id: Optional[str] = None
+        self._workspace: Optional[str] = None
+        self._closed = False
+
+    def _create_body(self) -> bytes:
+        return session_body(self._workspace_name, self._registry.specs(), self._sandbox)
+
+    def _adopt(self, created: Dict[str, Any]) -> str:
+        """Takes the server's answer to the creation; the id last (a set id means created)."""
+        self._workspace = created["workspace"]
+        self._base = f"/v1/sessions/{created['session_id']}"
+        self._id = created["session_id"]
+        return self._id
+
+    @property
+    def created(self) -> bool:
+        return self._id is not None
+
+
+class StreamBase:
+    """A streamed dispatch (:class:`DispatchStream`, :class:`AsyncDispatchStream`) before its
+    I/O: what it sends, where, and the state of its answer."""
+
+    def __init__(self, session: Any, fmt: str, body: bytes, turn_id: str,
+                 on_approval: Optional[Callable[[Any], Any]]):
+        self._session, self._fmt, self._body = session, fmt, body
+        self.turn_id = turn_id
+        self._on_approval = on_approval
+        self._state = StreamState()
+
+    @property
+    def answer(self) -> Any:
+        """The complete ordered answer (set once the stream has ended)."""
+        return self._state.answer
+
+    def _request(self) -> Tuple[str, Dict[str, str]]:
+        """The path and headers of the streamed dispatch (the session exists)."""
+        session = self._session
+        return (f"{session._base}/dispatch?format={self._fmt}&stream=true",
+                {**session._client._stream_headers, TURN_HEADER: self.turn_id})

@@ -7,18 +7,15 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, overload
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import urllib3
 
 from . import _common as c
 from ._common import SwitchboardError
-from ._tools import ToolEntry, ToolRegistry, no_function, tool_entry
+from ._tools import ToolEntry
 
 log = logging.getLogger("switchboard_client")
-F = TypeVar("F", bound=Callable[..., Any])
-
-_JSON = {"Content-Type": "application/json"}
 
 
 class Client:
@@ -34,11 +31,8 @@ class Client:
                  retry_budget_s: float = 30, max_connections: int = 64):
         self.base_url = base_url.rstrip("/")
         self._prefix = urllib3.util.parse_url(self.base_url).path or ""
-        self._headers = c.base_headers(token)
-        self._json_headers = {**self._headers, **_JSON}
-        self._stream_headers = {**self._json_headers, "Accept": "text/event-stream"}
-        connect = c.CONNECT_TIMEOUT if timeout is None else min(c.CONNECT_TIMEOUT, timeout)
-        self._timeout = urllib3.Timeout(connect=connect, read=timeout)
+        self._headers, self._json_headers, self._stream_headers = c.request_headers(token)
+        self._timeout = urllib3.Timeout(connect=c.connect_timeout(timeout), read=timeout)
         self._pool = urllib3.connection_from_url(
             self.base_url, maxsize=max_connections, block=False, timeout=self._timeout,
             retries=False)
@@ -52,7 +46,7 @@ class Client:
     def _urlopen(self, method: str, path: str, body: Optional[bytes], headers: Dict[str, str],
                  stream: bool) -> Any:
         """Sends one request, retrying ``overloaded``; returns the response (status < 400)."""
-        attempt, started = 0, 0.0
+        retries = c.Retries(self.max_retries, self.retry_budget_s)
         url = self._prefix + path
         while True:
             try:
@@ -70,13 +64,9 @@ class Client:
             finally:
                 resp.release_conn()
             err = c.error_from(resp.status, resp.reason or "", resp.headers.get("retry-after"), data)
-            if attempt == 0:
-                started = time.monotonic()
-            delay = c.retry_delay(err, attempt, time.monotonic() - started, self.max_retries,
-                                  self.retry_budget_s)
+            delay = retries.delay(err)
             if delay is None:
                 raise err
-            attempt += 1
             time.sleep(delay)
 
     def _request(self, method: str, path: str, body: Optional[bytes] = None,
@@ -91,8 +81,7 @@ class Client:
         if self._executor is None:
             with self._executor_lock:
                 if self._executor is None:
-                    self._executor = ThreadPoolExecutor(max_workers=32,
-                                                        thread_name_prefix="switchboard-tool")
+                    self._executor = c.tool_executor()
         return self._executor
 
     # --- API ---
@@ -124,22 +113,16 @@ class Client:
         self.close()
 
 
-class Session:
+class Session(c.SessionBase):
     """One conversation's session. Created on the server on first use (so client tools added
-    before then are declared); as a context manager it is deleted on exit."""
+    before then are declared); as a context manager it is deleted on exit. Client tools:
+    ``tool``, ``register``, ``client_tools``."""
 
     def __init__(self, client: Client, workspace: Optional[str] = None, *,
                  tools: Optional[List[Any]] = None, sandbox: Any = None):
-        self._client = client
-        self._workspace_name = workspace
-        self._sandbox = sandbox
-        self._registry = ToolRegistry()
-        for t in tools or ():
-            self._registry.add_any(t)
-        self._id: Optional[str] = None
-        self._workspace: Optional[str] = None
+        super().__init__(client, workspace, tools, sandbox)
+        self._client: Client = client
         self._created: Any = None
-        self._closed = False
         self._lock = threading.Lock()
 
     # --- creation ---
@@ -156,12 +139,9 @@ class Session:
             if self._id is None:
                 if self._closed:
                     raise SwitchboardError("unknown_session", "the session is closed", 404)
-                body = c.session_body(self._workspace_name, self._registry.specs(), self._sandbox)
-                created = self._client._request("POST", "/v1/sessions", body)
+                created = self._client._request("POST", "/v1/sessions", self._create_body())
                 self._created = created
-                self._workspace = created["workspace"]
-                self._base = f"/v1/sessions/{created['session_id']}"
-                self._id = created["session_id"]
+                return self._adopt(created)
         return self._id
 
     @property
@@ -175,84 +155,25 @@ class Session:
         self._ensure()
         return self._workspace  # type: ignore[return-value]
 
-    @property
-    def created(self) -> bool:
-        return self._id is not None
-
     # --- client tools ---
 
-    def _check_open_for_tools(self) -> None:
-        if self._id is not None or self._closed:
-            raise RuntimeError(
-                "client tools must be registered before the session is first used: the server "
-                "fixes a session's client tools when it creates it (on the first dispatch, "
-                "start, info or tools call). Register them first, or open a new session.")
-
-    @overload
-    def tool(self, fn: F) -> F: ...
-
-    @overload
-    def tool(self, fn: None = None, *, name: Optional[str] = None,
-             description: Optional[str] = None, concurrency_safe: bool = False,
-             access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None) -> Callable[[F], F]: ...
-
-    def tool(self, fn: Any = None, *, name: Optional[str] = None,
-             description: Optional[str] = None, concurrency_safe: bool = False,
-             access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None) -> Any:
-        """Decorator: ``@session.tool`` or ``@session.tool(name=..., ...)`` registers the
-        function as a client tool and returns it unchanged."""
-        def decorate(f: F) -> F:
-            self.register(f, name=name, description=description,
-                          concurrency_safe=concurrency_safe, access=access,
-                          timeout_ms=timeout_ms, output_cap=output_cap)
-            return f
-        return decorate(fn) if fn is not None else decorate
-
-    def register(self, fn: Optional[Callable[..., Any]], schema: Optional[Dict[str, Any]] = None,
-                 *, name: Optional[str] = None, description: Optional[str] = None,
-                 concurrency_safe: bool = False, access: Any = None,
-                 timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> Dict[str, Any]:
-        """Registers a client tool: ``fn`` is called with the call's arguments as keywords
-        (in a worker thread; a coroutine function on an event loop of its own thread).
-        ``schema`` is its input schema or a whole tool dict; by default the schema comes from
-        the type hints and the description from the docstring. Returns the declaration."""
-        self._check_open_for_tools()
-        entry = tool_entry(fn, schema, name=name, description=description,
-                           concurrency_safe=concurrency_safe, access=access,
-                           timeout_ms=timeout_ms, output_cap=output_cap)
-        self._registry.add(entry)
-        return entry.spec
-
-    @property
-    def client_tools(self) -> List[Dict[str, Any]]:
-        """The declarations of this session's client tools."""
-        return self._registry.specs()
+    def _tools_fixed(self) -> bool:
+        return self._id is not None or self._closed
 
     def _run_call(self, call: Dict[str, Any]) -> None:
         """Runs one client-tool call (in a worker thread) and posts its answer, once."""
-        entry = self._registry.get(call.get("name", ""))
-        if entry is None or entry.fn is None:
-            body = c.error_body(no_function(call.get("name", "")))
-        else:
-            body = _call_body(entry, call.get("input"))
+        entry, missing = self._call_entry(call)
+        body = _call_body(entry, call.get("input")) if entry is not None else c.error_body(missing)
         self._answer(call["call_id"], body)
 
     def _answer(self, call_id: str, body: bytes) -> None:
         try:
             self._client._request("POST", f"{self._base}/calls/{call_id}", body)
         except SwitchboardError as e:
-            if e.code not in ("call_closed", "already_answered", "unknown_call",
-                              "unknown_session"):
+            if e.code not in c.LATE_ANSWER_CODES:
                 log.warning("switchboard: answering client call %s failed: %s", call_id, e)
 
     # --- dispatch ---
-
-    def _prepare(self, message: Any, format: Optional[str]) -> Tuple[str, Optional[List[str]], bytes]:
-        document = c.as_document(message)
-        fmt = c.detect_format(document, format)
-        return fmt, c.called_tools(document, fmt), c.dumps(document)
 
     def dispatch(self, message: Any, format: Optional[str] = None, *,
                  turn_id: Optional[str] = None) -> Any:
@@ -260,12 +181,12 @@ class Session:
         conversation: the user message of ``tool_result`` blocks (Anthropic) or the list of tool
         messages to ``extend`` it with (OpenAI); ``None`` when the answer calls no tool.
         ``format`` is detected when not given; client-tool calls run here."""
-        fmt, names, body = self._prepare(message, format)
+        fmt, names, body = c.prepare(message, format)
         if names == []:
             return None
         self._ensure()
         tid = turn_id or c.new_turn_id()
-        if self._registry and (names is None or any(n in self._registry for n in names)):
+        if self._streams(names):
             stream = DispatchStream(self, fmt, body, tid, None)
             for _ in stream:
                 pass
@@ -288,7 +209,7 @@ class Session:
         an ``ask`` rule holds is passed to ``on_approval(request)`` (``approval_id``,
         ``tool_use_id``, ``tool_name``, ``tool_input``, ``subject``, ``rule``), whose truth
         allows it; without ``on_approval`` it is denied at once. Client tools run as asked."""
-        fmt, _names, body = self._prepare(message, format)
+        fmt, _names, body = c.prepare(message, format)
         return DispatchStream(self, fmt, body, turn_id or c.new_turn_id(), on_approval)
 
     def tools(self, format: str = "anthropic") -> List[Any]:
@@ -352,48 +273,35 @@ def _call_body(entry: ToolEntry, input: Any) -> bytes:
         return c.answer_body(error=e)
 
 
-class DispatchStream:
+class DispatchStream(c.StreamBase):
     """The results of a streamed dispatch, as they come; ``answer`` at the end."""
+
+    _session: Session
 
     def __init__(self, session: Session, fmt: str, body: bytes, turn_id: str,
                  on_approval: Optional[Callable[[Any], bool]]):
-        self._session, self._fmt, self._body = session, fmt, body
-        self.turn_id = turn_id
-        self._on_approval = on_approval
-        self._state = c.StreamState()
+        super().__init__(session, fmt, body, turn_id, on_approval)
         self._iter: Optional[Iterator[Tuple[int, Any]]] = None
-
-    @property
-    def answer(self) -> Any:
-        """The complete ordered answer (set once the stream has ended)."""
-        return self._state.answer
 
     def _run(self) -> Iterator[Tuple[int, Any]]:
         session = self._session
         session._ensure()
         client = session._client
-        headers = {**client._stream_headers, c.TURN_HEADER: self.turn_id}
-        resp = client._urlopen("POST", f"{session._base}/dispatch?format={self._fmt}&stream=true",
-                               self._body, headers, True)
-        decoder = c.SseDecoder()
+        path, headers = self._request()
+        resp = client._urlopen("POST", path, self._body, headers, True)
         state = self._state
         complete = False
         try:
             chunks = resp.read_chunked() if resp.chunked else iter(lambda: resp.read1(65536), b"")
             for chunk in chunks:
-                for event, data in decoder.feed(chunk):
-                    if event == "call":
-                        call = json.loads(data)
-                        client._tool_executor().submit(session._run_call, call)
-                    elif event == "approval_required":
-                        request = json.loads(data)
-                        state.approvals.append(request)
-                        allow = bool(self._on_approval and self._on_approval(request))
-                        session.approve(request["approval_id"], allow)
+                for kind, value in state.feed(chunk):
+                    if kind == "call":
+                        client._tool_executor().submit(session._run_call, value)
+                    elif kind == "approval":
+                        allow = bool(self._on_approval and self._on_approval(value))
+                        session.approve(value["approval_id"], allow)
                     else:
-                        item = state.handle(event, data)
-                        if item is not None:
-                            yield item
+                        yield value
             complete = True
         except urllib3.exceptions.HTTPError as e:
             raise c.connection_error(e) from e

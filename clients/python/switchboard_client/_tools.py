@@ -12,7 +12,7 @@ import re
 import sys
 import types
 import typing
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
 
 _BaseModel: Any
 try:  # pydantic is optional
@@ -439,6 +439,88 @@ class ToolRegistry:
 def no_function(name: str) -> str:
     return (f"SwitchboardError: client tool {name!r} has no Python function in this session "
             "(it was declared as a dict); register one with session.register(fn, schema=...)")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SessionTools:
+    """The client-tool side of a session, the same for :class:`Session` and
+    :class:`AsyncSession`: declaring tools, and which entry answers a call. The session says
+    when its tools are fixed (``_tools_fixed``: the server session exists or is being made)."""
+
+    def __init__(self, tools: Optional[List[Any]] = None) -> None:
+        self._registry = ToolRegistry()
+        for t in tools or ():
+            self._registry.add_any(t)
+
+    def _tools_fixed(self) -> bool:
+        raise NotImplementedError
+
+    def _check_open_for_tools(self) -> None:
+        if self._tools_fixed():
+            raise RuntimeError(
+                "client tools must be registered before the session is first used: the server "
+                "fixes a session's client tools when it creates it (on the first dispatch, "
+                "start, info or tools call). Register them first, or open a new session.")
+
+    @typing.overload
+    def tool(self, fn: F) -> F: ...
+
+    @typing.overload
+    def tool(self, fn: None = None, *, name: Optional[str] = None,
+             description: Optional[str] = None, concurrency_safe: bool = False,
+             access: Any = None, timeout_ms: Optional[int] = None,
+             output_cap: Optional[int] = None) -> Callable[[F], F]: ...
+
+    def tool(self, fn: Any = None, *, name: Optional[str] = None,
+             description: Optional[str] = None, concurrency_safe: bool = False,
+             access: Any = None, timeout_ms: Optional[int] = None,
+             output_cap: Optional[int] = None) -> Any:
+        """Decorator: ``@session.tool`` or ``@session.tool(name=..., ...)`` registers the
+        function as a client tool and returns it unchanged."""
+        def decorate(f: F) -> F:
+            self.register(f, name=name, description=description,
+                          concurrency_safe=concurrency_safe, access=access,
+                          timeout_ms=timeout_ms, output_cap=output_cap)
+            return f
+        return decorate(fn) if fn is not None else decorate
+
+    def register(self, fn: Optional[Callable[..., Any]], schema: Optional[Dict[str, Any]] = None,
+                 *, name: Optional[str] = None, description: Optional[str] = None,
+                 concurrency_safe: bool = False, access: Any = None,
+                 timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> Dict[str, Any]:
+        """Registers a client tool: ``fn`` is called with the call's arguments as keywords.
+        With :class:`Session`, in a worker thread (a coroutine function on an event loop of
+        its own thread); with :class:`AsyncSession`, a coroutine function runs as a task on
+        the loop, a plain function in a worker thread. ``schema`` is its input schema or a
+        whole tool dict; by default the schema comes from the type hints and the description
+        from the docstring. Returns the declaration."""
+        self._check_open_for_tools()
+        entry = tool_entry(fn, schema, name=name, description=description,
+                           concurrency_safe=concurrency_safe, access=access,
+                           timeout_ms=timeout_ms, output_cap=output_cap)
+        self._registry.add(entry)
+        return entry.spec
+
+    @property
+    def client_tools(self) -> List[Dict[str, Any]]:
+        """The declarations of this session's client tools."""
+        return self._registry.specs()
+
+    def _streams(self, names: Optional[List[str]]) -> bool:
+        """Whether a dispatch calling ``names`` (``None``: unknown) must stream, because it
+        may call a client tool whose calls come on the stream."""
+        return bool(self._registry) and (names is None or any(n in self._registry
+                                                              for n in names))
+
+    def _call_entry(self, call: Dict[str, Any]) -> Tuple[Optional[ToolEntry], str]:
+        """The entry that runs ``call``, or None and the error text to answer it with."""
+        name = call.get("name", "")
+        entry = self._registry.get(name)
+        if entry is None or entry.fn is None:
+            return None, no_function(name)
+        return entry, ""
 
 
 if sys.version_info < (3, 9):  # pragma: no cover

@@ -27,13 +27,9 @@ One ``switchboard_tools(...)`` bundle is one sidecar session: make one per conve
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import dataclasses
 import json
-import os
-import threading
-import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 try:
@@ -42,58 +38,23 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("switchboard_client.agents needs the OpenAI Agents SDK: "
                       "pip install 'switchboard-client[agents]'") from e
 
+from . import _bridge
 from ._async import AsyncClient
-from ._common import SwitchboardError
+from ._bridge import (BUILTIN_NAMES, DEFAULT_URL, URL_ENV, args_key, on_loop,  # noqa: F401
+                      run_cancellable)
+from ._common import SwitchboardError, ToolError
 
 __all__ = ["switchboard_tools", "SwitchboardHooks", "BUILTIN_NAMES"]
 
-URL_ENV = "SWITCHBOARD_URL"
-DEFAULT_URL = "http://127.0.0.1:7420"
-BUILTIN_NAMES = ("bash", "read_file", "write_file", "edit_file", "glob")
 GATHER_WINDOW_S = 0.005        # quiet time after the last arrival before a partial turn goes
-_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
 _DEFAULT_FAILURE_ATTR = "_function_tool_default_failure_handled"
 
 
-class _LoopThread:
-    """One daemon thread running an event loop: the session and its HTTP pool live there, so
-    they do not depend on the loop of a run (``Runner.run_sync`` makes a new one per run)."""
+class _LoopThread(_bridge.LoopThread):
+    """The private event loop of this module's sessions (see :class:`_bridge.LoopThread`)."""
 
-    _lock = threading.Lock()
-    _instance: Optional["_LoopThread"] = None
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever,
-                                       name="switchboard-agents", daemon=True)
-        self.thread.start()
-
-    @classmethod
-    def get(cls) -> "_LoopThread":
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    async def arun(self, coro: Any) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-
-async def _on_loop(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
-    if loop is asyncio.get_running_loop():
-        return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
-
-
-def _args_key(name: str, args: Any) -> Tuple[str, str]:
-    return name, json.dumps(args, sort_keys=True, default=str)
-
-
-class ToolError(Exception):
-    """A tool's error output, raised so the engine records an ``execution_error``."""
+    thread_name = "switchboard-agents"
+    caller = "switchboard_tools"
 
 
 def _text(content: Any) -> str:
@@ -160,8 +121,7 @@ class _Bridge:
     def _ensure_session(self) -> Any:
         if self.session is None:
             if self.client is None:
-                self.client = self.client_arg if isinstance(self.client_arg, AsyncClient) \
-                    else AsyncClient(self.client_arg or os.environ.get(URL_ENV) or DEFAULT_URL)
+                self.client = _bridge.make_client(self.client_arg)
             kwargs: Dict[str, Any] = {}
             if self.sandbox is not None:
                 kwargs["sandbox"] = self.sandbox
@@ -178,15 +138,17 @@ class _Bridge:
         bridge = self
 
         async def run(**args: Any) -> Any:
-            queue = bridge.claims.get(_args_key(name, args))
+            queue = bridge.claims.get(args_key(name, args))
             inv = bridge.running.get(queue.popleft()) if queue else None
             if inv is None:
                 raise ToolError(f"{name}: no call with these arguments in the turn")
             tool = inv.tool
             assert tool is not None
             setattr(inv.ctx, _DEFAULT_FAILURE_ATTR, False)
-            output = await _on_loop(inv.loop, tool.on_invoke_tool(inv.ctx, inv.arguments))
+            output = await on_loop(inv.loop, tool.on_invoke_tool(inv.ctx, inv.arguments))
             if getattr(inv.ctx, _DEFAULT_FAILURE_ATTR, False):
+                # The SDK's failure function answered for a raising tool: its text is the
+                # call's error, as the SDK wrote it (no exception type in front).
                 setattr(inv.ctx, _DEFAULT_FAILURE_ATTR, False)
                 raise ToolError(_output_text(output))
             return _output_text(output)
@@ -266,21 +228,13 @@ class _Bridge:
                                "input": args})
                 self.running[inv.call_id] = inv
                 if isinstance(args, dict):
-                    self.claims[_args_key(inv.name, args)].append(inv.call_id)
+                    self.claims[args_key(inv.name, args)].append(inv.call_id)
             self.turns += 1
             for attempt in (1, 2):
-                turn = session.start({"role": "assistant", "content": blocks},
-                                     format="anthropic")
                 try:
-                    answer = await asyncio.shield(turn.task)
+                    answer = await run_cancellable(session, {"role": "assistant",
+                                                             "content": blocks})
                     break
-                except asyncio.CancelledError:
-                    if not turn.done():
-                        try:
-                            await turn.cancel()
-                        except Exception:
-                            pass
-                    raise
                 except SwitchboardError as e:
                     # The server closed the session (idle timeout, restart): nothing of the
                     # turn ran; a new session runs it (a fresh workspace unless named).
@@ -383,9 +337,7 @@ def switchboard_tools(
     Returns ``(function_tools, hooks)``: give the tools to the ``Agent`` and the hooks to
     ``Runner.run(..., hooks=hooks)``.
     """
-    if client is not None and not isinstance(client, (AsyncClient, str)):
-        raise TypeError("client must be an AsyncClient or a base URL (the adapter drives it "
-                        f"from its own event loop), not {type(client).__name__}")
+    _bridge.check_client(client)
     originals: Dict[str, Optional[FunctionTool]] = {}
     schemas: Dict[str, Tuple[str, Dict[str, Any]]] = {}
     for t in tools:
@@ -396,21 +348,18 @@ def switchboard_tools(
         schemas[ft.name] = (ft.description or "", ft.params_json_schema)
     options = {n: dict((tool_options or {}).get(n, {})) for n in originals}
     for n, o in options.items():
-        if set(o) - set(_OPTION_KEYS):
-            raise ValueError(f"tool {n!r}: unknown switchboard options {sorted(set(o) - set(_OPTION_KEYS))}")
+        _bridge.check_options(n, o)
     wanted = list(BUILTIN_NAMES) if builtins is True else list(builtins or [])
     for name in wanted:
         if name in originals:
             raise ValueError(f"{name!r} is a built-in; rename the tool or pass builtins=False")
         originals[name] = None
-        if name not in _BUILTIN_CATALOG:
-            raise ValueError(f"no built-in named {name!r}; the built-ins are {BUILTIN_NAMES}")
-        schemas[name] = (_BUILTIN_CATALOG[name]["description"],
-                         _BUILTIN_CATALOG[name]["input_schema"])
+        spec = _bridge.builtin_spec(name)
+        schemas[name] = (spec["description"], spec["input_schema"])
 
     loop = _LoopThread.get()
     bridge = _Bridge(originals, client, session, workspace, sandbox, options, schemas)
-    _LIVE.add(bridge)
+    loop.close_at_exit(bridge, _Bridge.close)   # deletes its session if still open at exit
 
     def make(name: str, original: Optional[FunctionTool]) -> FunctionTool:
         async def on_invoke(ctx: Any, arguments: str) -> Any:
@@ -430,131 +379,3 @@ def switchboard_tools(
 
     return [make(n, o) for n, o in originals.items()], SwitchboardHooks(bridge, loop)
 
-
-_LIVE: "weakref.WeakSet[_Bridge]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_bridges() -> None:
-    """Deletes the sessions of bundles still open at exit (best effort, a few seconds at most)."""
-    if _LoopThread._instance is None:
-        return
-    for bridge in list(_LIVE):
-        try:
-            asyncio.run_coroutine_threadsafe(bridge.close(), _LoopThread._instance.loop
-                                             ).result(timeout=5)
-        except Exception:
-            pass
-
-
-# The engine's catalog entries for its five built-ins, as `GET /v1/tools` serves them (the same
-# snapshot as switchboard_client.langgraph's; a test compares it with the running server).
-_BUILTIN_CATALOG_JSON = r"""{
- "bash": {
-  "description": "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then stderr, capped keeping head and tail). Every process it starts is stopped when the call ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at most 600000).",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "command": {
-     "description": "The command, run with `bash -c`.",
-     "type": "string"
-    },
-    "timeout_ms": {
-     "description": "Time limit of this call in milliseconds (default 120000, at most 600000).",
-     "maximum": 600000,
-     "minimum": 1,
-     "type": "integer"
-    }
-   },
-   "required": [
-    "command"
-   ],
-   "type": "object"
-  }
- },
- "read_file": {
-  "description": "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "limit": {
-     "description": "Return at most this many lines.",
-     "minimum": 1,
-     "type": "integer"
-    },
-    "path": {
-     "description": "File path, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "path"
-   ],
-   "type": "object"
-  }
- },
- "write_file": {
-  "description": "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "content": {
-     "description": "The complete new file content.",
-     "type": "string"
-    },
-    "path": {
-     "description": "File path, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "path",
-    "content"
-   ],
-   "type": "object"
-  }
- },
- "edit_file": {
-  "description": "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only that first match changes, even when old_text occurs several times: include enough surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a missing final newline) is kept; the file is replaced atomically.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "new_text": {
-     "description": "Replacement text.",
-     "type": "string"
-    },
-    "old_text": {
-     "description": "Exact text to find (first occurrence is replaced).",
-     "type": "string"
-    },
-    "path": {
-     "description": "File path, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "path",
-    "old_text",
-    "new_text"
-   ],
-   "type": "object"
-  }
- },
- "glob": {
-  "description": "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "pattern": {
-     "description": "Glob pattern, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "pattern"
-   ],
-   "type": "object"
-  }
- }
-}"""
-_BUILTIN_CATALOG: Dict[str, Dict[str, Any]] = json.loads(_BUILTIN_CATALOG_JSON)

@@ -22,13 +22,9 @@ node works the same from ``invoke`` and ``ainvoke`` and from any number of event
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import contextvars
 import json
-import os
-import threading
-import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 try:
@@ -48,63 +44,21 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "switchboard_client.langgraph needs langgraph and langchain-core: "
         "pip install 'switchboard-client[langgraph]'") from e
 
+from . import _bridge
 from ._async import AsyncClient
+from ._bridge import (BUILTIN_NAMES, DEFAULT_URL, URL_ENV, args_key, on_loop,  # noqa: F401
+                      run_cancellable)
 from ._common import SwitchboardError
 
 __all__ = ["ToolNode", "builtin_tools", "BUILTIN_NAMES"]
 
-URL_ENV = "SWITCHBOARD_URL"
-DEFAULT_URL = "http://127.0.0.1:7420"
 
-BUILTIN_NAMES = ("bash", "read_file", "write_file", "edit_file", "glob")
+class _LoopThread(_bridge.LoopThread):
+    """The private event loop every session of this module lives on (see
+    :class:`_bridge.LoopThread`)."""
 
-# The engine's catalog for its five built-ins, as `GET /v1/tools` serves it (a test compares this
-# with the running server, so a change of the engine's schemas fails the tests, not the user).
-_BUILTIN_CATALOG: Dict[str, Dict[str, Any]] = {}  # filled below from _BUILTIN_CATALOG_JSON
-
-
-# --------------------------------------------------------------------------------------------
-# The private event loop every session of this module lives on.
-# --------------------------------------------------------------------------------------------
-
-class _LoopThread:
-    """One daemon thread running an event loop; the sessions (and their HTTP pools) live here,
-    so they never depend on the loop — or the lack of one — of whoever calls the node."""
-
-    _lock = threading.Lock()
-    _instance: Optional["_LoopThread"] = None
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever,
-                                       name="switchboard-langgraph", daemon=True)
-        self.thread.start()
-
-    @classmethod
-    def get(cls) -> "_LoopThread":
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
-
-    def run(self, coro: Any) -> Any:
-        """Runs ``coro`` on the loop and blocks the calling thread for its result."""
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise RuntimeError("switchboard ToolNode called from its own event-loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    async def arun(self, coro: Any) -> Any:
-        """Runs ``coro`` on the loop; cancelling the caller cancels it."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-
-async def _on_loop(loop: Optional[asyncio.AbstractEventLoop], coro: Any) -> Any:
-    """Awaits ``coro`` on ``loop`` (the caller's loop) from the private loop, or here when the
-    caller has no loop (``invoke``)."""
-    if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
-        return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+    thread_name = "switchboard-langgraph"
+    caller = "switchboard ToolNode"
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,9 +85,7 @@ def builtin_tools(names: Optional[Iterable[str]] = None) -> List[BaseTool]:
     chosen = BUILTIN_NAMES if names is None else tuple(names)
     out: List[BaseTool] = []
     for name in chosen:
-        if name not in _BUILTIN_CATALOG:
-            raise ValueError(f"no built-in named {name!r}; the built-ins are {BUILTIN_NAMES}")
-        spec = _BUILTIN_CATALOG[name]
+        spec = _bridge.builtin_spec(name)
         out.append(SwitchboardBuiltinTool(
             name=name, description=spec["description"], args_schema=spec["input_schema"],
             func=_builtin_refusal(name)))
@@ -143,10 +95,6 @@ def builtin_tools(names: Optional[Iterable[str]] = None) -> List[BaseTool]:
 # --------------------------------------------------------------------------------------------
 # Per conversation and per turn state.
 # --------------------------------------------------------------------------------------------
-
-def _args_key(name: str, args: Any) -> Tuple[str, str]:
-    return name, json.dumps(args, sort_keys=True, default=str)
-
 
 class _TurnContext:
     """What the client-tool runners of one turn need: the node's config, state and runtime,
@@ -160,11 +108,11 @@ class _TurnContext:
         self.ids: Dict[Tuple[str, str], collections.deque] = collections.defaultdict(
             collections.deque)
         for call in calls:
-            self.ids[_args_key(call["name"], call["args"])].append(call["id"])
+            self.ids[args_key(call["name"], call["args"])].append(call["id"])
         self.local: Dict[str, Any] = {}      # call id -> ToolMessage | Command | list | exception
 
     def claim(self, name: str, args: Any) -> Optional[str]:
-        queue = self.ids.get(_args_key(name, args))
+        queue = self.ids.get(args_key(name, args))
         return queue.popleft() if queue else None
 
 
@@ -185,21 +133,6 @@ class _Turn:
         self.task: Optional[asyncio.Task] = None
 
 
-async def _run_cancellable(session: Any, message: Any) -> Any:
-    """Dispatches ``message`` as a turn; cancelling this cancels the turn on the server (its
-    calls answered ``cancelled``, its processes killed)."""
-    turn = session.start(message, format="anthropic")
-    try:
-        return await asyncio.shield(turn.task)
-    except asyncio.CancelledError:
-        if not turn.done():
-            try:
-                await turn.cancel()
-            except Exception:
-                pass
-        raise
-
-
 _CAUGHT: "contextvars.ContextVar[Optional[List[BaseException]]]" = contextvars.ContextVar(
     "switchboard_caught", default=None)
 
@@ -214,7 +147,8 @@ def _catch_all(e: Exception) -> str:
 
 
 class ToolError(Exception):
-    """A client tool's error result, raised so the engine records it as ``execution_error``."""
+    """A client tool's error result, raised so the engine records it as ``execution_error``.
+    Not :class:`switchboard_client.ToolError`: the answer keeps its ``ToolError:`` prefix."""
 
 
 def _text_of(content: Any) -> Any:
@@ -242,7 +176,6 @@ def _result_content(content: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 ToolOptions = Dict[str, Dict[str, Any]]
-_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
 
 
 class ToolNode(_LangGraphToolNode):
@@ -312,13 +245,9 @@ class ToolNode(_LangGraphToolNode):
         for n, t in self._client_tools.items():
             opts = dict((t.metadata or {}).get("switchboard", {}))
             opts.update((tool_options or {}).get(n, {}))
-            unknown = set(opts) - set(_OPTION_KEYS)
-            if unknown:
-                raise ValueError(f"tool {n!r}: unknown switchboard options {sorted(unknown)}")
+            _bridge.check_options(n, opts)
             self._options[n] = opts
-        if client is not None and not isinstance(client, (AsyncClient, str)):
-            raise TypeError("client must be an AsyncClient or a base URL (the adapter drives it "
-                            f"from its own event loop), not {type(client).__name__}")
+        _bridge.check_client(client)
         self._client_arg = client
         self._client: Optional[AsyncClient] = None
         self._owns_client = not isinstance(client, AsyncClient)
@@ -329,7 +258,7 @@ class ToolNode(_LangGraphToolNode):
         self._conversations: Dict[Any, _Conversation] = {}
         self._creating: Dict[Any, asyncio.Future] = {}
         self._turns: Dict[Any, _Turn] = {}
-        _LIVE.add(self)
+        self._loop.close_at_exit(self, ToolNode._close)   # deletes its sessions at exit
 
     # ---- LangGraph entry points ------------------------------------------------------------
 
@@ -442,7 +371,7 @@ class ToolNode(_LangGraphToolNode):
                 async with conv.lock:
                     conv.turn = ctx
                     try:
-                        answer = await _run_cancellable(
+                        answer = await run_cancellable(
                             conv.session, {"role": "assistant", "content": blocks})
                         break
                     except SwitchboardError as e:
@@ -484,11 +413,7 @@ class ToolNode(_LangGraphToolNode):
 
     def _get_client(self) -> AsyncClient:
         if self._client is None:
-            if isinstance(self._client_arg, AsyncClient):
-                self._client = self._client_arg
-            else:
-                url = self._client_arg or os.environ.get(URL_ENV) or DEFAULT_URL
-                self._client = AsyncClient(url)
+            self._client = _bridge.make_client(self._client_arg)
         return self._client
 
     async def _conversation(self, key: Any, thread: Optional[str]) -> _Conversation:
@@ -535,7 +460,10 @@ class ToolNode(_LangGraphToolNode):
                 raise ToolError(f"{name}: no call with these arguments in the turn")
             call = {"type": "tool_call", "id": call_id, "name": name, "args": args}
             try:
-                out, caught = await _on_loop(ctx.caller_loop, node._run_tool(call, ctx))
+                # On the caller's loop; here when it has none (``invoke``) or it has closed.
+                loop = ctx.caller_loop
+                out, caught = await on_loop(None if loop is None or loop.is_closed() else loop,
+                                            node._run_tool(call, ctx))
             except GraphBubbleUp as e:            # an interrupt: the node re-raises it
                 ctx.local[call_id] = e
                 raise ToolError(f"{name}: interrupted") from None
@@ -594,129 +522,3 @@ class ToolNode(_LangGraphToolNode):
     async def aclose(self) -> None:
         await self._loop.arun(self._close())
 
-
-_LIVE: "weakref.WeakSet[ToolNode]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_nodes() -> None:
-    """Deletes the sessions of nodes still open at exit (best effort, a few seconds at most)."""
-    if _LoopThread._instance is None:
-        return
-    loop = _LoopThread._instance.loop
-    for node in list(_LIVE):
-        try:
-            asyncio.run_coroutine_threadsafe(node._close(), loop).result(timeout=5)
-        except Exception:
-            pass
-
-
-_BUILTIN_CATALOG_JSON = r"""{
- "bash": {
-  "description": "Run a shell command in the workspace with `bash -c` (stdin is empty; output is stdout then stderr, capped keeping head and tail). Every process it starts is stopped when the call ends: background jobs do not survive. `timeout_ms` bounds the call (default 120000, at most 600000).",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "command": {
-     "description": "The command, run with `bash -c`.",
-     "type": "string"
-    },
-    "timeout_ms": {
-     "description": "Time limit of this call in milliseconds (default 120000, at most 600000).",
-     "maximum": 600000,
-     "minimum": 1,
-     "type": "integer"
-    }
-   },
-   "required": [
-    "command"
-   ],
-   "type": "object"
-  }
- },
- "read_file": {
-  "description": "Read a UTF-8 text file from the workspace. `limit` returns only the first N lines.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "limit": {
-     "description": "Return at most this many lines.",
-     "minimum": 1,
-     "type": "integer"
-    },
-    "path": {
-     "description": "File path, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "path"
-   ],
-   "type": "object"
-  }
- },
- "write_file": {
-  "description": "Write a UTF-8 text file in the workspace, replacing it if it exists and creating parent directories.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "content": {
-     "description": "The complete new file content.",
-     "type": "string"
-    },
-    "path": {
-     "description": "File path, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "path",
-    "content"
-   ],
-   "type": "object"
-  }
- },
- "edit_file": {
-  "description": "Replace the FIRST exact occurrence of old_text with new_text in a workspace file. Only that first match changes, even when old_text occurs several times: include enough surrounding text to pick the one you mean. Every other byte (line endings, a BOM, a missing final newline) is kept; the file is replaced atomically.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "new_text": {
-     "description": "Replacement text.",
-     "type": "string"
-    },
-    "old_text": {
-     "description": "Exact text to find (first occurrence is replaced).",
-     "type": "string"
-    },
-    "path": {
-     "description": "File path, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "path",
-    "old_text",
-    "new_text"
-   ],
-   "type": "object"
-  }
- },
- "glob": {
-  "description": "Find workspace paths matching a glob pattern (`**` recurses), e.g. `src/**/*.rs`.",
-  "input_schema": {
-   "additionalProperties": false,
-   "properties": {
-    "pattern": {
-     "description": "Glob pattern, relative to the workspace.",
-     "type": "string"
-    }
-   },
-   "required": [
-    "pattern"
-   ],
-   "type": "object"
-  }
- }
-}"""
-_BUILTIN_CATALOG.update(json.loads(_BUILTIN_CATALOG_JSON))

@@ -11,6 +11,8 @@ import pytest
 
 from switchboard_client import AsyncClient, Client, SwitchboardError
 
+from _helpers import anthropic_message
+
 
 def tool_use(id, name, input):
     return {"type": "tool_use", "id": id, "name": name, "input": input}
@@ -54,15 +56,10 @@ def test_openai_messages_in_and_tool_messages_out(server, token):
 
 def test_the_anthropic_sdk_message_object_is_accepted(server, token):
     anthropic = pytest.importorskip("anthropic")
-    response = anthropic.types.Message.model_validate({
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-        "stop_reason": "tool_use", "stop_sequence": None,
-        "usage": {"input_tokens": 1, "output_tokens": 1},
-        "content": [
-            {"type": "text", "text": "Let me look."},
-            {"type": "tool_use", "id": "toolu_1", "name": "glob", "input": {"pattern": "*"}},
-        ],
-    })
+    response = anthropic_message(anthropic, "msg_1", [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_1", "name": "glob", "input": {"pattern": "*"}},
+    ], "tool_use")
     with Client(server.base_url, token=token) as client, client.session() as session:
         messages = [{"role": "assistant", "content": response.content}]
         messages.append(session.dispatch(response))

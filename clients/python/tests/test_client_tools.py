@@ -9,7 +9,7 @@ from typing import List, Literal, Optional
 
 import pytest
 
-from switchboard_client import AsyncClient, Client, SwitchboardError, tool_spec
+from switchboard_client import AsyncClient, Client, SwitchboardError, ToolError, tool_spec
 
 
 def tool_use(id, name, input):
@@ -272,6 +272,49 @@ def test_async_client_runs_async_and_sync_tools_and_async_with(server, token):
             with pytest.raises(SwitchboardError) as e:
                 await again.info()
             assert e.value.code == "unknown_session"
+
+    asyncio.run(main())
+
+
+def test_tool_error_is_the_error_text_as_it_is(server, token):
+    with Client(server.base_url, token=token) as client, client.session() as session:
+        @session.tool
+        def find(key: str) -> str:
+            """Finds a key."""
+            raise ToolError(f"no key {key!r}: try one of a, b")
+
+        @session.tool
+        def fail() -> str:
+            """Fails with an ordinary exception."""
+            raise LookupError("gone")
+
+        answer = session.dispatch(assistant(tool_use("t1", "find", {"key": "z"}),
+                                            tool_use("t2", "fail", {})))
+        blocks = answer["content"]
+        assert blocks[0]["is_error"] is True
+        assert blocks[0]["content"] == "Error [execution_error]: no key 'z': try one of a, b"
+        assert blocks[1]["content"] == "Error [execution_error]: LookupError: gone"
+
+
+def test_tool_error_from_async_client_tools(server, token):
+    async def main():
+        async with AsyncClient(server.base_url, token=token) as client:
+            async with client.session() as session:
+                @session.tool
+                async def afind(key: str) -> str:
+                    """Finds a key, asynchronously."""
+                    raise ToolError(f"{key} is not there")
+
+                @session.tool
+                def find(key: str) -> str:
+                    """Finds a key in a worker thread."""
+                    raise ToolError(f"{key} is not here either")
+
+                answer = await session.dispatch(assistant(tool_use("a", "afind", {"key": "k"}),
+                                                          tool_use("b", "find", {"key": "k"})))
+                assert [b.get("is_error") for b in answer["content"]] == [True, True]
+                assert contents(answer) == ["Error [execution_error]: k is not there",
+                                            "Error [execution_error]: k is not here either"]
 
     asyncio.run(main())
 

@@ -6,29 +6,25 @@ import contextlib
 import io
 import json
 import pathlib
-import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+
+from _helpers import JsonHandler, anthropic_wire, python_snippet
 
 DOC = pathlib.Path(__file__).resolve().parents[3] / "docs" / "python.md"
 
 
 def snippet(heading: str) -> str:
-    text = DOC.read_text()
-    section = text[text.index(heading):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return python_snippet(DOC, heading)
 
 
-class Scripted(BaseHTTPRequestHandler):
+class Scripted(JsonHandler):
     requests = []
 
-    def log_message(self, *args):
-        pass
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        body = self.read_json()
         Scripted.requests.append(body)
         first = len(Scripted.requests) == 1
         if self.path.endswith("/chat/completions"):
@@ -54,15 +50,8 @@ class Scripted(BaseHTTPRequestHandler):
             else:
                 content = [{"type": "text", "text": "Ticket T-42 is open."}]
                 stop = "end_turn"
-            answer = {"id": "msg", "type": "message", "role": "assistant", "model": body["model"],
-                      "content": content, "stop_reason": stop, "stop_sequence": None,
-                      "usage": {"input_tokens": 1, "output_tokens": 1}}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            answer = anthropic_wire("msg", body["model"], content, stop)
+        self.send_json(answer)
 
 
 @pytest.fixture()

@@ -9,13 +9,11 @@ makes. The write-then-read figures print with ``-s``:
 
 import asyncio
 import json
-import os
 import threading
 import time
 import uuid
 from typing import Any, List
 
-import urllib.request
 import pytest
 
 pytest.importorskip("langgraph")
@@ -29,9 +27,11 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode as LangGraphToolNode  # noqa: E402
 from langgraph.prebuilt import create_react_agent, tools_condition  # noqa: E402
 
-from switchboard_client import AsyncClient  # noqa: E402
 from switchboard_client import langgraph as sb_langgraph  # noqa: E402
 from switchboard_client.langgraph import ToolNode, builtin_tools  # noqa: E402
+
+import _adapters as shared  # noqa: E402
+from _adapters import order, order_lock  # noqa: E402
 
 TRIALS = 50
 # create_react_agent is deprecated in favour of langchain's create_agent; it is what we test.
@@ -86,23 +86,12 @@ def thread(name: str = "t") -> dict:
 
 @pytest.fixture()
 def client(server, token):
-    c = AsyncClient(server.base_url, token=token)
-    yield c
-    sb_langgraph._LoopThread.get().run(c.close())   # it lived on the adapter's loop
+    yield from shared.adapter_client(server, token, sb_langgraph._LoopThread)
 
 
 # ---- tools --------------------------------------------------------------------------------
 
-order: List[str] = []
-order_lock = threading.Lock()
-
-
-@tool
-def lookup(key: str) -> str:
-    """Looks a key up."""
-    with order_lock:
-        order.append(f"lookup:{key}")
-    return f"value-of-{key}"
+lookup = tool(shared.lookup)
 
 
 @tool
@@ -111,13 +100,7 @@ def boom(reason: str) -> str:
     raise ValueError(f"boom: {reason}")
 
 
-@tool
-async def alookup(key: str) -> str:
-    """Looks a key up, asynchronously."""
-    await asyncio.sleep(0.001)
-    with order_lock:
-        order.append(f"alookup:{key}")
-    return f"async-{key}"
+alookup = tool(shared.alookup)
 
 
 def file_tools(slow_write_s: float = 0.02):
@@ -131,13 +114,7 @@ def file_tools(slow_write_s: float = 0.02):
             f.write(text)
         return f"wrote {path}"
 
-    @tool
-    def read_note(path: str) -> str:
-        """Reads a file."""
-        with open(path) as f:
-            return f.read()
-
-    return [write_note, read_note]
+    return [write_note, tool(shared.read_note)]
 
 
 def hand_built(model: Any, node: Any):
@@ -159,11 +136,7 @@ def hand_built(model: Any, node: Any):
 # ---- tests --------------------------------------------------------------------------------
 
 def test_builtin_tools_match_the_servers_catalog(server, token):
-    request = urllib.request.Request(f"{server.base_url}/v1/tools",
-                                     headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request) as response:
-        catalog = json.load(response)
-    live = {t["name"]: t for t in catalog}
+    live = shared.live_catalog(server, token)
     for t in builtin_tools():
         assert t.name in live
         assert t.description == live[t.name]["description"]
@@ -211,14 +184,7 @@ def test_one_turn_runs_in_call_order(client):
 
 
 def test_tool_options_let_concurrency_safe_calls_overlap(client):
-    barrier = threading.Barrier(2, timeout=60)
-
-    @tool
-    def meet(who: str) -> str:
-        """Waits for the other caller."""
-        barrier.wait()            # only returns when both calls are running at once
-        return f"met {who}"
-
+    meet = tool(shared.meeting(threading.Barrier(2, timeout=60)))
     node = ToolNode([meet], client=client, tool_options={"meet": {"concurrency_safe": True}})
     graph = create_react_agent(ScriptedChat(), tools=node)
     try:
@@ -371,13 +337,6 @@ def test_one_session_per_thread(client):
         node.close()
 
 
-def _delete_on_the_server(server, token, session_id):
-    request = urllib.request.Request(f"{server.base_url}/v1/sessions/{session_id}",
-                                     method="DELETE",
-                                     headers={"Authorization": f"Bearer {token}"})
-    urllib.request.urlopen(request).close()
-
-
 def test_a_session_the_server_closed_is_replaced(server, token, client):
     node = ToolNode([lookup], client=client, builtins=["bash"])
     graph = create_react_agent(ScriptedChat(), tools=node)
@@ -385,7 +344,7 @@ def test_a_session_the_server_closed_is_replaced(server, token, client):
     try:
         graph.invoke(ask([("bash", {"command": "true"})]), config)
         first = node._conversations[config["configurable"]["thread_id"]].session
-        _delete_on_the_server(server, token, first.id)      # as the idle timeout would
+        shared.delete_on_the_server(server, token, first.id)   # as the idle timeout would
         msgs = tool_messages(graph.invoke(ask([("lookup", {"key": "k"})]), config))
         assert msgs[0].content == "value-of-k"
         assert node._conversations[config["configurable"]["thread_id"]].session is not first
@@ -441,25 +400,16 @@ def test_cancelling_the_run_cancels_the_turn_and_kills_its_process(client):
     config = thread("cancel")
     key = config["configurable"]["thread_id"]
 
-    async def main():
-        run = asyncio.ensure_future(graph.ainvoke(
-            ask([("bash", {"command": "touch started && sleep 300"})]), config))
-        while key not in node._conversations or not node._conversations[key].session.created \
-                or not os.path.exists(os.path.join(node._conversations[key].session.workspace,
-                                                   "started")):
-            assert not run.done()
-            await asyncio.sleep(0.01)
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
+    def session_of():
+        conv = node._conversations.get(key)
+        return conv.session if conv is not None else None
 
     try:
-        asyncio.run(main())
+        asyncio.run(shared.cancel_once_started(
+            graph.ainvoke(ask([("bash", {"command": "touch started && sleep 300"})]), config),
+            session_of))
         session = node._conversations[key].session
-        deadline = time.monotonic() + 120     # a bound for a hung test, not a measurement
-        while node._loop.run(session.info())["in_flight"] != 0:
-            assert time.monotonic() < deadline, "the cancelled turn kept running"
-            time.sleep(0.05)
+        shared.wait_until_idle(node._loop, session)
     finally:
         node.close()
 
@@ -494,9 +444,7 @@ def test_write_then_read_builtins_through_the_adapter(client):
 
 def _python_file_turns(tmp_path):
     def turns(i):
-        p = str(tmp_path / f"note{i}.txt")
-        with open(p, "w") as f:
-            f.write("old")
+        p = shared.old_note(tmp_path, i)
         return ([("write_note", {"path": p, "text": "new"}), ("read_note", {"path": p})],)
     return turns
 

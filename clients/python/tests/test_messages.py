@@ -8,19 +8,16 @@ import pytest
 
 from switchboard_client import AsyncClient, Client
 
+from _helpers import anthropic_message
+
 
 def test_anthropic_sdk_blocks_nested_in_a_dict(server, token):
     anthropic = pytest.importorskip("anthropic")
-    response = anthropic.types.Message.model_validate({
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-        "stop_reason": "tool_use", "stop_sequence": None,
-        "usage": {"input_tokens": 1, "output_tokens": 1},
-        "content": [
-            {"type": "text", "text": "Let me look."},
-            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo n"}},
-            {"type": "tool_use", "id": "toolu_2", "name": "glob", "input": {"pattern": "*"}},
-        ],
-    })
+    response = anthropic_message(anthropic, "msg_1", [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo n"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "glob", "input": {"pattern": "*"}},
+    ], "tool_use")
     assert isinstance(response.content[1], anthropic.types.ToolUseBlock)
     with Client(server.base_url, token=token) as client, client.session() as session:
         message = {"role": "assistant", "content": response.content}
@@ -33,12 +30,8 @@ def test_anthropic_sdk_blocks_nested_in_a_dict(server, token):
 
 def test_no_tool_use_returns_none(server, token):
     anthropic = pytest.importorskip("anthropic")
-    final = anthropic.types.Message.model_validate({
-        "id": "msg_2", "type": "message", "role": "assistant", "model": "m",
-        "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": 1, "output_tokens": 1},
-        "content": [{"type": "text", "text": "Done."}],
-    })
+    final = anthropic_message(anthropic, "msg_2", [{"type": "text", "text": "Done."}],
+                              "end_turn")
     with Client(server.base_url, token=token) as client, client.session() as session:
         assert session.dispatch(final) is None
         assert session.dispatch({"role": "assistant", "content": final.content}) is None

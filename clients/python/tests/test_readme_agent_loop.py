@@ -5,32 +5,26 @@ answers with text."""
 
 import contextlib
 import io
-import json
-import os
 import pathlib
-import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+
+from _helpers import JsonHandler, anthropic_wire, python_snippet
 
 README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
 
 
 def readme_snippet() -> str:
-    text = README.read_text()
-    section = text[text.index("### Python client"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return python_snippet(README, "### Python client")
 
 
-class ScriptedModel(BaseHTTPRequestHandler):
+class ScriptedModel(JsonHandler):
     requests = []
 
-    def log_message(self, *args):
-        pass
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        body = self.read_json()
         ScriptedModel.requests.append(body)
         if len(ScriptedModel.requests) == 1:
             content = [
@@ -44,15 +38,8 @@ class ScriptedModel(BaseHTTPRequestHandler):
         else:
             content = [{"type": "text", "text": "There is one Rust file: src/a.rs."}]
             stop = "end_turn"
-        answer = {"id": f"msg_{len(ScriptedModel.requests)}", "type": "message", "role": "assistant",
-                  "model": body["model"], "content": content, "stop_reason": stop,
-                  "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(anthropic_wire(f"msg_{len(ScriptedModel.requests)}", body["model"],
+                                      content, stop))
 
 
 def test_the_readme_agent_loop_runs_as_written(server, token, monkeypatch):
