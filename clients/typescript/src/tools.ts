@@ -1,0 +1,234 @@
+// Client tools: a function with a JSON schema (or a zod schema) as a tool declaration, and the
+// call of the function with a call's arguments.
+
+/** A JSON schema (an object). */
+export type JsonSchema = Record<string, unknown>;
+
+/** What a zod schema looks like from here (v3 or v4), without depending on zod. */
+export interface ZodLike<O = unknown> {
+  _output: O;
+  safeParse(data: unknown): unknown;
+  parseAsync?(data: unknown): Promise<O>;
+}
+
+/** The input type of a tool: a zod schema's output type, else any object. */
+export type InferInput<S> = S extends { _output: infer O } ? O : Record<string, any>;
+
+/** What the function of a client tool gets besides its input. */
+export interface ToolCallContext {
+  /** The server's id of this call (`event: call`). */
+  callId: string;
+  /** The model's id of the call (`tool_use.id` / `tool_call.id`). */
+  toolUseId: string;
+  /** The tool's name. */
+  name: string;
+  /** Milliseconds left of the call's deadline when it was handed over. */
+  deadlineMs: number;
+  /** Aborted when the turn's stream has ended (its answer no longer counts). */
+  signal: AbortSignal;
+}
+
+/** The access declaration of a client tool, as the scheduler understands it. */
+export interface ToolAccess {
+  read?: unknown[];
+  write?: unknown[];
+}
+
+export interface ToolOptions {
+  /** `true`: may overlap with the turn's neighbouring concurrency-safe calls. */
+  concurrencySafe?: boolean;
+  /** What a call touches (`{read: [...], write: [...]}`); overrides `concurrencySafe`. */
+  access?: ToolAccess;
+  /** The call's deadline from the moment it is handed over (server default 120,000). */
+  timeoutMs?: number;
+  /** The largest answer content in bytes (server default 50,000). */
+  outputCap?: number;
+}
+
+/** A client tool: its name, description, input schema and the function that runs it. */
+export interface ClientTool<S = JsonSchema> extends ToolOptions {
+  name: string;
+  description?: string;
+  /** A JSON schema of the input, or a zod object schema (needs `zod` installed). */
+  inputSchema?: S;
+  /** Alias of `inputSchema` (the name the Vercel AI SDK and OpenAI use). */
+  parameters?: S;
+  /** Runs a call; its return value is the answer (see the guide). A tool without a function
+   * is declared only: its calls are answered with an error. */
+  execute?: (input: InferInput<S>, context: ToolCallContext) => unknown;
+}
+
+/** A ready tool declaration: Anthropic shape (`name`, `description`, `input_schema`) or OpenAI
+ * shape (`{"type": "function", "function": {...}}`), with the optional client-tool keys. */
+export type ToolSpec = Record<string, unknown>;
+
+/** Identity, for typing: `defineTool({name, inputSchema: z.object(...), execute})` infers the
+ * input type from a zod schema. */
+export function defineTool<S>(tool: ClientTool<S>): ClientTool<S> {
+  return tool;
+}
+
+const NAME = /^[A-Za-z0-9_-]{1,64}$/;
+
+export function isZodSchema(schema: unknown): schema is ZodLike {
+  return (
+    schema !== null &&
+    typeof schema === "object" &&
+    ("_def" in schema || "_zod" in schema) &&
+    typeof (schema as { safeParse?: unknown }).safeParse === "function"
+  );
+}
+
+function isSpec(tool: object): boolean {
+  const t = tool as Record<string, unknown>;
+  return "input_schema" in t || (t.type === "function" && typeof t.function === "object" && t.function !== null);
+}
+
+export function specName(spec: ToolSpec): string {
+  const fn = spec.function as Record<string, unknown> | undefined;
+  if (spec.type === "function" && fn && typeof fn.name === "string") return fn.name;
+  if (typeof spec.name === "string") return spec.name;
+  throw new TypeError(
+    `a tool declaration needs a \`name\` (Anthropic shape) or \`function.name\` (OpenAI shape): ${JSON.stringify(spec)}`,
+  );
+}
+
+let zodModules: Promise<Array<Record<string, any>>> | undefined;
+
+async function importOptional(name: string): Promise<Record<string, any> | undefined> {
+  try {
+    return (await import(name)) as Record<string, any>;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The JSON schema of a zod schema: zod v4's `toJSONSchema`, else (zod v3) the
+ * `zod-to-json-schema` package when installed. */
+export async function zodToJsonSchema(schema: ZodLike, toolName = "tool"): Promise<JsonSchema> {
+  const own = (schema as { toJSONSchema?: unknown }).toJSONSchema;
+  if (typeof own === "function") return strip(own.call(schema));
+  zodModules ??= Promise.all(["zod", "zod/v4/core", "zod-to-json-schema"].map(importOptional)).then((mods) =>
+    mods.map((m) => m ?? {}),
+  );
+  const [zod, core, z2j] = await zodModules;
+  if ("_zod" in (schema as object)) {
+    for (const mod of [zod, zod.z ?? {}, core]) {
+      if (typeof mod.toJSONSchema === "function") return strip(mod.toJSONSchema(schema));
+    }
+  }
+  const convert = z2j.zodToJsonSchema ?? z2j.default;
+  if (typeof convert === "function") return strip(convert(schema, { target: "jsonSchema7", $refStrategy: "none" }));
+  throw new TypeError(
+    `client tool ${toolName}: its zod schema cannot be converted to a JSON schema: ` +
+      "zod v4 converts its own schemas (z.toJSONSchema); with zod v3 install `zod-to-json-schema`, " +
+      "or give the tool a JSON schema",
+  );
+}
+
+function strip(schema: unknown): JsonSchema {
+  const s = { ...(schema as JsonSchema) };
+  delete s.$schema;
+  return s;
+}
+
+/** One client tool: its declaration (sent to the server when the session is created) and its
+ * function. */
+export class ToolEntry {
+  constructor(
+    readonly name: string,
+    /** The declaration, except a zod schema not yet converted. */
+    private readonly base: ToolSpec,
+    readonly execute: ((input: any, context: ToolCallContext) => unknown) | undefined,
+    readonly zod: ZodLike | undefined,
+  ) {}
+
+  /** The declaration sent to the server. */
+  async spec(): Promise<ToolSpec> {
+    if (!this.zod) return this.base;
+    return { ...this.base, input_schema: await zodToJsonSchema(this.zod, this.name) };
+  }
+
+  /** The declaration as known now (a zod schema not converted yet is `{}`). */
+  get declared(): ToolSpec {
+    return this.base;
+  }
+
+  /** The input the function gets: a zod schema parses it (defaults, transforms). */
+  async input(raw: unknown): Promise<unknown> {
+    const zod = this.zod;
+    if (!zod) return raw ?? {};
+    if (typeof zod.parseAsync === "function") return zod.parseAsync(raw ?? {});
+    const r = zod.safeParse(raw ?? {}) as { success: boolean; data?: unknown; error?: unknown };
+    if (!r.success) throw r.error;
+    return r.data;
+  }
+}
+
+function withOptions(spec: ToolSpec, o: ToolOptions): ToolSpec {
+  if (o.concurrencySafe) spec.concurrency_safe = true;
+  if (o.access !== undefined) spec.access = o.access;
+  if (o.timeoutMs !== undefined) spec.timeout_ms = Math.trunc(o.timeoutMs);
+  if (o.outputCap !== undefined) spec.output_cap = Math.trunc(o.outputCap);
+  return spec;
+}
+
+/** The entry of a `ClientTool`, or of a ready declaration (with an optional function). */
+export function toolEntry(tool: ClientTool<any> | ToolSpec, execute?: ClientTool["execute"]): ToolEntry {
+  if (tool === null || typeof tool !== "object") {
+    throw new TypeError(`a client tool is an object {name, inputSchema, execute}, not ${String(tool)}`);
+  }
+  if (isSpec(tool)) {
+    const spec = { ...(tool as ToolSpec) };
+    return new ToolEntry(specName(spec), spec, execute, undefined);
+  }
+  const t = tool as ClientTool<any>;
+  const fn = execute ?? t.execute;
+  if (fn !== undefined && typeof fn !== "function") {
+    throw new TypeError(`client tool ${t.name}: execute must be a function`);
+  }
+  if (typeof t.name !== "string" || !NAME.test(t.name)) {
+    throw new TypeError(`client tool name ${JSON.stringify(t.name)} must match ^[A-Za-z0-9_-]{1,64}$`);
+  }
+  const schema = t.inputSchema ?? t.parameters ?? { type: "object", properties: {} };
+  const zod = isZodSchema(schema) ? schema : undefined;
+  if (!zod && (schema === null || typeof schema !== "object" || Array.isArray(schema))) {
+    throw new TypeError(`client tool ${t.name}: inputSchema must be a JSON schema object or a zod schema`);
+  }
+  const spec = withOptions(
+    { name: t.name, description: t.description ?? t.name, input_schema: zod ? {} : { ...(schema as JsonSchema) } },
+    t,
+  );
+  return new ToolEntry(t.name, spec, fn, zod);
+}
+
+export function noFunction(name: string): string {
+  return (
+    `SwitchboardError: client tool ${JSON.stringify(name)} has no function in this session ` +
+    "(it was declared without one); register it with an execute function"
+  );
+}
+
+/** A session's client tools, in declaration order. */
+export class ToolRegistry {
+  readonly entries = new Map<string, ToolEntry>();
+
+  add(entry: ToolEntry): void {
+    if (this.entries.has(entry.name)) throw new TypeError(`client tool ${JSON.stringify(entry.name)} is registered twice`);
+    this.entries.set(entry.name, entry);
+  }
+
+  specs(): Promise<ToolSpec[]> {
+    return Promise.all([...this.entries.values()].map((e) => e.spec()));
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  /** Whether a dispatch calling `names` (`undefined`: unknown) must stream, because it may
+   * call a client tool whose calls come on the stream. */
+  streams(names: string[] | undefined): boolean {
+    return this.entries.size > 0 && (names === undefined || names.some((n) => this.entries.has(n)));
+  }
+}
