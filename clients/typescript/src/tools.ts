@@ -107,14 +107,15 @@ async function importOptional(name: string): Promise<Record<string, any> | undef
  * `zod-to-json-schema` package when installed. */
 export async function zodToJsonSchema(schema: ZodLike, toolName = "tool"): Promise<JsonSchema> {
   const own = (schema as { toJSONSchema?: unknown }).toJSONSchema;
-  if (typeof own === "function") return strip(own.call(schema));
+  if (typeof own === "function") return strip(own.call(schema, { io: "input" }));
   zodModules ??= Promise.all(["zod", "zod/v4/core", "zod-to-json-schema"].map(importOptional)).then((mods) =>
     mods.map((m) => m ?? {}),
   );
   const [zod, core, z2j] = await zodModules;
   if ("_zod" in (schema as object)) {
     for (const mod of [zod, zod.z ?? {}, core]) {
-      if (typeof mod.toJSONSchema === "function") return strip(mod.toJSONSchema(schema));
+      // The input's schema: a field with a default is optional to the model.
+      if (typeof mod.toJSONSchema === "function") return strip(mod.toJSONSchema(schema, { io: "input" }));
     }
   }
   const convert = z2j.zodToJsonSchema ?? z2j.default;
