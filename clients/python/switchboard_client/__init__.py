@@ -20,26 +20,35 @@ platform's own functions) as the server hands their calls over. ``session.start`
 in the background with a handle to cancel it. ``AsyncClient`` is the same with
 ``async``/``await``. Every failure raises :class:`SwitchboardError`, whose ``code`` is the
 server's stable error code. A client tool raises :class:`ToolError` to choose the error text the
-model sees. The guide is ``docs/python.md``.
+model sees. ``local()`` starts the ``switchboard`` binary installed with the
+``switchboard-sidecar`` wheel as a private sidecar and returns a ``Client`` connected to it (closing
+it stops the server). The guide is ``docs/python.md``.
 """
 
 from ._async import AsyncClient, AsyncDispatchStream, AsyncSession, AsyncTurn
 from ._common import SwitchboardError, ToolError
+from ._local import AsyncLocalClient, LocalClient, LocalServer, LocalServerError, local, local_async
 from ._sync import Client, DispatchStream, Session, Turn
 from ._tools import function_schema, tool_spec, type_schema
 
 __all__ = [
     "AsyncClient",
     "AsyncDispatchStream",
+    "AsyncLocalClient",
     "AsyncSession",
     "AsyncTurn",
     "Client",
     "DispatchStream",
+    "LocalClient",
+    "LocalServer",
+    "LocalServerError",
     "Session",
     "SwitchboardError",
     "ToolError",
     "Turn",
     "function_schema",
+    "local",
+    "local_async",
     "tool_spec",
     "type_schema",
 ]
