@@ -1,0 +1,39 @@
+// Compiled with `tsc --noEmit -p test/types` (npm test): the declarations a TypeScript user
+// gets, including the input type a zod schema gives a client tool.
+import { z } from "zod";
+import { Client, SwitchboardError, ToolError, defineTool, type CancelAnswer, type StreamResult } from "switchboard-client";
+import { switchboardTools } from "switchboard-client/ai-sdk";
+
+const client = new Client({ baseUrl: "http://127.0.0.1:7420", token: "t", maxRetries: 3 });
+const forecast = defineTool({
+  name: "forecast",
+  inputSchema: z.object({ city: z.string(), days: z.number() }),
+  execute: ({ city, days }) => {
+    const c: string = city;
+    const d: number = days;
+    if (!c) throw new ToolError("no city");
+    return `${c} ${d}`;
+  },
+});
+
+export async function use(): Promise<void> {
+  const session = client.session({ workspace: "w", tools: [forecast], sandbox: "read-only" });
+  session.tool({ name: "plain", inputSchema: { type: "object" }, execute: (input, ctx) => [input, ctx.callId, ctx.signal.aborted] });
+  const answer = await session.dispatch({ role: "assistant", content: [] }, { signal: AbortSignal.abort(), turnId: "x" });
+  if (answer !== null) console.log(answer.content);
+  const stream = session.stream({}, { onApproval: async (r) => r.tool_name === "bash" });
+  for await (const item of stream) {
+    const i: StreamResult = item;
+    console.log(i.index, stream.answer);
+  }
+  const turn = session.start({});
+  const state: CancelAnswer = await turn.cancel();
+  console.log(state.state, await turn, turn.turnId);
+  try {
+    await session.close();
+  } catch (e) {
+    if (e instanceof SwitchboardError) console.log(e.code, e.status, e.retryAfter, e.detail);
+  }
+  const tools = await switchboardTools(session, { only: ["bash"], errors: "throw" });
+  console.log(Object.keys(tools));
+}
