@@ -107,7 +107,7 @@ def _candidates() -> List[Tuple[str, Optional[str]]]:
         found.append((f"the user scripts directory ({user})", os.path.join(user, name)))
     env = os.environ.get(BINARY_ENV)
     found.append((f"${BINARY_ENV} ({env or 'unset'})", env or None))
-    found.append(("PATH", shutil.which(name)))
+    found.append((f"PATH ({os.environ.get('PATH', '')})", shutil.which(name)))
     return found
 
 
@@ -123,7 +123,7 @@ def find_binary() -> str:
     for where, path in _candidates():
         if _executable(path):
             return os.path.abspath(path)  # type: ignore[arg-type]
-        searched.append(f"{where}{': ' + path + ' is not an executable file' if path else ''}")
+        searched.append(f"{where}: no executable {path}" if path else where)
     raise LocalServerError(
         "binary_not_found",
         "no switchboard binary found; searched " + "; ".join(searched)

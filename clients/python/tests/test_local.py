@@ -127,7 +127,7 @@ def test_no_binary_is_an_error_naming_every_place_searched(tmp_path, monkeypatch
     assert e.value.code == "binary_not_found"
     message = str(e.value)
     assert "scripts directory" in message and str(tmp_path / "none") in message
-    assert "$SWITCHBOARD_BIN (unset)" in message and "PATH" in message
+    assert "$SWITCHBOARD_BIN (unset)" in message and f"PATH ({tmp_path / 'empty'})" in message
 
 
 def test_in_the_wheels_virtualenv_the_bundled_binary_is_the_one_found():
