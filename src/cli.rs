@@ -182,6 +182,10 @@ pub fn main() -> ExitCode {
         return code;
     }
     crate::sandbox::this_binary_is_the_trampoline();
+    if wants_version(std::env::args_os().skip(1)) {
+        println!("{}", version_text());
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -205,6 +209,62 @@ pub fn main() -> ExitCode {
     // Don't wait for a blocking stdin read that an interrupt left behind.
     runtime.shutdown_timeout(Duration::from_millis(200));
     code
+}
+
+/// `switchboard --version` (or `-V`) alone: answered before the parser, with what only the
+/// running machine knows (whether the default sandbox can be enforced here).
+fn wants_version(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    matches!((args.next(), args.next()), (Some(a), None) if a == "--version" || a == "-V")
+}
+
+/// The features this binary was built with.
+fn features() -> Vec<&'static str> {
+    let mut on = Vec::new();
+    if cfg!(feature = "cli") {
+        on.push("cli");
+    }
+    if cfg!(feature = "testing") {
+        on.push("testing");
+    }
+    on
+}
+
+/// The version, the commit, the features, and whether this machine can enforce the default
+/// sandbox — and if not, what it lacks.
+fn version_text() -> String {
+    let config = crate::sandbox::SandboxConfig::default();
+    let status = crate::sandbox::SandboxStatus::probe(&config);
+    let missing = status.missing(&config);
+    let mode = config.mode.as_str();
+    let sandbox = if missing.required.is_empty() {
+        let mut has = vec![format!("Landlock ABI {}", status.landlock_abi)];
+        if status.network_namespace {
+            has.push("network namespaces".into());
+        }
+        if status.limits_processes() {
+            has.push("a pids cgroup".into());
+        }
+        if status.limits_memory() {
+            has.push("a memory cgroup".into());
+        }
+        let mut line = format!("{mode} can be enforced here ({})", has.join(", "));
+        if !missing.degraded.is_empty() {
+            line.push_str(&format!("; weaker: {}", missing.degraded.join("; ")));
+        }
+        line
+    } else {
+        format!(
+            "{mode} cannot be enforced here: missing {} (--sandbox best-effort runs with what is \
+             there, --sandbox off runs commands unconfined)",
+            missing.required.join("; ")
+        )
+    };
+    format!(
+        "switchboard {}\ncommit: {}\nfeatures: {}\nsandbox: {sandbox}",
+        env!("CARGO_PKG_VERSION"),
+        env!("SWITCHBOARD_GIT_COMMIT"),
+        features().join(", "),
+    )
 }
 
 async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {

@@ -60,8 +60,6 @@ impl SandboxStatus {
                 "the trampoline binary (no `switchboard` binary found: set {TRAMPOLINE_VAR} or \
                  SandboxConfig::trampoline)"
             ));
-        }
-        if self.trampoline.is_none() {
             // Landlock is probed through the trampoline: without one, nothing is known of it.
             m.required
                 .push("Landlock (not probed: the trampoline is what probes it)".into());

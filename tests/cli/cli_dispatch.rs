@@ -179,3 +179,36 @@ fn the_demo_runs_two_sessions_to_completion() {
         describe(&out)
     );
 }
+
+#[test]
+fn version_names_the_commit_the_features_and_the_default_sandbox_here() {
+    let dir = tempfile::tempdir().unwrap();
+    for flag in ["--version", "-V"] {
+        let out = run(dir.path(), &[flag], "");
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            format!("switchboard {}", env!("CARGO_PKG_VERSION")),
+            "{text}"
+        );
+        let commit = lines[1].strip_prefix("commit: ").expect("a commit line");
+        assert!(
+            commit == "unknown" || commit.chars().all(|c| c.is_ascii_hexdigit()),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("features: ") && lines[2].contains("cli"),
+            "{text}"
+        );
+        let sandbox = lines[3]
+            .strip_prefix("sandbox: workspace-write ")
+            .expect("a sandbox line");
+        assert!(
+            sandbox.starts_with("can be enforced here (Landlock ABI ")
+                || sandbox.starts_with("cannot be enforced here: missing "),
+            "{text}"
+        );
+    }
+}
