@@ -297,7 +297,8 @@ def test_a_killed_python_does_not_leave_the_server_or_its_commands_behind():
     marker = f"{random.randint(100000, 999999)}.25"
     proc = child(bundled(), marker, "wait")
     try:
-        pid = int(proc.stdout.readline().split()[0])
+        pid, root = proc.stdout.readline().split()
+        pid = int(pid)
         sleepers = wait_for(lambda: pids_running(b"sleep\0" + marker.encode()))
         assert sleepers and not gone(pid, 0)
     finally:
@@ -305,6 +306,7 @@ def test_a_killed_python_does_not_leave_the_server_or_its_commands_behind():
         proc.wait()
     assert gone(pid, 15), "the server got SIGTERM when its parent died"
     assert all(gone(p) for p in sleepers)
+    _local._rmtree(os.path.dirname(root))  # nobody was left to remove the temporary root
 
 
 def test_local_async():
