@@ -217,11 +217,13 @@ impl AgentLoop {
                 model: self.config.model.clone(),
                 system: self.config.system.clone(),
                 messages: self.history.clone(),
-                tools: self
+                tools: self.session.catalog(CatalogFormat::Anthropic).await?,
+                revealed: self
                     .session
-                    .engine()
-                    .catalog(CatalogFormat::Anthropic)
-                    .await?,
+                    .revealed()
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect(),
                 max_tokens: self.config.max_tokens,
             };
             let (response, eager) = if self.stream.stream {

@@ -32,7 +32,7 @@ use crate::limiter::Limiter;
 use crate::metrics::EngineMetrics;
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{
-    CatalogFormat, GetCatalog, GetSnapshot, Register, Registry, RegistryError, Snapshot, Unregister,
+    CatalogFormat, GetSnapshot, Register, Registry, RegistryError, Snapshot, Unregister,
 };
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::{self, RunTurn, Scheduler};
@@ -62,6 +62,7 @@ pub struct EngineBuilder {
     mcp: crate::mcp::McpConfig,
     policy: Option<crate::policy::Policy>,
     hooks: Vec<crate::policy::Hook>,
+    deferral: crate::registry::DeferralConfig,
 }
 
 impl EngineBuilder {
@@ -96,6 +97,13 @@ impl EngineBuilder {
     /// Registers several tools at build time.
     pub fn tools(mut self, specs: impl IntoIterator<Item = ToolSpec>) -> Self {
         self.tools.extend(specs);
+        self
+    }
+
+    /// When tools marked [`Defer::Auto`](crate::Defer::Auto) are deferred (default: above 30
+    /// tools, or above 10 % of a 200,000-token context); see `docs/tool-search.md`.
+    pub fn deferral(mut self, config: crate::registry::DeferralConfig) -> Self {
+        self.deferral = config;
         self
     }
 
@@ -170,10 +178,9 @@ impl EngineBuilder {
         let version = Arc::new(AtomicU64::new(0));
         let metrics = Arc::new(EngineMetrics::new());
         metrics.sandbox_info(sandbox.mode().as_str(), sandbox.status().landlock_abi);
-        let mut registry = Registry::new(Arc::clone(&version), Arc::clone(&metrics));
-        for spec in self.tools {
-            registry.register(spec)?;
-        }
+        let mut registry =
+            Registry::new(Arc::clone(&version), Arc::clone(&metrics)).with_deferral(self.deferral);
+        registry.register_all(self.tools)?;
         let snapshot = registry.snapshot();
         let policy = match (self.policy, self.hooks.is_empty()) {
             (None, true) => None,
@@ -306,13 +313,19 @@ impl Engine {
             .unwrap_or(false)
     }
 
-    /// The catalog in Anthropic, OpenAI or MCP shape: copies the caller may change freely.
+    /// The catalog in Anthropic, OpenAI or MCP shape, shaped by deferral for the engine's own
+    /// session-less dispatch ([`Session::catalog`] for a session's): copies the caller may
+    /// change freely. `Err` only when the engine has stopped.
     pub async fn catalog(&self, format: CatalogFormat) -> Result<Vec<Value>, EngineError> {
-        self.inner
-            .registry
-            .ask(GetCatalog(format))
-            .await
-            .map_err(|e| EngineError::RegistryUnavailable(e.to_string()))
+        if self.is_closed() {
+            return Err(EngineError::ShutDown);
+        }
+        Ok(self.snapshot().await.catalog(&self.inner.scope, format))
+    }
+
+    /// True once shutdown began.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
     }
 
     /// How many tools are registered now.

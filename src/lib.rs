@@ -158,9 +158,9 @@ pub use engine::{
     SessionError, SessionOptions,
 };
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
-pub use registry::{CatalogFormat, RegistryError};
+pub use registry::{CatalogFormat, DeferralConfig, RegistryError};
 pub use tool::{
-    Access, Block, CommitGate, Handler, Image, Mode, Resource, SessionScope, Subject, ToolContext,
-    ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolSpec,
+    Access, Block, CommitGate, Defer, Handler, Image, Mode, Resource, SessionScope, Subject,
+    ToolContext, ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolReference, ToolSpec,
 };
 pub use workspace::Workspace;

@@ -78,6 +78,15 @@ pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
 pub const PERMISSION_DECISIONS_TOTAL: &str = "switchboard_permission_decisions_total";
 /// Audit lines dropped because the audit log's buffer was full.
 pub const AUDIT_DROPPED_TOTAL: &str = "switchboard_audit_dropped_total";
+/// `tool_search` calls, by query form.
+pub const TOOL_SEARCH_TOTAL: &str = "switchboard_tool_search_total";
+/// Calls of a tool that `tool_search` returned earlier in the same session (its first call
+/// after each search that returned it).
+pub const TOOL_SEARCH_HITS_TOTAL: &str = "switchboard_tool_search_hits_total";
+/// Calls of a deferred tool the session had never been shown (called by its exact name).
+pub const DEFERRED_CALLS_UNREVEALED_TOTAL: &str = "switchboard_deferred_calls_unrevealed_total";
+/// Bytes of tool definitions a catalog left out of the model's context by deferring them.
+pub const CATALOG_BYTES_AVOIDED: &str = "switchboard_catalog_bytes_avoided";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,6 +277,34 @@ pub const METRICS: &[MetricDef] = &[
         labels: &[],
         help: "Audit log lines dropped because the writer could not keep up (the calls themselves were answered).",
     },
+    MetricDef {
+        name: TOOL_SEARCH_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["form"],
+        help: "tool_search calls, by query form (keywords, select, regex).",
+    },
+    MetricDef {
+        name: TOOL_SEARCH_HITS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Calls of a tool that tool_search returned earlier in the same session (the first call after each search that returned it).",
+    },
+    MetricDef {
+        name: DEFERRED_CALLS_UNREVEALED_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Calls of a deferred tool that the session had never been shown (called by its exact name, unsearched); they are validated and run like any other.",
+    },
+    MetricDef {
+        name: CATALOG_BYTES_AVOIDED,
+        kind: Kind::Histogram,
+        unit: Unit::Bytes,
+        labels: &[],
+        help: "Per catalog served while tools are deferred: bytes of tool definitions (as JSON) kept out of the model's context.",
+    },
 ];
 
 /// Buckets of every `_seconds` histogram: 50 µs to 120 s.
@@ -279,11 +316,18 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// Buckets of the calls-per-turn and calls-per-stage histograms.
 pub const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0];
 
+/// Buckets of the byte-size histograms: 1 KiB to 16 MiB.
+pub const BYTES_BUCKETS: &[f64] = &[
+    0.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
+];
+
 /// The bucket bounds of histogram `name`: [`COUNT_BUCKETS`] for the declared count histograms
-/// (calls per turn, per stage), [`DURATION_BUCKETS`] for every other (`_seconds`) one.
+/// (calls per turn, per stage), [`BYTES_BUCKETS`] for byte sizes, [`DURATION_BUCKETS`] for every
+/// other (`_seconds`) one.
 pub fn buckets(name: &str) -> &'static [f64] {
     match METRICS.iter().find(|m| m.name == name) {
         Some(m) if m.kind == Kind::Histogram && m.unit == Unit::Count => COUNT_BUCKETS,
+        Some(m) if m.kind == Kind::Histogram && m.unit == Unit::Bytes => BYTES_BUCKETS,
         _ => DURATION_BUCKETS,
     }
 }
@@ -362,6 +406,10 @@ pub struct EngineMetrics {
     sessions: Gauge,
     registry_tools: Gauge,
     worker_restarts: Counter,
+    tool_search: [Counter; 3],
+    tool_search_hits: Counter,
+    deferred_unrevealed: Counter,
+    catalog_bytes_avoided: Histogram,
 }
 
 impl EngineMetrics {
@@ -385,7 +433,38 @@ impl EngineMetrics {
             sessions,
             registry_tools: gauge!(REGISTRY_TOOLS),
             worker_restarts: restarts,
+            tool_search: SEARCH_FORMS.map(|form| {
+                let c = counter!(TOOL_SEARCH_TOTAL, "form" => form);
+                c.increment(0);
+                c
+            }),
+            tool_search_hits: zeroed(counter!(TOOL_SEARCH_HITS_TOTAL)),
+            deferred_unrevealed: zeroed(counter!(DEFERRED_CALLS_UNREVEALED_TOTAL)),
+            catalog_bytes_avoided: histogram!(CATALOG_BYTES_AVOIDED),
         }
+    }
+
+    /// A `tool_search` call of query form `form` (`keywords`, `select` or `regex`).
+    pub fn tool_search(&self, form: &str) {
+        if let Some(i) = SEARCH_FORMS.iter().position(|f| *f == form) {
+            self.tool_search[i].increment(1);
+        }
+    }
+
+    /// A call of a deferred tool: `unrevealed` when the session had never been shown it,
+    /// `search_hit` when it is the first call since a search returned it.
+    pub fn deferred_call(&self, unrevealed: bool, search_hit: bool) {
+        if unrevealed {
+            self.deferred_unrevealed.increment(1);
+        }
+        if search_hit {
+            self.tool_search_hits.increment(1);
+        }
+    }
+
+    /// A catalog was served while tools are deferred, keeping `bytes` of definitions out.
+    pub fn catalog_bytes_avoided(&self, bytes: usize) {
+        self.catalog_bytes_avoided.record(bytes as f64);
     }
 
     /// A turn finished.
@@ -442,6 +521,14 @@ impl EngineMetrics {
     pub fn worker_restarted(&self) {
         self.worker_restarts.increment(1);
     }
+}
+
+/// The `form` label values of [`TOOL_SEARCH_TOTAL`].
+pub const SEARCH_FORMS: [&str; 3] = ["keywords", "select", "regex"];
+
+fn zeroed(counter: Counter) -> Counter {
+    counter.increment(0);
+    counter
 }
 
 /// Counts one running call in `switchboard_calls_in_flight` until dropped.

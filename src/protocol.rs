@@ -20,7 +20,7 @@ mod tool_error;
 pub use cap::cap_output;
 #[cfg(test)]
 pub(crate) use content::TINY_PNG;
-pub use content::{Block, Image, ToolOutput, image_note};
+pub use content::{Block, Image, ToolOutput, ToolReference, image_note};
 pub use tool_error::ToolError;
 
 /// Deepest nesting of a call's arguments that is decoded (serde_json's recursion limit: a
@@ -165,9 +165,9 @@ pub struct ToolDispatchResult {
     /// its text rendering (each image as a `[image: …, not shown]` note): what OpenAI tool
     /// messages carry.
     pub content: String,
-    /// `Some` only for a successful result that carries an image: its text and image blocks in
-    /// order (what an Anthropic `tool_result` carries). `None` for every all-text result and
-    /// every error. See [`ToolOutput`] for how images count against the output cap.
+    /// `Some` only for a successful result that carries an image or a tool reference: its text,
+    /// image and reference blocks in order (what an Anthropic `tool_result` carries). `None` for
+    /// every all-text result and every error. See [`ToolOutput`] for how images count against the output cap.
     pub blocks: Option<Box<[Block]>>,
     /// `None` on success; the typed code on failure.
     pub error: Option<ErrorCode>,

@@ -34,8 +34,12 @@ pub struct ModelRequest {
     pub system: String,
     /// The history, Anthropic Messages shape (`{"role":…,"content":…}`).
     pub messages: Vec<Value>,
-    /// The catalog, Anthropic shape (`{name, description, input_schema}`).
+    /// The catalog, Anthropic shape (`{name, description, input_schema}`, and
+    /// `defer_loading: true` on a deferred tool).
     pub tools: Vec<Value>,
+    /// The deferred tools the session has been shown, in the order shown: a wire without
+    /// deferred loading (OpenAI) sends these and the tools not deferred.
+    pub revealed: Vec<String>,
     /// The output budget.
     pub max_tokens: u32,
 }

@@ -3,14 +3,15 @@
 //!
 //! Messages (all answered here): [`Register`] → `Result<(), RegistryError>`, [`Unregister`] →
 //! `bool`, [`ReplaceGroup`] (remove every tool whose name starts with a prefix and register a new
-//! set, in one version bump) → `Vec<RegistryError>` (the specs refused), [`GetCatalog`] → `Vec<Value>` (detached copies in Anthropic, OpenAI or MCP shape), and
-//! [`GetSnapshot`] → `Arc<Snapshot>`.
+//! set, in one version bump) → `Vec<RegistryError>` (the specs refused), and [`GetSnapshot`] →
+//! `Arc<Snapshot>`. Catalogs are made from a snapshot ([`Snapshot::catalog`]), shaped by what
+//! it defers (see `deferral`) and by what the asking session has seen.
 //!
 //! The hot path does not ask the registry per turn: every change bumps a shared version number, and
 //! the engine keeps one `Arc<Snapshot>` (in an `ArcSwap`) that a turn re-fetches only when that
 //! number moved. Validators are compiled once, at registration.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,8 +22,13 @@ use serde_json::{Value, json};
 use crate::breaker::Breaker;
 use crate::limiter::Limiter;
 use crate::metrics::{EngineMetrics, ToolMetrics};
-use crate::tool::{AccessFn, Handler, ToolPolicy, ToolSpec};
+use crate::tool::{AccessFn, Defer, Handler, SessionScope, ToolPolicy, ToolSpec};
 use crate::validation;
+
+mod deferral;
+pub mod search;
+pub use deferral::{Deferral, DeferralConfig, TOOL_SEARCH};
+use search::Part;
 
 /// A registered tool: the spec as registered (the registry's own deep copy of the schema) plus its
 /// compiled validator. Shared read-only through `Arc`.
@@ -54,6 +60,10 @@ pub struct RegisteredTool {
     pub policy_decisions: crate::metrics::DecisionCounters,
     /// The permission rules that name this tool, found on its first decision.
     pub policy_rules: std::sync::OnceLock<crate::policy::rules::RuleIndex>,
+    /// Whether the catalog may defer it.
+    pub defer: Defer,
+    /// Bytes of its Anthropic catalog entry as JSON (for the catalog's size estimate).
+    pub catalog_bytes: usize,
 }
 
 /// How many calls may wait for a tool's own concurrency cap before more are answered `overloaded`.
@@ -102,8 +112,16 @@ pub struct Snapshot {
     /// The registry version this view was taken at.
     pub version: u64,
     tools: HashMap<Arc<str>, Arc<RegisteredTool>>,
+    /// The tools in catalog order (without `tool_search`).
+    order: Vec<Arc<RegisteredTool>>,
     /// The engine's metric handles (shared by every snapshot of one engine).
     pub metrics: Arc<EngineMetrics>,
+    /// When `auto` tools are deferred.
+    config: DeferralConfig,
+    /// The search index of the engine's deferrable tools (`None`: it has none).
+    part: Option<Arc<Part>>,
+    /// What this view defers (`None`: nothing; then it has no `tool_search`).
+    deferral: Option<Arc<Deferral>>,
 }
 
 impl Snapshot {
@@ -117,9 +135,7 @@ impl Snapshot {
         crate::metrics::detached(|| {
             let mut registry =
                 Registry::new(Arc::new(AtomicU64::new(0)), Arc::new(EngineMetrics::new()));
-            for spec in specs {
-                registry.register(spec)?;
-            }
+            registry.register_all(specs)?;
             Ok(registry.snapshot())
         })
     }
@@ -136,32 +152,174 @@ impl Snapshot {
             .get(name)
             .map_or(&self.metrics.unknown, |t| &t.metrics)
     }
-    /// This view with `extra` tools added (a session's own tools): same version and metrics. An
-    /// extra tool whose name the view already has takes that name's place in the new view.
-    pub fn extended(&self, extra: &[Arc<RegisteredTool>]) -> Snapshot {
-        let mut tools = self.tools.clone();
+    /// This view with `extra` tools added (a session's own tools, `extra_part` the index of
+    /// those of them that may be deferred): same version and metrics. An extra tool whose name
+    /// the view already has takes that name's place in the new view. The view's deferral (and
+    /// its `tool_search`) is decided anew over the whole catalog.
+    pub fn extended(
+        &self,
+        extra: &[Arc<RegisteredTool>],
+        extra_part: Option<&Arc<Part>>,
+    ) -> Snapshot {
+        let mut shadowed = HashSet::new();
+        let mut order: Vec<Arc<RegisteredTool>> = self.order.clone();
         for t in extra {
-            tools.insert(Arc::clone(&t.name), Arc::clone(t));
+            if self.order.iter().any(|o| o.name == t.name) {
+                shadowed.insert(Arc::clone(&t.name));
+            }
+        }
+        if !shadowed.is_empty() {
+            order.retain(|t| !shadowed.contains(&t.name));
+        }
+        order.extend(extra.iter().cloned());
+        let parts: Vec<Arc<Part>> = self.part.iter().chain(extra_part).cloned().collect();
+        // Part 0 is the engine's only when the engine has one.
+        let shadowed = if self.part.is_some() {
+            shadowed
+        } else {
+            HashSet::new()
+        };
+        Snapshot::assemble(
+            self.version,
+            order,
+            Arc::clone(&self.metrics),
+            self.config,
+            self.part.clone(),
+            parts,
+            shadowed,
+        )
+    }
+
+    /// A view of `order` (catalog order), its deferral decided over all of it; `parts` index
+    /// its deferrable tools.
+    fn assemble(
+        version: u64,
+        order: Vec<Arc<RegisteredTool>>,
+        metrics: Arc<EngineMetrics>,
+        config: DeferralConfig,
+        part: Option<Arc<Part>>,
+        parts: Vec<Arc<Part>>,
+        shadowed: HashSet<Arc<str>>,
+    ) -> Snapshot {
+        let mut tools: HashMap<Arc<str>, Arc<RegisteredTool>> = order
+            .iter()
+            .map(|t| (Arc::clone(&t.name), Arc::clone(t)))
+            .collect();
+        let deferral = Deferral::of(&config, &order, parts, shadowed).map(Arc::new);
+        if let Some(deferral) = &deferral {
+            if tools.contains_key(TOOL_SEARCH) {
+                tracing::warn!(
+                    "a registered tool is named {TOOL_SEARCH}: the built-in search of deferred \
+                     tools is left out (deferred tools can still be called by name)"
+                );
+            } else {
+                let names: Arc<HashSet<Arc<str>>> = Arc::new(tools.keys().cloned().collect());
+                let spec = deferral::tool_search(Arc::clone(deferral), names, Arc::clone(&metrics));
+                // The spec is the engine's own; it always prepares.
+                if let Ok(search) = prepare(spec) {
+                    tools.insert(Arc::clone(&search.name), Arc::new(search));
+                }
+            }
         }
         Snapshot {
-            version: self.version,
+            version,
             tools,
-            metrics: Arc::clone(&self.metrics),
+            order,
+            metrics,
+            config,
+            part,
+            deferral,
         }
+    }
+
+    /// What this view defers, if anything.
+    pub fn deferral(&self) -> Option<&Arc<Deferral>> {
+        self.deferral.as_ref()
+    }
+
+    /// The index of the given tools' deferrable ones (`None`: none may be deferred).
+    pub fn index(tools: &[Arc<RegisteredTool>]) -> Option<Arc<Part>> {
+        let deferrable: Vec<&Arc<RegisteredTool>> =
+            tools.iter().filter(|t| t.defer != Defer::Never).collect();
+        (!deferrable.is_empty()).then(|| Arc::new(Part::build(deferrable)))
+    }
+
+    /// The catalog of this view in `format`, for a session that has seen `revealed` (see
+    /// [`SessionScope::revealed`]): with nothing deferred, every tool in order. When tools are
+    /// deferred: `tool_search` first; the Anthropic shape lists every tool, each deferred one
+    /// with `defer_loading: true` (and never `cache_control`); the OpenAI shape lists the tools
+    /// not deferred, then the revealed deferred ones in the order they were revealed (appended,
+    /// so a prompt cache of the earlier part survives). The MCP shape never defers (MCP clients
+    /// defer tools themselves). Records the bytes of definitions the deferral kept out.
+    pub fn catalog(&self, scope: &SessionScope, format: CatalogFormat) -> Vec<Value> {
+        let deferral = match (&self.deferral, format) {
+            (None, _) | (_, CatalogFormat::Mcp) => {
+                return self
+                    .order
+                    .iter()
+                    .map(|t| catalog_entry(t, format))
+                    .collect();
+            }
+            (Some(d), _) => d,
+        };
+        let revealed = scope.revealed();
+        let seen: HashSet<&str> = revealed.iter().map(|n| &**n).collect();
+        let mut out = Vec::with_capacity(self.order.len() + 1);
+        // The built-in search, unless a registered tool took its name.
+        if let Some(search) = self.tools.get(TOOL_SEARCH)
+            && self.order.iter().all(|t| &*t.name != TOOL_SEARCH)
+        {
+            out.push(catalog_entry(search, format));
+        }
+        let mut avoided = 0usize;
+        match format {
+            CatalogFormat::Anthropic => {
+                for t in &self.order {
+                    let mut entry = catalog_entry(t, format);
+                    if deferral.is_deferred(t) {
+                        entry["defer_loading"] = Value::Bool(true);
+                        if !seen.contains(&*t.name) {
+                            avoided += t.catalog_bytes;
+                        }
+                    }
+                    out.push(entry);
+                }
+            }
+            _ => {
+                for t in &self.order {
+                    if deferral.is_deferred(t) {
+                        if !seen.contains(&*t.name) {
+                            avoided += t.catalog_bytes;
+                        }
+                    } else {
+                        out.push(catalog_entry(t, format));
+                    }
+                }
+                for name in &revealed {
+                    if let Some(t) = self.tools.get(name)
+                        && deferral.is_deferred(t)
+                    {
+                        out.push(catalog_entry(t, format));
+                    }
+                }
+            }
+        }
+        self.metrics.catalog_bytes_avoided(avoided);
+        out
     }
 
     /// The tool of exactly this name (no trimming, no case folding).
     pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {
         self.tools.get(name)
     }
-    /// How many tools.
+    /// How many tools are registered in the view (the built-in `tool_search` not counted).
     pub fn len(&self) -> usize {
-        self.tools.len()
+        self.order.len()
     }
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// True when no tool is registered.
     pub fn is_empty(&self) -> bool {
-        self.tools.is_empty()
+        self.order.is_empty()
     }
 }
 
@@ -185,6 +343,7 @@ pub struct Registry {
     version: Arc<AtomicU64>,
     snapshot: Arc<Snapshot>,
     metrics: Arc<EngineMetrics>,
+    config: DeferralConfig,
 }
 
 impl Registry {
@@ -195,23 +354,56 @@ impl Registry {
             order: Vec::new(),
             snapshot: Arc::new(Snapshot {
                 version: version.load(Ordering::Acquire),
-                tools: HashMap::new(),
                 metrics: Arc::clone(&metrics),
+                ..Snapshot::default()
             }),
             version,
             metrics,
+            config: DeferralConfig::default(),
         }
+    }
+
+    /// The same registry deferring `auto` tools per `config`.
+    pub fn with_deferral(mut self, config: DeferralConfig) -> Self {
+        self.config = config;
+        self.publish();
+        self
     }
 
     /// Registers a tool (also used by the engine builder before the actor starts).
     pub fn register(&mut self, spec: ToolSpec) -> Result<(), RegistryError> {
-        if self.snapshot.get(&spec.name).is_some() {
-            return Err(RegistryError::Duplicate(spec.name));
+        self.register_all([spec])
+    }
+
+    /// Registers tools in order, publishing once; the first refusal stops (the tools before it
+    /// stay registered).
+    pub fn register_all(
+        &mut self,
+        specs: impl IntoIterator<Item = ToolSpec>,
+    ) -> Result<(), RegistryError> {
+        let mut result = Ok(());
+        let before = self.order.len();
+        let mut names: HashSet<Arc<str>> = self.order.iter().map(|t| Arc::clone(&t.name)).collect();
+        for spec in specs {
+            if names.contains(spec.name.as_str()) {
+                result = Err(RegistryError::Duplicate(spec.name));
+                break;
+            }
+            match prepare(spec) {
+                Ok(tool) => {
+                    names.insert(Arc::clone(&tool.name));
+                    self.order.push(Arc::new(tool));
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
-        let tool = prepare(spec)?;
-        self.order.push(Arc::new(tool));
-        self.publish();
-        Ok(())
+        if self.order.len() != before {
+            self.publish();
+        }
+        result
     }
 }
 
@@ -230,6 +422,11 @@ pub fn prepare(spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
             detail,
         })?;
     let metrics = ToolMetrics::new(&spec.name);
+    let catalog_bytes = json!({
+        "name": spec.name, "description": spec.description, "input_schema": spec.input_schema,
+    })
+    .to_string()
+    .len();
     let limiter = spec
         .policy
         .max_concurrency
@@ -248,6 +445,8 @@ pub fn prepare(spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
         subject: spec.subject,
         policy_decisions: Default::default(),
         policy_rules: Default::default(),
+        defer: spec.defer,
+        catalog_bytes,
     })
 }
 
@@ -298,7 +497,9 @@ impl Registry {
         Arc::clone(&self.snapshot)
     }
 
-    /// The catalog in the given shape: fresh copies, detached from the registry.
+    /// The catalog in the given shape, every tool in order: fresh copies, detached from the
+    /// registry.
+    #[cfg(test)]
     pub fn catalog(&self, format: CatalogFormat) -> Vec<Value> {
         self.order
             .iter()
@@ -308,17 +509,17 @@ impl Registry {
 
     fn publish(&mut self) {
         let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
-        let tools = self
-            .order
-            .iter()
-            .map(|t| (Arc::clone(&t.name), Arc::clone(t)))
-            .collect();
         self.metrics.registry_tools(self.order.len());
-        self.snapshot = Arc::new(Snapshot {
+        let part = Snapshot::index(&self.order);
+        self.snapshot = Arc::new(Snapshot::assemble(
             version,
-            tools,
-            metrics: Arc::clone(&self.metrics),
-        });
+            self.order.clone(),
+            Arc::clone(&self.metrics),
+            self.config,
+            part.clone(),
+            part.into_iter().collect(),
+            HashSet::new(),
+        ));
     }
 }
 
@@ -349,8 +550,6 @@ pub struct ReplaceGroup {
     /// The new set (may be empty: the group is removed).
     pub specs: Vec<ToolSpec>,
 }
-/// Ask for the catalog.
-pub struct GetCatalog(pub CatalogFormat);
 /// Ask for the current snapshot.
 pub struct GetSnapshot;
 
@@ -376,13 +575,6 @@ impl Message<ReplaceGroup> for Registry {
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         self.replace_group(&msg.prefix, msg.specs)
-    }
-}
-
-impl Message<GetCatalog> for Registry {
-    type Reply = Vec<Value>;
-    async fn handle(&mut self, msg: GetCatalog, _: &mut Context<Self, Self::Reply>) -> Vec<Value> {
-        self.catalog(msg.0)
     }
 }
 

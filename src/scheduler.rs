@@ -93,6 +93,17 @@ pub fn prepare(
     let span = observe::turn_span(calls.len(), scope.id());
     let mut collector = Collector::new(identities);
     let plan = plan::plan(&snapshot, calls, scope.workspace());
+    if let Some(deferral) = snapshot.deferral() {
+        // A deferred tool called joins the session's revealed set, searched or not.
+        for p in &plan.admitted {
+            if deferral.is_deferred(&p.tool) {
+                let noted = scope.note_deferred_call(&p.tool.name);
+                snapshot
+                    .metrics
+                    .deferred_call(noted.unrevealed, noted.search_hit);
+            }
+        }
+    }
     for r in &plan.rejected {
         let metrics = collector_metrics(&snapshot, &collector, r.index);
         collector.fill_error(r.index, r.code, &r.detail, metrics);

@@ -27,7 +27,7 @@ pub use crate::file_state::{FileStamps, Stamp};
 use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 
-pub use crate::protocol::{Block, Image, ToolError, ToolOutput, cap_output};
+pub use crate::protocol::{Block, Image, ToolError, ToolOutput, ToolReference, cap_output};
 
 /// What a handler returns: the content the model reads — text, or text and images
 /// ([`ToolOutput::blocks`]) — or a typed error (always text). The [`Handler`] constructors also
@@ -116,6 +116,38 @@ pub struct SessionScope {
     workspace: Option<Workspace>,
     files: FileStamps,
     sandbox: Option<Arc<Sandbox>>,
+    revealed: std::sync::Mutex<Option<Box<Revealed>>>,
+}
+
+/// The deferred tools a session has seen: found by `tool_search` or called by name. The set
+/// only grows; its order is the order they were first revealed (an OpenAI catalog appends them
+/// in this order, so a prompt cache survives).
+#[derive(Debug, Default)]
+struct Revealed {
+    order: Vec<Arc<str>>,
+    seen: std::collections::HashSet<Arc<str>>,
+    /// Found by a search and not called since (a later call is a search hit).
+    found: std::collections::HashSet<Arc<str>>,
+}
+
+impl Revealed {
+    /// Adds `name` if new; true if it was.
+    fn add(&mut self, name: &Arc<str>) -> bool {
+        let new = self.seen.insert(Arc::clone(name));
+        if new {
+            self.order.push(Arc::clone(name));
+        }
+        new
+    }
+}
+
+/// What a call of a deferred tool tells about the session ([`SessionScope::note_deferred_call`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeferredCall {
+    /// The tool had not been revealed to the session (called by name, unsearched).
+    pub unrevealed: bool,
+    /// The first call of the tool since a search returned it.
+    pub search_hit: bool,
 }
 
 impl SessionScope {
@@ -126,6 +158,50 @@ impl SessionScope {
             workspace,
             files: FileStamps::default(),
             sandbox: None,
+            revealed: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn with_revealed<T>(&self, f: impl FnOnce(&mut Revealed) -> T) -> T {
+        let mut guard = self
+            .revealed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(guard.get_or_insert_with(Box::default))
+    }
+
+    /// Records the deferred tools a search returned: they join the revealed set (in this order,
+    /// after those already in it).
+    pub fn reveal_found(&self, names: &[Arc<str>]) {
+        self.with_revealed(|r| {
+            for name in names {
+                r.add(name);
+                r.found.insert(Arc::clone(name));
+            }
+        });
+    }
+
+    /// Records a call of the deferred tool `name`: it joins the revealed set if it was not in
+    /// it (a model may call a deferred tool by its exact name without searching).
+    pub fn note_deferred_call(&self, name: &Arc<str>) -> DeferredCall {
+        self.with_revealed(|r| {
+            let unrevealed = r.add(name);
+            DeferredCall {
+                unrevealed,
+                search_hit: r.found.remove(name),
+            }
+        })
+    }
+
+    /// The deferred tools revealed to the session, in the order they were first revealed.
+    pub fn revealed(&self) -> Vec<Arc<str>> {
+        match &*self
+            .revealed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            None => Vec::new(),
+            Some(r) => r.order.clone(),
         }
     }
 
@@ -315,6 +391,45 @@ pub struct ToolSpec {
     /// What a call reads and writes ([`ToolSpec::access`]); `None`: the policy's
     /// `concurrency_safe` decides (safe → conflicts only with exclusive calls, else exclusive).
     pub access: Option<AccessFn>,
+    /// Whether the catalog may leave the tool's definition out of the model's context until a
+    /// search finds it ([`Defer`]; default [`Defer::Auto`]).
+    pub defer: Defer,
+}
+
+/// Whether a tool's definition may be deferred: sent with `defer_loading: true` on the Anthropic
+/// wire (the model loads it when `tool_search` finds it), left out of an OpenAI catalog until
+/// then. A deferred tool is still called, validated and run like any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Defer {
+    /// Always in the model's context (the built-in tools).
+    Never,
+    /// Deferred when the session's catalog is large (more tools, or more estimated tokens, than
+    /// the engine's deferral thresholds allow).
+    #[default]
+    Auto,
+    /// Always deferred: found through `tool_search`.
+    Always,
+}
+
+impl Defer {
+    /// `never`, `auto` or `always` (how configuration files and the sidecar spell it).
+    pub fn parse(text: &str) -> Option<Defer> {
+        match text {
+            "never" => Some(Defer::Never),
+            "auto" => Some(Defer::Auto),
+            "always" => Some(Defer::Always),
+            _ => None,
+        }
+    }
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Defer::Never => "never",
+            Defer::Auto => "auto",
+            Defer::Always => "always",
+        }
+    }
 }
 
 impl ToolSpec {
@@ -333,7 +448,14 @@ impl ToolSpec {
             policy: ToolPolicy::default(),
             subject: None,
             access: None,
+            defer: Defer::Auto,
         }
+    }
+
+    /// Sets whether the tool's definition may be deferred ([`Defer`]).
+    pub fn defer(mut self, defer: Defer) -> Self {
+        self.defer = defer;
+        self
     }
 
     /// Declares what a call touches, for permission rules (`TOOL(PATTERN)`): a path inside the

@@ -107,6 +107,8 @@ pub enum SessionError {
 #[derive(Debug)]
 struct OwnTools {
     tools: Vec<Arc<RegisteredTool>>,
+    /// The search index of those that may be deferred.
+    part: Option<Arc<crate::registry::search::Part>>,
     view: ArcSwapOption<Snapshot>,
 }
 
@@ -118,7 +120,7 @@ impl OwnTools {
         {
             return cached;
         }
-        let view = Arc::new(base.extended(&self.tools));
+        let view = Arc::new(base.extended(&self.tools, self.part.as_ref()));
         self.view.store(Some(Arc::clone(&view)));
         view
     }
@@ -166,6 +168,7 @@ impl Session {
         policy: Option<Arc<crate::policy::Policy>>,
     ) -> Self {
         let own = (!own.is_empty()).then(|| OwnTools {
+            part: Snapshot::index(&own),
             tools: own,
             view: ArcSwapOption::empty(),
         });
@@ -198,20 +201,20 @@ impl Session {
             .is_some_and(|own| own.tools.iter().any(|t| &*t.name == name))
     }
 
-    /// The session's catalog in `format`: the engine's tools, then its own.
+    /// The session's catalog in `format`: the engine's tools, then its own (an engine tool
+    /// registered later under one of the session's names is shadowed), shaped by what the view
+    /// defers and what the session has been shown (see `docs/tool-search.md`).
     pub async fn catalog(&self, format: CatalogFormat) -> Result<Vec<Value>, EngineError> {
-        let mut catalog = self.inner.engine.catalog(format).await?;
-        if let Some(own) = &self.inner.own {
-            let names: Vec<&str> = own.tools.iter().map(|t| &*t.name).collect();
-            // An engine tool registered later under one of the session's names is shadowed here.
-            catalog.retain(|entry| !names.contains(&catalog_name(entry)));
-            catalog.extend(
-                own.tools
-                    .iter()
-                    .map(|t| crate::registry::catalog_entry(t, format)),
-            );
+        if self.inner.engine.is_closed() {
+            return Err(EngineError::ShutDown);
         }
-        Ok(catalog)
+        Ok(self.view().await.catalog(&self.inner.scope, format))
+    }
+
+    /// The deferred tools this session has been shown (by `tool_search` or by calling them), in
+    /// the order they were first shown.
+    pub fn revealed(&self) -> Vec<Arc<str>> {
+        self.inner.scope.revealed()
     }
 
     /// Dispatches one turn of this session: one result per call, in call order. `Err` only for an
@@ -404,13 +407,4 @@ impl Engine {
     pub(crate) fn session_closed(&self) {
         self.inner.metrics.sessions(-1.0);
     }
-}
-
-/// The `name` of a catalog entry of any shape.
-fn catalog_name(entry: &Value) -> &str {
-    entry
-        .get("name")
-        .or_else(|| entry.pointer("/function/name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
 }

@@ -14,7 +14,8 @@
 //! keep-alive connection per session (see `http.rs`), and `--workload-set serve` measures the
 //! HTTP hop against the in-process engine in one run (see `serve_set.rs`); `--compare-metrics`
 //! runs the workload on an engine that records metrics and on one that does not, alternating
-//! rounds, and reports the cost (see `compare.rs`). Bad flags exit 2.
+//! rounds, and reports the cost (see `compare.rs`); `--workload-set tool-search` measures
+//! `tool_search`'s recall and latency (see `search_set.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
 mod args;
@@ -28,6 +29,7 @@ mod numbers;
 mod peers;
 mod report;
 mod rss;
+mod search_set;
 mod serve_set;
 mod stats;
 mod svg;
@@ -79,6 +81,8 @@ pub async fn run(args: LoadArgs) -> ExitCode {
         mcp::run(&args, name).await
     } else if args.workload_set == Some(WorkloadSet::Serve) {
         run_serve_set(&args).await
+    } else if args.workload_set == Some(WorkloadSet::ToolSearch) {
+        run_search_set(&args).await
     } else if args.workload_set.is_some() {
         run_peers(&args).await
     } else if args.idle {
@@ -187,6 +191,18 @@ async fn run_serve_set(args: &LoadArgs) -> ExitCode {
         Err(e) => return fail(1, &e),
     };
     finish_set(args, &lines, violations, "serve.jsonl")
+}
+
+async fn run_search_set(args: &LoadArgs) -> ExitCode {
+    let (catalog, queries) = search_set::paths(&args.search_catalog, &args.search_queries);
+    let lines = match search_set::run(&catalog, &queries, args.max_time).await {
+        Ok(lines) => lines,
+        Err(e) => return fail(1, &e),
+    };
+    for line in &lines {
+        crate::command::out(&format!("{line}\n"));
+    }
+    finish_set(args, &lines, 0, "tool_search.jsonl")
 }
 
 /// The server of `--target`, with its token (`--token-file`, else `SWITCHBOARD_TOKEN`).

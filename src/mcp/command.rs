@@ -10,18 +10,46 @@ use crate::command::{engine_error, fail, say};
 use crate::engine::{Engine, EngineBuilder};
 use crate::mcp::serve::Order;
 use crate::mcp::{McpConfig, ServerState, list};
+use crate::registry::DeferralConfig;
 use crate::tools::builtin_tools;
 use crate::workspace::Workspace;
 
-/// `--mcp-config FILE`.
-#[derive(Debug, Clone, Default, clap::Args)]
+/// `--mcp-config FILE` and when the catalog defers tools.
+#[derive(Debug, Clone, clap::Args)]
 pub struct McpArgs {
     /// MCP servers whose tools join the registry (the `.mcp.json` `mcpServers` format).
     #[arg(long, value_name = "FILE")]
     pub mcp_config: Option<PathBuf>,
+    /// Defer tools marked `auto` (MCP and client tools, by default) when the catalog has more
+    /// than N tools: the model finds them with `tool_search`.
+    #[arg(long, value_name = "N", default_value_t = DeferralConfig::default().auto_above)]
+    pub defer_auto_above: usize,
+    /// The model's context, in tokens: tools marked `auto` are also deferred when the catalog's
+    /// definitions would take more than 10 % of it (about 4 bytes of JSON a token).
+    #[arg(long, value_name = "TOKENS", default_value_t = DeferralConfig::default().context_budget)]
+    pub context_budget: usize,
+}
+
+impl Default for McpArgs {
+    fn default() -> Self {
+        let deferral = DeferralConfig::default();
+        McpArgs {
+            mcp_config: None,
+            defer_auto_above: deferral.auto_above,
+            context_budget: deferral.context_budget,
+        }
+    }
 }
 
 impl McpArgs {
+    /// When the catalog defers `auto` tools, per the flags.
+    pub fn deferral(&self) -> DeferralConfig {
+        DeferralConfig {
+            auto_above: self.defer_auto_above,
+            context_budget: self.context_budget,
+        }
+    }
+
     /// The configuration named by the flag (empty without it).
     pub fn config(&self) -> Result<McpConfig, String> {
         match &self.mcp_config {
@@ -36,6 +64,7 @@ impl McpArgs {
 /// one-line reason (a bad configuration, or an engine that cannot be built).
 pub async fn start_engine(builder: EngineBuilder, mcp: &McpArgs) -> Result<Engine, String> {
     let config = mcp.config()?;
+    let builder = builder.deferral(mcp.deferral());
     if config.servers.is_empty() {
         return builder.build().map_err(|e| engine_error(&e));
     }

@@ -52,6 +52,9 @@ pub struct ServerSpec {
     pub max_concurrency: Option<usize>,
     /// `enabled` (default true): a disabled server is listed but never started.
     pub enabled: bool,
+    /// `defer` (`never`, `auto` or `always`; default `auto`): whether its tools may be left out
+    /// of the model's context until `tool_search` finds them.
+    pub defer: crate::tool::Defer,
 }
 
 /// The transport of one server.
@@ -114,6 +117,7 @@ impl ServerSpec {
             parallel: None,
             max_concurrency: None,
             enabled: true,
+            defer: crate::tool::Defer::Auto,
         }
     }
 }
@@ -233,6 +237,11 @@ fn parse_server(entry: Value, env: &dyn Fn(&str) -> Option<String>) -> Result<Se
         spec.max_concurrency = Some(usize::try_from(n).unwrap_or(usize::MAX));
     }
     spec.enabled = take_bool(&mut obj, "enabled")?.unwrap_or(true);
+    if let Some(defer) = take_string(&mut obj, "defer")? {
+        spec.defer = crate::tool::Defer::parse(&defer).ok_or_else(|| {
+            format!("\"defer\": {defer:?} is not \"never\", \"auto\" or \"always\"")
+        })?;
+    }
     if let Some(key) = obj.keys().next() {
         let kind = spec.transport.kind();
         return Err(format!("unknown key {key:?} for a {kind} server"));
@@ -369,7 +378,7 @@ mod tests {
         let cfg = parse(
             r#"{"mcpServers": {
                 "fs": {"command": "npx", "args": ["-y", "pkg"], "env": {"T": "${TOKEN}"},
-                       "cwd": "/tmp", "timeout_ms": 5000, "parallel": false},
+                       "cwd": "/tmp", "timeout_ms": 5000, "parallel": false, "defer": "always"},
                 "web": {"type": "http", "url": "https://${HOST}/mcp",
                         "headers": {"Authorization": "Bearer ${TOKEN}"}, "max_concurrency": 4,
                         "startup_timeout_ms": 100, "enabled": false}
@@ -380,6 +389,7 @@ mod tests {
         assert_eq!(fs.timeout, Duration::from_millis(5000));
         assert_eq!(fs.startup_timeout, DEFAULT_STARTUP_TIMEOUT);
         assert_eq!(fs.parallel, Some(false));
+        assert_eq!(fs.defer, crate::tool::Defer::Always);
         assert!(fs.enabled);
         match &fs.transport {
             Transport::Stdio {
@@ -398,6 +408,7 @@ mod tests {
         let web = &cfg.servers["web"];
         assert_eq!(web.timeout, DEFAULT_CALL_TIMEOUT);
         assert_eq!(web.max_concurrency, Some(4));
+        assert_eq!(web.defer, crate::tool::Defer::Auto);
         assert!(!web.enabled);
         assert_eq!(
             web.transport,
@@ -438,6 +449,10 @@ mod tests {
             (
                 r#"{"mcpServers": {"a": {"command": "x", "parallel": 1}}}"#,
                 r#"server "a": "parallel": must be true or false"#,
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "defer": "later"}}}"#,
+                r#"server "a": "defer": "later" is not "never", "auto" or "always""#,
             ),
             (
                 r#"{"servers": {}}"#,

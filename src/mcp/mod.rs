@@ -22,7 +22,7 @@ pub(crate) mod config;
 mod link;
 #[cfg(feature = "cli")]
 pub(crate) mod list;
-mod names;
+pub(crate) mod names;
 #[cfg(feature = "cli")]
 pub(crate) mod serve;
 mod server_conn;

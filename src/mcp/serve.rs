@@ -205,6 +205,7 @@ fn mcp_content(text: String, blocks: Option<Box<[Block]>>) -> Vec<ContentBlock> 
             .map(|block| match block {
                 Block::Text(text) => ContentBlock::text(text),
                 Block::Image(image) => ContentBlock::image(image.data, image.media_type),
+                Block::ToolReference(r) => ContentBlock::text(r.definition),
             })
             .collect(),
     }

@@ -58,7 +58,8 @@ pub(crate) fn build(shared: &Arc<Shared>, listed: Vec<Tool>) -> (Vec<ToolSpec>, 
             }),
         )
         .concurrency_safe(safe)
-        .timeout(shared.spec.timeout);
+        .timeout(shared.spec.timeout)
+        .defer(shared.spec.defer);
         if let Some(n) = shared.spec.max_concurrency {
             spec = spec.max_concurrency(n);
         }

@@ -1,9 +1,14 @@
-//! What a result carries: text, or text and images.
+//! What a result carries: text, or text with images or tool references.
 //!
 //! Almost every result is text, and stays a plain `String` all the way out: [`ToolOutput`] and
 //! [`ToolDispatchResult`](super::ToolDispatchResult) hold the text beside an
 //! `Option<Box<[Block]>>` that is `None` for text, so the all-text path allocates nothing more
-//! than before. Only a result with an image has blocks: its text, its images, in order.
+//! than before. Only a result with an image or a tool reference has blocks: its text, its images
+//! and references, in order.
+//!
+//! * **Tool references** ([`Block::ToolReference`], what `tool_search` answers) are
+//!   `{"type":"tool_reference","tool_name":…}` blocks on the Anthropic wire; in the text
+//!   rendering (OpenAI tool messages, MCP) each is the tool's definition as JSON.
 //!
 //! * **Text rendering.** Every output also has a text form, used wherever images cannot go
 //!   (OpenAI tool messages, error details, `content` fields read by text-only code): the text
@@ -30,13 +35,27 @@ use serde_json::json;
 
 use super::cap_output;
 
-/// A piece of a result that has an image: text, or one image.
+/// A piece of a result that has an image or a tool reference: text, one image, or one tool
+/// reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Block {
     /// Text the model reads.
     Text(String),
     /// An image the model sees (where the wire carries images).
     Image(Image),
+    /// A deferred tool the model may now load (what `tool_search` answers).
+    ToolReference(ToolReference),
+}
+
+/// A reference to a deferred tool: its registry name, and its definition as text for wires
+/// without tool references.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolReference {
+    /// The tool's registry name.
+    pub tool_name: String,
+    /// The tool's definition (`{"name","description","input_schema"}` as JSON), what the text
+    /// rendering shows.
+    pub definition: String,
 }
 
 impl Block {
@@ -63,6 +82,7 @@ impl Block {
             Block::Image(image) => json!({"type": "image", "source": {
                 "type": "base64", "media_type": image.media_type, "data": image.data,
             }}),
+            Block::ToolReference(r) => json!({"type": "tool_reference", "tool_name": r.tool_name}),
         }
     }
 }
@@ -132,6 +152,7 @@ fn render(blocks: &[Block]) -> String {
         match block {
             Block::Text(text) => out.push_str(text),
             Block::Image(image) => out.push_str(&image.note(None)),
+            Block::ToolReference(r) => out.push_str(&r.definition),
         }
     }
     out
@@ -156,18 +177,18 @@ impl ToolOutput {
         }
     }
 
-    /// Text and images, in order. Empty text blocks are dropped; without an image this is the
-    /// same as [`ToolOutput::text`] of the joined text.
+    /// Text, images and tool references, in order. Empty text blocks are dropped; without an
+    /// image or a reference this is the same as [`ToolOutput::text`] of the joined text.
     pub fn blocks(blocks: impl IntoIterator<Item = Block>) -> Self {
         let blocks: Vec<Block> = blocks
             .into_iter()
             .filter(|b| !matches!(b, Block::Text(t) if t.is_empty()))
             .collect();
         let text = render(&blocks);
-        let has_image = blocks.iter().any(|b| matches!(b, Block::Image(_)));
+        let has_more = blocks.iter().any(|b| !matches!(b, Block::Text(_)));
         ToolOutput {
             text,
-            blocks: has_image.then(|| blocks.into_boxed_slice()),
+            blocks: has_more.then(|| blocks.into_boxed_slice()),
         }
     }
 
@@ -176,7 +197,7 @@ impl ToolOutput {
         &self.text
     }
 
-    /// The blocks, if the output has an image.
+    /// The blocks, if the output has an image or a tool reference.
     pub fn images(&self) -> Option<&[Block]> {
         self.blocks.as_deref()
     }
@@ -186,7 +207,7 @@ impl ToolOutput {
         self.text
     }
 
-    /// The text rendering and the blocks (`None` when there is no image).
+    /// The text rendering and the blocks (`None` when there is no image or tool reference).
     pub fn into_parts(self) -> (String, Option<Box<[Block]>>) {
         (self.text, self.blocks)
     }
@@ -201,9 +222,11 @@ impl ToolOutput {
             .iter()
             .map(|b| match b {
                 Block::Text(t) => t.len(),
+                Block::ToolReference(r) => r.tool_name.len(),
                 Block::Image(_) => 0,
             })
             .sum();
+        let references = blocks.iter().any(|b| matches!(b, Block::ToolReference(_)));
         let mut kept = Vec::with_capacity(blocks.len());
         let mut shown = 0usize;
         for block in blocks.into_vec() {
@@ -227,7 +250,7 @@ impl ToolOutput {
             }
         }
         let text = cap_output(render(&kept), cap);
-        if shown == 0 {
+        if shown == 0 && !references {
             return ToolOutput::text(text);
         }
         // Within the cap as a whole, so only overlong lines are clamped. The Messages API
@@ -304,6 +327,7 @@ impl Serialize for Block {
         enum Wire<'a> {
             Text { text: &'a str },
             Image { source: Source<'a> },
+            ToolReference { tool_name: &'a str },
         }
         #[derive(Serialize)]
         struct Source<'a> {
@@ -320,6 +344,9 @@ impl Serialize for Block {
                     media_type: &image.media_type,
                     data: &image.data,
                 },
+            },
+            Block::ToolReference(r) => Wire::ToolReference {
+                tool_name: &r.tool_name,
             },
         }
         .serialize(serializer)

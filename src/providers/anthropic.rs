@@ -476,6 +476,7 @@ mod tests {
             system: "sys".into(),
             messages: vec![json!({"role":"user","content":"hi"})],
             tools: vec![json!({"name":"t","description":"d","input_schema":{"type":"object"}})],
+            revealed: vec![],
             max_tokens: 8000,
         };
         assert_eq!(

@@ -66,10 +66,17 @@ impl OpenAiProvider {
         body.insert("model".into(), request.model.clone().into());
         body.insert(
             "messages".into(),
-            Value::Array(chat_messages(&request.system, &request.messages)),
+            Value::Array(chat_messages(
+                &request.system,
+                &request.messages,
+                &request.tools,
+            )),
         );
         if !request.tools.is_empty() {
-            body.insert("tools".into(), Value::Array(chat_tools(&request.tools)));
+            body.insert(
+                "tools".into(),
+                Value::Array(chat_tools(&request.tools, &request.revealed)),
+            );
         }
         let tokens = if self.completion_tokens_field {
             "max_completion_tokens"
@@ -138,10 +145,24 @@ impl Provider for OpenAiProvider {
     }
 }
 
-/// The Anthropic catalog (`{name, description, input_schema}`) as Chat Completions `tools`.
-pub fn chat_tools(tools: &[Value]) -> Vec<Value> {
-    tools
-        .iter()
+/// True for a catalog entry the Anthropic shape marks `defer_loading: true`.
+fn deferred(tool: &Value) -> bool {
+    tool.get("defer_loading").and_then(Value::as_bool) == Some(true)
+}
+
+/// The Anthropic catalog (`{name, description, input_schema}`) as Chat Completions `tools`. Chat
+/// Completions has no deferred loading: a tool marked `defer_loading` is left out until the
+/// session has been shown it (`revealed`, in the order shown), and then appended after the
+/// others, so the part of the list a prompt cache holds never changes.
+pub fn chat_tools(tools: &[Value], revealed: &[String]) -> Vec<Value> {
+    let shown = tools.iter().filter(|t| !deferred(t));
+    let found = revealed.iter().filter_map(|name| {
+        tools
+            .iter()
+            .find(|t| deferred(t) && t.get("name").and_then(Value::as_str) == Some(name))
+    });
+    shown
+        .chain(found)
         .map(|t| {
             let mut function = Map::new();
             function.insert("name".into(), t.get("name").cloned().unwrap_or(Value::Null));
@@ -173,8 +194,9 @@ fn text_of(content: &Value) -> String {
 }
 
 /// A `tool_result`'s content as tool-message text: a tool message carries text only, so each
-/// image block becomes the same note a dispatched result's OpenAI message carries.
-fn tool_result_text(content: &Value) -> String {
+/// image block becomes the same note a dispatched result's OpenAI message carries, and each
+/// `tool_reference` block the referenced tool's definition (from `tools`, the catalog).
+fn tool_result_text(content: &Value, tools: &[Value]) -> String {
     let Value::Array(blocks) = content else {
         return text_of(content);
     };
@@ -190,14 +212,29 @@ fn tool_result_text(content: &Value) -> String {
                     None,
                 ));
             }
+            Some("tool_reference") => {
+                let name = b["tool_name"].as_str().unwrap_or_default();
+                let definition = tools
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some(name))
+                    .map(|t| {
+                        json!({
+                            "name": t["name"], "description": t["description"],
+                            "input_schema": t["input_schema"],
+                        })
+                        .to_string()
+                    });
+                parts.push(definition.unwrap_or_else(|| format!("[tool loaded: {name}]")));
+            }
             _ => {}
         }
     }
     parts.join("\n")
 }
 
-/// The system prompt and an Anthropic-shaped history as Chat Completions `messages`.
-pub fn chat_messages(system: &str, history: &[Value]) -> Vec<Value> {
+/// The system prompt and an Anthropic-shaped history as Chat Completions `messages`; `tools` is
+/// the request's catalog (Anthropic shape), for the definitions `tool_reference` blocks name.
+pub fn chat_messages(system: &str, history: &[Value], tools: &[Value]) -> Vec<Value> {
     let mut out = Vec::with_capacity(history.len() + 1);
     if !system.is_empty() {
         out.push(json!({"role": "system", "content": system}));
@@ -255,7 +292,7 @@ pub fn chat_messages(system: &str, history: &[Value]) -> Vec<Value> {
                 out.push(json!({
                     "role": "tool",
                     "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null),
-                    "content": tool_result_text(b.get("content").unwrap_or(&Value::Null)),
+                    "content": tool_result_text(b.get("content").unwrap_or(&Value::Null), tools),
                 }));
             }
         }
@@ -513,7 +550,7 @@ mod tests {
             ]}),
             crate::protocol::encode_anthropic(&results),
         ];
-        let messages = chat_messages("sys", &history);
+        let messages = chat_messages("sys", &history, &[]);
         assert_eq!(messages[0], json!({"role":"system","content":"sys"}));
         assert_eq!(messages[1], json!({"role":"user","content":"find files"}));
         assert_eq!(
@@ -544,7 +581,7 @@ mod tests {
     fn the_catalog_converts_to_functions() {
         let tools = vec![json!({"name":"t","description":"d","input_schema":{"type":"object"}})];
         assert_eq!(
-            chat_tools(&tools),
+            chat_tools(&tools, &[]),
             vec![
                 json!({"type":"function","function":{"name":"t","description":"d","parameters":{"type":"object"}}})
             ]

@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use super::errors::ApiError;
 use crate::protocol::{Block, ErrorCode};
 use crate::tool::{
-    Access, CommitGate, Handler, Mode, Resource, ToolContext, ToolError, ToolOutcome, ToolOutput,
-    ToolSpec,
+    Access, CommitGate, Defer, Handler, Mode, Resource, ToolContext, ToolError, ToolOutcome,
+    ToolOutput, ToolSpec,
 };
 use crate::workspace::Workspace;
 
@@ -57,7 +57,14 @@ impl Default for Limits {
 }
 
 /// Keys a tool definition may carry (besides the shape's own).
-const EXTRA_KEYS: [&str; 4] = ["concurrency_safe", "access", "timeout_ms", "output_cap"];
+const EXTRA_KEYS: [&str; 6] = [
+    "concurrency_safe",
+    "access",
+    "timeout_ms",
+    "output_cap",
+    "defer",
+    "defer_loading",
+];
 /// Keys of the Anthropic shape that are accepted and ignored.
 const IGNORED_KEYS: [&str; 2] = ["cache_control", "type"];
 
@@ -116,6 +123,11 @@ fn parse_one(
     if name.starts_with("mcp__") {
         return Err(bad("names starting with mcp__ belong to MCP servers"));
     }
+    if name == crate::registry::TOOL_SEARCH {
+        return Err(bad(
+            "the name is the engine's own search of deferred tools (mark tools with `defer` instead)",
+        ));
+    }
     let description = match shape.get("description") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(d)) => d.clone(),
@@ -165,6 +177,29 @@ fn parse_one(
     }
     if let Some(cap) = positive(fields, "output_cap").map_err(|e| bad(&e))? {
         spec = spec.output_cap(usize::try_from(cap).unwrap_or(usize::MAX));
+    }
+    let defer = match fields.get("defer") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(
+            Defer::parse(d)
+                .ok_or_else(|| bad("`defer` must be \"never\", \"auto\" or \"always\""))?,
+        ),
+        Some(_) => return Err(bad("`defer` must be \"never\", \"auto\" or \"always\"")),
+    };
+    let defer_loading = match fields.get("defer_loading") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(true)) => Some(Defer::Always),
+        Some(Value::Bool(false)) => Some(Defer::Never),
+        Some(_) => return Err(bad("`defer_loading` must be true or false")),
+    };
+    match (defer, defer_loading) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(bad(
+                "`defer` and `defer_loading` disagree (give one: defer_loading true is defer \"always\")",
+            ));
+        }
+        (Some(d), _) | (None, Some(d)) => spec = spec.defer(d),
+        (None, None) => {}
     }
     match fields.get("access") {
         None | Some(Value::Null) => {}

@@ -167,6 +167,8 @@ pub struct ServeConfig {
     pub sandbox: crate::sandbox::SandboxConfig,
     /// MCP servers (default: none); the server starts serving once each is up or has failed.
     pub mcp: crate::mcp::McpConfig,
+    /// When a session's catalog defers tools marked `auto`.
+    pub deferral: crate::registry::DeferralConfig,
     /// Let `read_file` follow multiply-linked files in workspaces.
     pub allow_hard_links: bool,
     /// Limits on client tools.
@@ -210,6 +212,7 @@ impl ServeConfig {
             session_policies: SessionPolicies::default(),
             sandbox: crate::sandbox::SandboxConfig::default(),
             mcp: crate::mcp::McpConfig::default(),
+            deferral: crate::registry::DeferralConfig::default(),
             allow_hard_links: false,
             client_tools: ClientToolLimits::default(),
         }
@@ -243,7 +246,8 @@ impl Server {
         }
         let mut builder = Engine::builder()
             .tools(tools)
-            .sandbox(config.sandbox.clone());
+            .sandbox(config.sandbox.clone())
+            .deferral(config.deferral);
         if let Some(w) = config.workers {
             builder = builder.workers(w);
         }
@@ -452,6 +456,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         policy: args.policy,
         session_policies,
         sandbox: args.sandbox.config(),
+        deferral: args.mcp.deferral(),
         mcp,
         allow_hard_links: args.allow_hard_links,
         client_tools: ClientToolLimits {

@@ -186,6 +186,7 @@ pub fn spec_with(isolation: Isolation) -> ToolSpec {
             .map(|c| crate::tool::Subject::Command(c.to_string()))
     })
     .concurrency_safe(false)
+    .defer(crate::tool::Defer::Never)
     .timeout(MAX_TIMEOUT)
     .output_cap(OUTPUT_CAP)
 }

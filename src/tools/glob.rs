@@ -42,6 +42,7 @@ pub fn spec() -> ToolSpec {
         |args: GlobArgs, ctx| run(ctx.workspace()?, &args.pattern),
     )
     .concurrency_safe(true)
+    .defer(crate::tool::Defer::Never)
     .access(access)
     .output_cap(OUTPUT_CAP)
 }

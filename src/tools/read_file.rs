@@ -49,6 +49,7 @@ pub fn spec() -> ToolSpec {
     )
     .path_subject("path")
     .concurrency_safe(true)
+    .defer(crate::tool::Defer::Never)
     .access(access)
     .output_cap(OUTPUT_CAP)
 }

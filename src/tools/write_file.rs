@@ -32,6 +32,7 @@ pub fn spec() -> ToolSpec {
     )
     .path_subject("path")
     .concurrency_safe(false)
+    .defer(crate::tool::Defer::Never)
     .access(access)
 }
 

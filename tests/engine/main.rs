@@ -12,6 +12,7 @@ mod bad_protocol_input;
 mod conflicting_calls_never_overlap;
 mod deadlines_and_cancellation;
 mod deep_arguments_affect_only_their_call;
+mod deferred_tools;
 mod every_call_answered_once;
 mod inline_turns_run_where_dispatched;
 mod many_sessions;

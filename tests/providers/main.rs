@@ -12,4 +12,5 @@ mod providers_eager_figure;
 mod providers_http;
 mod providers_run_cmd;
 mod run_command;
+mod run_defers_tools;
 mod streamed_turns_equal_whole_turns;

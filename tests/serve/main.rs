@@ -12,5 +12,6 @@ mod serve_load;
 mod serve_process;
 mod serve_routes_and_errors;
 mod serve_sessions;
+mod serve_tool_search;
 mod serve_turn_cancel;
 mod serve_turn_lifecycle;
