@@ -113,7 +113,8 @@ impl Deferral {
         view_has: &dyn Fn(&str) -> bool,
     ) -> Result<Found, String> {
         let eligible = |part: usize, tool: &RegisteredTool| {
-            self.is_deferred(tool) && !(part == 0 && self.shadowed.contains(&tool.name))
+            self.is_deferred(tool)
+                && !(part == 0 && !self.shadowed.is_empty() && self.shadowed.contains(&tool.name))
         };
         Searcher {
             parts: &self.parts,

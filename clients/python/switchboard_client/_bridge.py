@@ -13,11 +13,14 @@ import weakref
 from typing import Any, Callable, Coroutine, Dict, List, Optional, Tuple, Union
 
 from ._async import AsyncClient
+from ._tools import _OPTION_KEYS, check_defer
 
 URL_ENV = "SWITCHBOARD_URL"
 DEFAULT_URL = "http://127.0.0.1:7420"
 BUILTIN_NAMES = ("bash", "read_file", "write_file", "edit_file", "glob")
-OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
+#: The engine options a tool may carry (``tool_options=``, a LangChain tool's
+#: ``metadata["switchboard"]``), passed on to ``session.register``.
+OPTION_KEYS = _OPTION_KEYS
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,6 +118,10 @@ def check_options(name: str, options: Dict[str, Any]) -> None:
     unknown = set(options) - set(OPTION_KEYS)
     if unknown:
         raise ValueError(f"tool {name!r}: unknown switchboard options {sorted(unknown)}")
+    try:
+        check_defer(options.get("defer"))
+    except ValueError as e:
+        raise ValueError(f"tool {name!r}: {e}") from None
 
 
 def args_key(name: str, args: Any) -> Tuple[str, str]:

@@ -68,6 +68,8 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "sandbox_read": ("--sandbox-read", "repeat"),
     "sandbox_read_path": ("--sandbox-read-path", "flag"),
     "mcp_config": ("--mcp-config", "value"),
+    "defer_auto_above": ("--defer-auto-above", "value"),
+    "context_budget": ("--context-budget", "value"),
     "metrics_addr": ("--metrics-addr", "value"),
     "metrics_file": ("--metrics-file", "value"),
 }

@@ -213,7 +213,11 @@ class Session(c.SessionBase):
         return DispatchStream(self, fmt, body, turn_id or c.new_turn_id(), on_approval)
 
     def tools(self, format: str = "anthropic") -> List[Any]:
-        """The session's catalog: the server's tools, then its client tools."""
+        """The session's catalog: the server's tools, then its client tools, for ``tools=``.
+        While tools are deferred, the Anthropic shape starts with ``tool_search`` and marks
+        each deferred tool ``"defer_loading": true``; the OpenAI shape lists ``tool_search``,
+        the tools not deferred, then the deferred ones the session has been shown. Ask again
+        before each model request: the OpenAI list grows as tools are found."""
         self._ensure()
         return self._client._request("GET", f"{self._base}/tools?format={format}")
 

@@ -22,7 +22,11 @@ except ImportError:  # pragma: no cover - exercised without pydantic
 
 _UnionType: Any = getattr(types, "UnionType", None)  # X | Y (3.10+)
 
-_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap")
+_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap", "defer")
+#: The values of a client tool's ``defer`` option: ``never`` (always in the model's context),
+#: ``auto`` (the server's default: deferred when the session's catalog is large), ``always``
+#: (left out of the model's context until ``tool_search`` finds it).
+DEFER_VALUES = ("never", "auto", "always")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -262,8 +266,30 @@ def _converter(tp: Any) -> Optional[Callable[[Any], Any]]:
     return None
 
 
+def check_defer(defer: Any) -> None:
+    """Raises ValueError unless ``defer`` is None or one of :data:`DEFER_VALUES`."""
+    if defer is not None and not (isinstance(defer, str) and defer in DEFER_VALUES):
+        raise ValueError(f"defer must be 'never', 'auto' or 'always' (or None for the server's "
+                         f"default, 'auto'), not {defer!r}")
+
+
+def _defer_loading_conflict(spec: Mapping[str, Any], defer: str) -> bool:
+    """Whether a tool dict's own ``defer_loading`` says otherwise than ``defer`` (the server
+    refuses a tool whose two marks disagree)."""
+    loading = spec.get("defer_loading")
+    if not isinstance(loading, bool):
+        return False
+    return defer != ("always" if loading else "never")
+
+
 def with_options(spec: Dict[str, Any], concurrency_safe: Optional[bool], access: Any,
-                 timeout_ms: Optional[int], output_cap: Optional[int]) -> Dict[str, Any]:
+                 timeout_ms: Optional[int], output_cap: Optional[int],
+                 defer: Optional[str] = None) -> Dict[str, Any]:
+    check_defer(defer)
+    if defer is not None and _defer_loading_conflict(spec, defer):
+        raise ValueError(f"tool {spec_name(spec)!r}: defer={defer!r} disagrees with its "
+                         f"defer_loading={spec['defer_loading']!r} (defer_loading true is "
+                         "defer 'always', false is 'never'); give one")
     if concurrency_safe:
         spec["concurrency_safe"] = True
     if access is not None:
@@ -272,6 +298,8 @@ def with_options(spec: Dict[str, Any], concurrency_safe: Optional[bool], access:
         spec["timeout_ms"] = int(timeout_ms)
     if output_cap is not None:
         spec["output_cap"] = int(output_cap)
+    if defer is not None:
+        spec["defer"] = defer
     return spec
 
 
@@ -293,10 +321,14 @@ def _is_tool_dict(schema: Mapping[str, Any]) -> bool:
 def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping[str, Any]] = None,
                *, name: Optional[str] = None, description: Optional[str] = None,
                concurrency_safe: bool = False, access: Any = None,
-               timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> ToolEntry:
+               timeout_ms: Optional[int] = None, output_cap: Optional[int] = None,
+               defer: Optional[str] = None) -> ToolEntry:
     """The declaration of a client tool. ``schema`` is the input JSON schema or a complete tool
-    dict (Anthropic or OpenAI shape); without it the schema comes from ``fn``'s type hints and
-    the description from its docstring."""
+    dict (Anthropic or OpenAI shape, kept as it is, ``defer_loading`` included, but for the
+    options given); without it the schema comes from ``fn``'s type hints and the description
+    from its docstring. ``defer`` is ``"never"``, ``"auto"`` or ``"always"`` (None: not sent,
+    the server's ``auto``)."""
+    check_defer(defer)
     if fn is None and schema is None:
         raise ValueError("a client tool needs a function or a schema")
     if fn is not None and not callable(fn):
@@ -315,7 +347,7 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
                 spec["name"] = name
             if description is not None:
                 spec["description"] = description
-        spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap)
+        spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap, defer)
         return ToolEntry(spec_name(spec), spec, fn)
     tool_name = name or (getattr(fn, "__name__", None) if fn is not None else None)
     if not tool_name or tool_name == "<lambda>":
@@ -333,7 +365,7 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
     spec = {"name": tool_name, "description": description if description is not None
             else (doc_description or tool_name),
             "input_schema": input_schema}
-    spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap)
+    spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap, defer)
     return ToolEntry(tool_name, spec, fn, model, converters)
 
 
@@ -393,13 +425,13 @@ def function_schema(fn: Callable[..., Any], arg_docs: Optional[Dict[str, str]] =
 def tool_spec(fn: Callable[..., Any], schema: Optional[Mapping[str, Any]] = None, *,
               name: Optional[str] = None, description: Optional[str] = None,
               concurrency_safe: bool = False, access: Any = None,
-              timeout_ms: Optional[int] = None, output_cap: Optional[int] = None
-              ) -> Dict[str, Any]:
+              timeout_ms: Optional[int] = None, output_cap: Optional[int] = None,
+              defer: Optional[str] = None) -> Dict[str, Any]:
     """The tool declaration (Anthropic shape, with the client-tool options) that
     ``session.register`` would send for ``fn``."""
     return tool_entry(fn, schema, name=name, description=description,
                       concurrency_safe=concurrency_safe, access=access, timeout_ms=timeout_ms,
-                      output_cap=output_cap).spec
+                      output_cap=output_cap, defer=defer).spec
 
 
 class ToolRegistry:
@@ -471,35 +503,42 @@ class SessionTools:
     def tool(self, fn: None = None, *, name: Optional[str] = None,
              description: Optional[str] = None, concurrency_safe: bool = False,
              access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None) -> Callable[[F], F]: ...
+             output_cap: Optional[int] = None,
+             defer: Optional[str] = None) -> Callable[[F], F]: ...
 
     def tool(self, fn: Any = None, *, name: Optional[str] = None,
              description: Optional[str] = None, concurrency_safe: bool = False,
              access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None) -> Any:
+             output_cap: Optional[int] = None, defer: Optional[str] = None) -> Any:
         """Decorator: ``@session.tool`` or ``@session.tool(name=..., ...)`` registers the
         function as a client tool and returns it unchanged."""
+        check_defer(defer)
+
         def decorate(f: F) -> F:
             self.register(f, name=name, description=description,
                           concurrency_safe=concurrency_safe, access=access,
-                          timeout_ms=timeout_ms, output_cap=output_cap)
+                          timeout_ms=timeout_ms, output_cap=output_cap, defer=defer)
             return f
         return decorate(fn) if fn is not None else decorate
 
     def register(self, fn: Optional[Callable[..., Any]], schema: Optional[Dict[str, Any]] = None,
                  *, name: Optional[str] = None, description: Optional[str] = None,
                  concurrency_safe: bool = False, access: Any = None,
-                 timeout_ms: Optional[int] = None, output_cap: Optional[int] = None) -> Dict[str, Any]:
+                 timeout_ms: Optional[int] = None, output_cap: Optional[int] = None,
+                 defer: Optional[str] = None) -> Dict[str, Any]:
         """Registers a client tool: ``fn`` is called with the call's arguments as keywords.
         With :class:`Session`, in a worker thread (a coroutine function on an event loop of
         its own thread); with :class:`AsyncSession`, a coroutine function runs as a task on
         the loop, a plain function in a worker thread. ``schema`` is its input schema or a
         whole tool dict; by default the schema comes from the type hints and the description
-        from the docstring. Returns the declaration."""
+        from the docstring. ``defer``: ``"always"`` leaves the tool out of the model's context
+        until the engine's ``tool_search`` finds it, ``"never"`` keeps it in, ``"auto"`` (the
+        server's default when not given) defers it when the session's catalog is large.
+        Returns the declaration."""
         self._check_open_for_tools()
         entry = tool_entry(fn, schema, name=name, description=description,
                            concurrency_safe=concurrency_safe, access=access,
-                           timeout_ms=timeout_ms, output_cap=output_cap)
+                           timeout_ms=timeout_ms, output_cap=output_cap, defer=defer)
         self._registry.add(entry)
         return entry.spec
 

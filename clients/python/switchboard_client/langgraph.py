@@ -199,8 +199,10 @@ class ToolNode(_LangGraphToolNode):
             fresh directory per session.
         sandbox: a narrower sandbox for the sessions (``"read-only"``, ...).
         tool_options: per tool name, engine options: ``concurrency_safe``, ``access``,
-            ``timeout_ms``, ``output_cap`` (also read from a tool's
+            ``timeout_ms``, ``output_cap``, ``defer`` (also read from a tool's
             ``metadata["switchboard"]``). A client tool without them runs alone in its turn.
+            ``defer`` marks the tool in the session's catalog only: the model binding still
+            carries every tool the node has.
         name, tags, handle_tool_errors, messages_key: as for LangGraph's ``ToolNode``.
     """
 

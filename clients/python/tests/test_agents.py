@@ -119,6 +119,22 @@ def test_tool_options_let_concurrency_safe_calls_overlap(client):
         hooks.close()
 
 
+def test_tool_options_defer_is_forwarded_and_checked(client):
+    tools, hooks = switchboard_tools([lookup], client=client, builtins=False,
+                                     tool_options={"lookup": {"defer": "always"}})
+    model = scripted(turn(("lookup", {"key": "d"})))
+    try:
+        asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
+        assert outputs(model) == {"c0_0": "value-of-d"}   # a deferred tool called by name runs
+        catalog = {t["name"]: t
+                   for t in sb_agents._LoopThread.get().run(hooks.session.tools())}
+        assert catalog["lookup"]["defer_loading"] is True
+    finally:
+        hooks.close()
+    with pytest.raises(ValueError, match="'lookup'.*'never', 'auto' or 'always'"):
+        switchboard_tools([lookup], client=client, tool_options={"lookup": {"defer": 1}})
+
+
 def test_a_streamed_run_is_one_turn_too(client):
     tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=["bash"])
     model = scripted(turn(("lookup", {"key": "s"}), ("bash", {"command": "echo s"}),

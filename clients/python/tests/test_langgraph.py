@@ -194,6 +194,24 @@ def test_tool_options_let_concurrency_safe_calls_overlap(client):
         node.close()
 
 
+def test_tool_options_defer_is_forwarded_and_checked(client):
+    session = client.session()
+    node = ToolNode([lookup], client=client, session=session,
+                    tool_options={"lookup": {"defer": "always"}})
+    graph = create_react_agent(ScriptedChat(), tools=node)
+    loop = sb_langgraph._LoopThread.get()
+    try:
+        msgs = tool_messages(graph.invoke(ask([("lookup", {"key": "d"})]), thread()))
+        assert msgs[0].content == "value-of-d"      # a deferred tool called by name runs
+        catalog = {t["name"]: t for t in loop.run(session.tools())}
+        assert catalog["lookup"]["defer_loading"] is True
+    finally:
+        node.close()
+        loop.run(session.close())
+    with pytest.raises(ValueError, match="'lookup'.*'never', 'auto' or 'always'"):
+        ToolNode([lookup], client=client, tool_options={"lookup": {"defer": "yes"}})
+
+
 def test_prebuilt_agent_binds_the_builtins_and_client_tools(client):
     model = ScriptedChat()
     node = ToolNode([lookup], client=client, builtins=True)

@@ -356,7 +356,10 @@ export class Session {
     }
   }
 
-  /** The session's catalog: the server's tools, then its client tools. */
+  /** The session's catalog: the server's tools, then its client tools, for `tools:`. While
+   * tools are deferred, the Anthropic shape starts with `tool_search` and marks each deferred
+   * tool `defer_loading: true`; the OpenAI shape lists `tool_search`, the tools not deferred,
+   * then the deferred ones the session has been shown (ask again before each request). */
   async tools(format: Format | "mcp" = "anthropic"): Promise<any[]> {
     await this._ensure();
     return this._client._request("GET", `${this._base}/tools?format=${format}`);

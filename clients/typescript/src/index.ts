@@ -21,9 +21,10 @@ export {
   newTurnId,
 } from "./common.js";
 export type { ApprovalRequest, ClientCall, Format, StreamResult } from "./common.js";
-export { defineTool, isZodSchema, zodToJsonSchema } from "./tools.js";
+export { DEFER_MODES, defineTool, isZodSchema, zodToJsonSchema } from "./tools.js";
 export type {
   ClientTool,
+  DeferMode,
   InferInput,
   JsonSchema,
   ToolAccess,

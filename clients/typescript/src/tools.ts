@@ -34,6 +34,14 @@ export interface ToolAccess {
   write?: unknown[];
 }
 
+/** When a client tool is left out of the model's context (deferred) until the engine's
+ * `tool_search` finds it: `"always"`, `"never"`, or `"auto"` (the server's default: deferred when
+ * the session's catalog is large). */
+export type DeferMode = "never" | "auto" | "always";
+
+/** The accepted values of `defer`. */
+export const DEFER_MODES: readonly DeferMode[] = ["never", "auto", "always"];
+
 export interface ToolOptions {
   /** `true`: may overlap with the turn's neighbouring concurrency-safe calls. */
   concurrencySafe?: boolean;
@@ -43,6 +51,9 @@ export interface ToolOptions {
   timeoutMs?: number;
   /** The largest answer content in bytes (server default 50,000). */
   outputCap?: number;
+  /** `"always"`: out of the model's context until `tool_search` finds it; `"never"`: always
+   * in it; `"auto"` (the server's default when not given): deferred when the catalog is large. */
+  defer?: DeferMode;
 }
 
 /** A client tool: its name, description, input schema and the function that runs it. */
@@ -167,10 +178,17 @@ export class ToolEntry {
 }
 
 function withOptions(spec: ToolSpec, o: ToolOptions): ToolSpec {
+  if (o.defer !== undefined && !DEFER_MODES.includes(o.defer)) {
+    throw new TypeError(
+      `client tool ${String(spec.name)}: defer must be "never", "auto" or "always" (or left out for the ` +
+        `server's default, "auto"), not ${JSON.stringify(o.defer) ?? String(o.defer)}`,
+    );
+  }
   if (o.concurrencySafe) spec.concurrency_safe = true;
   if (o.access !== undefined) spec.access = o.access;
   if (o.timeoutMs !== undefined) spec.timeout_ms = Math.trunc(o.timeoutMs);
   if (o.outputCap !== undefined) spec.output_cap = Math.trunc(o.outputCap);
+  if (o.defer !== undefined) spec.defer = o.defer;
   return spec;
 }
 

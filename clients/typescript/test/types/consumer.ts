@@ -1,7 +1,17 @@
 // Compiled with `tsc --noEmit -p test/types` (npm test): the declarations a TypeScript user
 // gets, including the input type a zod schema gives a client tool.
 import { z } from "zod";
-import { Client, SwitchboardError, ToolError, defineTool, type CancelAnswer, type StreamResult } from "switchboard-client";
+import {
+  Client,
+  DEFER_MODES,
+  SwitchboardError,
+  ToolError,
+  defineTool,
+  type CancelAnswer,
+  type DeferMode,
+  type StreamResult,
+  type ToolOptions,
+} from "switchboard-client";
 import { switchboardTools } from "switchboard-client/ai-sdk";
 
 const client = new Client({ baseUrl: "http://127.0.0.1:7420", token: "t", maxRetries: 3 });
@@ -19,6 +29,12 @@ const forecast = defineTool({
 export async function use(): Promise<void> {
   const session = client.session({ workspace: "w", tools: [forecast], sandbox: "read-only" });
   session.tool({ name: "plain", inputSchema: { type: "object" }, execute: (input, ctx) => [input, ctx.callId, ctx.signal.aborted] });
+  const mode: DeferMode = DEFER_MODES[2];
+  session.tool(defineTool({ name: "deferred", defer: mode, execute: () => "found" }));
+  // @ts-expect-error: defer is "never", "auto" or "always"
+  session.tool(defineTool({ name: "bad_defer", defer: "sometimes", execute: () => "" }));
+  // @ts-expect-error: the same in a ToolOptions
+  const options: ToolOptions = { defer: true };
   const answer = await session.dispatch({ role: "assistant", content: [] }, { signal: AbortSignal.abort(), turnId: "x" });
   if (answer !== null) console.log(answer.content);
   const stream = session.stream({}, { onApproval: async (r) => r.tool_name === "bash" });
@@ -35,5 +51,5 @@ export async function use(): Promise<void> {
     if (e instanceof SwitchboardError) console.log(e.code, e.status, e.retryAfter, e.detail);
   }
   const tools = await switchboardTools(session, { only: ["bash"], errors: "throw" });
-  console.log(Object.keys(tools));
+  console.log(Object.keys(tools), options);
 }
