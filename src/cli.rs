@@ -175,12 +175,15 @@ impl From<CatalogShape> for CatalogFormat {
 ///
 /// SIGINT and SIGTERM are taken over first, before the command line is even parsed and long
 /// before any input is read, so that from the first milliseconds on neither kills the process
-/// with calls unanswered: each long-running command watches the `Interrupt` instead.
+/// with calls unanswered: each long-running command watches the `Interrupt` instead. Then every
+/// descriptor the process inherited is marked close-on-exec, so none reaches a command, an MCP
+/// server or a hook.
 pub fn main() -> ExitCode {
     // `switchboard sandbox-exec …`: the sandbox trampoline (hidden; see crate::sandbox::exec).
     if let Some(code) = crate::sandbox::run_if_requested() {
         return code;
     }
+    crate::process_guard::close_inherited_fds();
     crate::sandbox::this_binary_is_the_trampoline();
     if wants_version(std::env::args_os().skip(1)) {
         println!("{}", version_text());

@@ -16,6 +16,9 @@
 //!    ruleset ([`super::landlock_rules`]), drops every capability (bounding set included, so
 //!    not even a root command gets them back), then execs the command.
 //!
+//! Both stages first mark every descriptor above stderr close-on-exec, whatever the engine (or an
+//! embedder's process) inherited: the command gets stdin, stdout and stderr, nothing else.
+//!
 //! Any failure exits [`TRAMPOLINE_FAILED`] with one line on stderr starting with
 //! [`FAILURE_PREFIX`]; the engine turns that into an `execution_error`. Nothing runs then.
 
@@ -49,6 +52,8 @@ pub fn run_if_requested() -> Option<ExitCode> {
 
 /// The trampoline's main, given the arguments after `sandbox-exec`.
 pub fn exec_main(args: Vec<OsString>) -> ExitCode {
+    // Nothing the engine's process inherited passes on to the command.
+    crate::process_guard::close_inherited_fds();
     match Plan::parse(args).and_then(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -9,6 +9,7 @@ mod common;
 mod sandbox_cost_figure;
 mod sandbox_engine_death;
 mod sandbox_files;
+mod sandbox_inherited_fds;
 mod sandbox_limits;
 mod sandbox_modes;
 mod sandbox_network;
