@@ -12,7 +12,7 @@ use crate::sandbox::parse_bytes;
 use crate::sandbox::{SandboxConfig, SandboxLimits, SandboxMode};
 
 mod interrupt;
-pub use interrupt::{INTERRUPTED, Interrupt};
+pub use interrupt::{Early, INTERRUPTED, Interrupt};
 
 /// Metrics flags of the long-running commands.
 #[derive(Debug, Clone, Default, clap::Args)]
