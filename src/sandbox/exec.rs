@@ -10,8 +10,9 @@
 //!    sets the rlimits (`RLIMIT_FSIZE`, `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where
 //!    no cgroup bounds processes / memory); then execs `unshare <flags> -- <this binary>
 //!    sandbox-exec --inner …` (or runs the inner stage itself when namespaces are unavailable).
-//! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` and, without
-//!    `--allow-network`, in a network namespace with only loopback): covers the host's socket
+//! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc`, in IPC, UTS and
+//!    cgroup namespaces of its own and, without `--allow-network`, in a network namespace with
+//!    only loopback): covers the host's socket
 //!    directories in its private mount namespace ([`super::mounts`]), applies the Landlock
 //!    ruleset ([`super::landlock_rules`]), drops every capability (bounding set included, so
 //!    not even a root command gets them back), then execs the command.

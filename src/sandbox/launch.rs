@@ -24,7 +24,9 @@ const SIGXFSZ: i32 = 25;
 pub struct CallSandbox {
     trampoline: PathBuf,
     args: Vec<OsString>,
-    net_namespace: bool,
+    /// Namespaces beside the launcher's: `--net` without network, and those of
+    /// [`super::probe::CALL_NAMESPACES`] the kernel has.
+    ns_flags: Vec<String>,
     tmp: tempfile::TempDir,
     cgroup: Option<CallCgroup>,
     limits: SandboxLimits,
@@ -76,14 +78,21 @@ impl CallSandbox {
         if !cgroup.limits_memory() {
             args.extend(["--as".into(), limits.max_memory.to_string().into()]);
         }
-        let net_namespace = !config.allow_network && status.network_namespace;
+        let mut ns_flags: Vec<String> = status
+            .namespaces
+            .iter()
+            .map(|ns| format!("--{ns}"))
+            .collect();
+        if !config.allow_network && status.network_namespace {
+            ns_flags.push("--net".into());
+        }
         if !config.allow_network && !status.network_namespace {
             args.push("--landlock-tcp".into());
         }
         Ok(CallSandbox {
             trampoline,
             args,
-            net_namespace,
+            ns_flags,
             tmp,
             cgroup: Some(cgroup),
             limits,
@@ -97,15 +106,15 @@ impl CallSandbox {
     }
 
     /// The command that runs `program` confined: the trampoline, which execs `unshare` with
-    /// `ns_flags` (plus `--net` without network) when `unshare` is given, else confines itself
-    /// and execs `program` directly.
+    /// `ns_flags` (plus `--net` without network, and the IPC, UTS and cgroup namespaces the
+    /// kernel has) when `unshare` is given, else confines itself and execs `program` directly.
     pub fn command(&self, unshare: Option<(&Path, &[&str])>, program: &[OsString]) -> Command {
         let mut cmd = Command::new(&self.trampoline);
         cmd.args(&self.args);
         if let Some((path, flags)) = unshare {
             cmd.arg("--unshare").arg(path);
-            let net = self.net_namespace.then_some("--net");
-            for flag in flags.iter().copied().chain(net) {
+            let own = self.ns_flags.iter().map(String::as_str);
+            for flag in flags.iter().copied().chain(own) {
                 cmd.args(["--ns-flag", flag]);
             }
         }

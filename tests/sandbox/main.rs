@@ -12,6 +12,7 @@ mod sandbox_files;
 mod sandbox_inherited_fds;
 mod sandbox_limits;
 mod sandbox_modes;
+mod sandbox_namespaces;
 mod sandbox_network;
 mod sandbox_read_paths;
 mod sandbox_sessions;
