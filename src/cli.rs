@@ -21,7 +21,7 @@ pub use crate::command::{PolicyArgs, SandboxArgs, TelemetryArgs};
 pub use crate::mcp::command::McpArgs;
 pub use crate::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
 
-use crate::command::{INTERRUPTED, Interrupt, fail, remove_stale_temps, say};
+use crate::command::{Early, INTERRUPTED, Interrupt, fail, remove_stale_temps, say};
 use crate::demo;
 use crate::document::dispatch_document;
 use crate::engine::Engine;
@@ -173,14 +173,20 @@ impl From<CatalogShape> for CatalogFormat {
 
 /// Entry point of the binary.
 ///
-/// SIGINT and SIGTERM are taken over first, before the command line is even parsed and long
-/// before any input is read, so that from the first milliseconds on neither kills the process
-/// with calls unanswered: each long-running command watches the `Interrupt` instead.
+/// SIGINT and SIGTERM are caught on the first line (noted until the runtime can handle them) —
+/// before the command line is even parsed and long before any input is read — so that from the
+/// first line of `main` on neither kills the process with calls unanswered: each long-running
+/// command watches the `Interrupt` instead.
+/// Then every descriptor the process inherited is marked close-on-exec, so none reaches a
+/// command, an MCP server or a hook.
 pub fn main() -> ExitCode {
-    // `switchboard sandbox-exec …`: the sandbox trampoline (hidden; see crate::sandbox::exec).
+    // `switchboard sandbox-exec …`: the sandbox trampoline (hidden; see crate::sandbox::exec),
+    // which must keep the default signal actions; it only reads its arguments first.
     if let Some(code) = crate::sandbox::run_if_requested() {
         return code;
     }
+    let early = Early::catch();
+    crate::process_guard::close_inherited_fds();
     crate::sandbox::this_binary_is_the_trampoline();
     if wants_version(std::env::args_os().skip(1)) {
         println!("{}", version_text());
@@ -195,7 +201,7 @@ pub fn main() -> ExitCode {
     };
     let interrupt = {
         let _context = runtime.enter();
-        match Interrupt::install() {
+        match Interrupt::install(early) {
             Ok(interrupt) => interrupt,
             Err(e) => return fail(1, format!("cannot install signal handlers: {e}")),
         }

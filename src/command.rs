@@ -12,7 +12,7 @@ use crate::sandbox::parse_bytes;
 use crate::sandbox::{SandboxConfig, SandboxLimits, SandboxMode};
 
 mod interrupt;
-pub use interrupt::{INTERRUPTED, Interrupt};
+pub use interrupt::{Early, INTERRUPTED, Interrupt};
 
 /// Metrics flags of the long-running commands.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -84,6 +84,9 @@ pub struct SandboxArgs {
     /// Largest file a bash command may write (e.g. 1G).
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_bytes)]
     pub max_file_size: u64,
+    /// All the files of a bash call's private TMPDIR together (e.g. 512M, 2G); held in memory.
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_bytes)]
+    pub max_tmp_size: u64,
     /// Let bash commands read and execute PATH (never write it), even where the sandbox hides
     /// its directory (a toolchain under a home directory); repeatable.
     #[arg(long = "sandbox-read", value_name = "PATH")]
@@ -103,6 +106,7 @@ impl Default for SandboxArgs {
             max_processes: limits.max_processes,
             max_memory: limits.max_memory,
             max_file_size: limits.max_file_size,
+            max_tmp_size: limits.max_tmp_size,
             read: Vec::new(),
             read_path_env: false,
         }
@@ -124,6 +128,7 @@ impl SandboxArgs {
                 max_processes: self.max_processes,
                 max_memory: self.max_memory,
                 max_file_size: self.max_file_size,
+                max_tmp_size: self.max_tmp_size,
             })
     }
 }

@@ -2,9 +2,15 @@
 //! for the whole process, before the command line is parsed, and turned into one cancellation
 //! token every long-running command watches — so a signal never kills the process with a call
 //! unanswered or a command still running.
-
+//!
+//! Two steps, so that no signal falls between them: [`Early::catch`] installs a handler for both
+//! on the first line of `main` (before the async runtime and its threads exist) that only notes
+//! the signal, and [`Interrupt::install`] adds tokio's and then looks at that note — a signal
+//! that came in between cancels the token at once. What remains is the time before `main` runs
+//! at all (the program being loaded, a few milliseconds): a signal then ends the process by its
+//! default action, before anything was read or run.
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
@@ -24,13 +30,60 @@ pub struct Interrupt {
     code: Arc<AtomicU8>,
 }
 
+/// SIGINT and SIGTERM caught from the first line of `main`, before the handlers of
+/// [`Interrupt::install`] exist: a signal then is only noted (the process goes on), and the
+/// interrupt it makes is taken up by [`Interrupt::install`]. No signal mask is involved, so the
+/// processes the engine starts inherit none.
+#[derive(Debug)]
+pub struct Early {
+    int: Arc<AtomicBool>,
+    term: Arc<AtomicBool>,
+}
+
+impl Early {
+    /// Catches SIGINT and SIGTERM, noting each that comes.
+    pub fn catch() -> Early {
+        let early = Early {
+            int: Arc::new(AtomicBool::new(false)),
+            term: Arc::new(AtomicBool::new(false)),
+        };
+        for (signal, flag) in [
+            (signal_hook::consts::SIGINT, &early.int),
+            (signal_hook::consts::SIGTERM, &early.term),
+        ] {
+            if let Err(e) = signal_hook::flag::register(signal, Arc::clone(flag)) {
+                // Cannot happen for these two signals; tokio's handlers still come a little later.
+                eprintln!("switchboard: cannot catch signal {signal} at start-up: {e}");
+            }
+        }
+        early
+    }
+
+    /// The exit code of the first signal noted so far (SIGTERM wins a tie), if any.
+    fn code(&self) -> Option<u8> {
+        if self.term.load(Ordering::SeqCst) {
+            Some(TERMINATED)
+        } else if self.int.load(Ordering::SeqCst) {
+            Some(INTERRUPTED)
+        } else {
+            None
+        }
+    }
+}
+
 impl Interrupt {
-    /// Installs the handlers; must run inside a tokio runtime (with signals enabled).
-    pub fn install() -> std::io::Result<Interrupt> {
+    /// Installs the handlers, then takes up a signal `early` noted before they existed; must
+    /// run inside a tokio runtime (with signals enabled).
+    pub fn install(early: Early) -> std::io::Result<Interrupt> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
         let interrupt = Interrupt::never();
+        // From here on tokio sees every signal; one that came before is in `early`.
+        if let Some(code) = early.code() {
+            interrupt.code.store(code, Ordering::Release);
+            interrupt.token.cancel();
+        }
         let on_signal = interrupt.clone();
         tokio::spawn(async move {
             let code = tokio::select! {

@@ -10,21 +10,36 @@
 //!    sets the rlimits (`RLIMIT_FSIZE`, `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where
 //!    no cgroup bounds processes / memory); then execs `unshare <flags> -- <this binary>
 //!    sandbox-exec --inner …` (or runs the inner stage itself when namespaces are unavailable).
-//! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` and, without
-//!    `--allow-network`, in a network namespace with only loopback): covers the host's socket
-//!    directories in its private mount namespace ([`super::mounts`]), applies the Landlock
-//!    ruleset ([`super::landlock_rules`]), drops every capability (bounding set included, so
-//!    not even a root command gets them back), then execs the command.
+//! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc`, in IPC, UTS and
+//!    cgroup namespaces of its own and, without `--allow-network`, in a network namespace with
+//!    only loopback): covers the host's socket directories in its private mount namespace and
+//!    mounts the call's `TMPDIR` as a tmpfs of `--tmp-size` bytes ([`super::mounts`]), applies
+//!    the Landlock ruleset ([`super::landlock_rules`]), drops every capability (bounding set
+//!    included, so not even a root command gets them back), then runs the command as the
+//!    namespace's **init**: it starts the command's shell as its child (pid 2, so `kill $$`
+//!    works), reaps every orphan, and when that shell ends writes what the engine needs to know
+//!    (the signal that killed it; whether the `TMPDIR` was full) to the engine's `--status`
+//!    file and exits with the shell's status (`128 + N` for signal N) — which ends the
+//!    namespace and everything left in it. It marks itself non-dumpable first, so the command
+//!    (same user, same Landlock domain) can neither `ptrace` it nor open its descriptors through
+//!    `/proc/1/fd`; the status file itself lies outside the command's Landlock rules and below a
+//!    covered directory. Without namespaces (no `unshare`) the inner stage runs in the outer
+//!    process and execs the command instead: the engine then waits for the shell itself.
+//!
+//! Both stages first mark every descriptor above stderr close-on-exec, whatever the engine (or an
+//! embedder's process) inherited: the command gets stdin, stdout and stderr, nothing else.
 //!
 //! Any failure exits [`TRAMPOLINE_FAILED`] with one line on stderr starting with
 //! [`FAILURE_PREFIX`]; the engine turns that into an `execution_error`. Nothing runs then.
 
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use rustix::process::{Pid, Resource, Rlimit, Signal, getppid, setrlimit};
+use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions, getpid, getppid, setrlimit};
 
 use super::landlock_rules;
 
@@ -34,6 +49,13 @@ pub const SUBCOMMAND: &str = "sandbox-exec";
 pub const TRAMPOLINE_FAILED: u8 = 125;
 /// First words of the trampoline's failure line on stderr.
 pub const FAILURE_PREFIX: &str = "switchboard sandbox-exec:";
+/// A line of the init's report: `signal N`, the signal that killed the command's shell.
+pub(super) const REPORT_SIGNAL: &str = "signal ";
+/// A line of the init's report: the private `TMPDIR` had no room left when the shell ended.
+pub(super) const REPORT_TMP_FULL: &str = "tmp-full";
+/// Signals whose deaths the init reports as plain exit statuses, as bash's own job notices do:
+/// a ctrl-c or a closed pipe is how a command stops, not a crash.
+const NOT_REPORTED: [i32; 2] = [2, 13];
 
 /// Runs the trampoline when this process was started as one (`argv[1] == "sandbox-exec"`), and
 /// returns its exit code (it only returns on failure: on success it has become the command).
@@ -49,8 +71,10 @@ pub fn run_if_requested() -> Option<ExitCode> {
 
 /// The trampoline's main, given the arguments after `sandbox-exec`.
 pub fn exec_main(args: Vec<OsString>) -> ExitCode {
+    // Nothing the engine's process inherited passes on to the command.
+    crate::process_guard::close_inherited_fds();
     match Plan::parse(args).and_then(run) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("{FAILURE_PREFIX} {e}");
             ExitCode::from(TRAMPOLINE_FAILED)
@@ -69,6 +93,10 @@ struct Plan {
     workspace_writable: bool,
     workspace: Option<PathBuf>,
     tmp: Option<PathBuf>,
+    /// Size of the `TMPDIR` tmpfs (with private mounts).
+    tmp_size: Option<u64>,
+    /// The engine's file for the init's report.
+    status: Option<PathBuf>,
     /// More paths to keep visible and readable.
     read: Vec<PathBuf>,
     landlock_tcp: bool,
@@ -126,6 +154,16 @@ impl Plan {
                         plan.workspace = Some(v.into());
                     }
                 }
+                "--tmp-size" => {
+                    let v = value(&mut it)?;
+                    plan.inner_args.extend([arg.clone(), v.clone()]);
+                    plan.tmp_size = Some(number(v)?);
+                }
+                "--status" => {
+                    let v = value(&mut it)?;
+                    plan.inner_args.extend([arg.clone(), v.clone()]);
+                    plan.status = Some(v.into());
+                }
                 "--read" => {
                     let v = value(&mut it)?;
                     plan.inner_args.extend([arg.clone(), v.clone()]);
@@ -153,10 +191,10 @@ impl Plan {
     }
 }
 
-fn run(plan: Plan) -> Result<(), String> {
+fn run(plan: Plan) -> Result<ExitCode, String> {
     if plan.probe {
         println!("landlock_abi={}", landlock_rules::probe_abi());
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     if !plan.inner {
         outer(&plan)?;
@@ -176,11 +214,65 @@ fn run(plan: Plan) -> Result<(), String> {
             return Err(format!("cannot run {}: {err}", unshare.display()));
         }
     }
-    inner(&plan)?;
-    let err = Command::new(&plan.program[0])
-        .args(&plan.program[1..])
-        .exec();
+    let status = inner(&plan)?;
+    let mut command = Command::new(&plan.program[0]);
+    command.args(&plan.program[1..]);
+    if plan.inner && getpid().is_init() {
+        return init(command, status, plan.tmp.as_deref());
+    }
+    let err = command.exec();
     Err(format!("cannot run {:?}: {err}", plan.program[0]))
+}
+
+/// Pid 1 of the call's namespaces: runs `command` as its child, reaps every process orphaned
+/// into the namespace, and once the child has ended reports to `status` and exits with the
+/// child's status. Non-dumpable, so the command cannot reach it (see the module docs).
+fn init(
+    mut command: Command,
+    status: Option<File>,
+    tmp: Option<&Path>,
+) -> Result<ExitCode, String> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| format!("cannot mark the init non-dumpable: {e}"))?;
+    let child = command
+        .spawn()
+        .map_err(|e| format!("cannot run {:?}: {e}", command.get_program()))?;
+    let shell = Pid::from_child(&child);
+    let ended = loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, ended))) if pid == shell => break ended,
+            // An orphan of the namespace, reaped.
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(format!("waiting for the command: {e}")),
+        }
+    };
+    let mut report = String::new();
+    let code = match (ended.exit_status(), ended.terminating_signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => {
+            if !NOT_REPORTED.contains(&signal) {
+                report.push_str(&format!("{REPORT_SIGNAL}{signal}\n"));
+            }
+            128 + signal
+        }
+        (None, None) => 128,
+    };
+    if tmp.is_some_and(full) {
+        report.push_str(REPORT_TMP_FULL);
+        report.push('\n');
+    }
+    if let Some(mut status) = status
+        && !report.is_empty()
+    {
+        // Best effort: a report that cannot be written leaves the plain exit status.
+        let _ = status.write_all(report.as_bytes());
+    }
+    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(u8::MAX)))
+}
+
+/// True when the file system of `dir` has no block or no inode left for an ordinary user.
+fn full(dir: &Path) -> bool {
+    rustix::fs::statvfs(dir).is_ok_and(|fs| fs.f_bavail == 0 || fs.f_favail == 0)
 }
 
 /// Stage 1: parent-death signal, cgroups, rlimits.
@@ -226,15 +318,29 @@ fn set_limit(resource: Resource, soft: u64, hard: u64, what: &str) -> Result<(),
     .map_err(|e| format!("cannot set the {what} limit: {e}"))
 }
 
-/// Stage 2: Landlock, then no capabilities.
-fn inner(plan: &Plan) -> Result<(), String> {
+/// Stage 2: the status file opened (before the mounts hide it), the mounts, Landlock, then no
+/// capabilities. Returns the status file for the init.
+fn inner(plan: &Plan) -> Result<Option<File>, String> {
     let (Some(workspace), Some(tmp)) = (&plan.workspace, &plan.tmp) else {
         return Err("--workspace and --tmp are required".into());
     };
+    let status = match &plan.status {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open the status file {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     if plan.private_mounts {
-        let mut keep: Vec<&Path> = vec![workspace, tmp];
+        let mut keep: Vec<&Path> = vec![workspace];
         keep.extend(plan.read.iter().map(PathBuf::as_path));
-        match super::mounts::hide_host_dirs(&keep) {
+        let scratch = super::mounts::Scratch {
+            path: tmp,
+            size: plan.tmp_size,
+        };
+        match super::mounts::hide_host_dirs(&keep, &scratch) {
             Ok(()) => {}
             Err(_) if plan.best_effort => {}
             Err(e) => return Err(e),
@@ -251,7 +357,8 @@ fn inner(plan: &Plan) -> Result<(), String> {
         Err(_) if plan.best_effort => {}
         Err(e) => return Err(e),
     }
-    drop_capabilities(plan.best_effort)
+    drop_capabilities(plan.best_effort)?;
+    Ok(status)
 }
 
 /// Empties the bounding set (so an exec as root regains nothing) and then every capability set.
@@ -299,6 +406,10 @@ mod tests {
             "/w",
             "--tmp",
             "/t",
+            "--tmp-size",
+            "4096",
+            "--status",
+            "/s",
             "--cgroup",
             "/sys/fs/cgroup/pids/x/cgroup.procs",
             "--fsize",
@@ -316,7 +427,18 @@ mod tests {
         assert!(!plan.workspace_writable);
         assert_eq!(
             plan.inner_args,
-            os(&["--mode", "read-only", "--workspace", "/w", "--tmp", "/t"])
+            os(&[
+                "--mode",
+                "read-only",
+                "--workspace",
+                "/w",
+                "--tmp",
+                "/t",
+                "--tmp-size",
+                "4096",
+                "--status",
+                "/s"
+            ])
         );
         assert_eq!(plan.program, os(&["bash", "-c", "true"]));
         assert_eq!(plan.ns_flags, os(&["--net"]));

@@ -1,9 +1,16 @@
-//! The engine's side of one confined call: a private `TMPDIR` (removed when the call ends), the
-//! call's cgroups, the trampoline's command line, and the verdict on limits once the command
-//! has ended (a command killed by a limit is an `execution_error` naming the limit, never a
-//! silent empty output).
+//! The engine's side of one confined call: a directory of its own holding the command's private
+//! `TMPDIR` and the report of the call's init (both removed when the call ends), the call's
+//! cgroups, the trampoline's command line, and the verdict on limits once the command has ended
+//! (a command killed by a limit is an `execution_error` naming the limit, never a silent empty
+//! output).
+//!
+//! The init's report (`status` beside `tmp/`) is engine state the command cannot touch: it lies
+//! outside everything Landlock lets the command open, below a directory its mount namespace
+//! covers, and only the init writes it — the trampoline itself, non-dumpable, so not even
+//! through `/proc/1/fd` or `ptrace` (see [`super::exec`]).
 
 use std::ffi::OsString;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -13,22 +20,51 @@ use tokio::process::Command;
 
 use super::Sandbox;
 use super::cgroup::CallCgroup;
-use super::exec::{FAILURE_PREFIX, SUBCOMMAND, TRAMPOLINE_FAILED};
+use super::exec::{FAILURE_PREFIX, REPORT_SIGNAL, REPORT_TMP_FULL, SUBCOMMAND, TRAMPOLINE_FAILED};
 use super::mode::{SandboxLimits, human_bytes};
 
 const SIGXCPU: i32 = 24;
 const SIGXFSZ: i32 = 25;
 
-/// One confined call. Drop (or [`CallSandbox::finish`]) removes its `TMPDIR` and cgroups.
+/// One confined call. Drop (or [`CallSandbox::finish`]) removes its directory (`TMPDIR`
+/// included) and cgroups.
 #[derive(Debug)]
 pub struct CallSandbox {
     trampoline: PathBuf,
     args: Vec<OsString>,
-    net_namespace: bool,
-    tmp: tempfile::TempDir,
+    /// Namespaces beside the launcher's: `--net` without network, and those of
+    /// [`super::probe::CALL_NAMESPACES`] the kernel has.
+    ns_flags: Vec<String>,
+    /// The engine's directory of the call: `tmp/` and `status`.
+    _dir: tempfile::TempDir,
+    tmp: PathBuf,
+    status: PathBuf,
     cgroup: Option<CallCgroup>,
     limits: SandboxLimits,
     cpu_seconds: u64,
+}
+
+/// What the call's init reported once the command's shell had ended.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Report {
+    /// The signal that killed the shell.
+    signal: Option<i32>,
+    /// The private `TMPDIR` had no room left.
+    tmp_full: bool,
+}
+
+impl Report {
+    fn parse(text: &str) -> Report {
+        let mut report = Report::default();
+        for line in text.lines() {
+            if line == REPORT_TMP_FULL {
+                report.tmp_full = true;
+            } else if let Some(n) = line.strip_prefix(REPORT_SIGNAL) {
+                report.signal = n.trim().parse().ok();
+            }
+        }
+        report
+    }
 }
 
 impl CallSandbox {
@@ -43,9 +79,17 @@ impl CallSandbox {
             .trampoline
             .clone()
             .ok_or_else(|| std::io::Error::other("no trampoline"))?;
-        let tmp = tempfile::Builder::new()
-            .prefix("switchboard-tmp-")
+        let dir = tempfile::Builder::new()
+            .prefix("switchboard-call-")
             .tempdir()?;
+        let tmp = dir.path().join("tmp");
+        std::fs::DirBuilder::new().mode(0o700).create(&tmp)?;
+        let status_file = dir.path().join("status");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&status_file)?;
         let limits = config.limits;
         let cgroup = status.cgroups.create_call(&limits);
         let cpu_seconds = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
@@ -56,7 +100,11 @@ impl CallSandbox {
             "--workspace".into(),
             workspace.into(),
             "--tmp".into(),
-            tmp.path().into(),
+            tmp.clone().into(),
+            "--tmp-size".into(),
+            limits.max_tmp_size.to_string().into(),
+            "--status".into(),
+            status_file.clone().into(),
             "--parent".into(),
             std::process::id().to_string().into(),
             "--fsize".into(),
@@ -76,36 +124,49 @@ impl CallSandbox {
         if !cgroup.limits_memory() {
             args.extend(["--as".into(), limits.max_memory.to_string().into()]);
         }
-        let net_namespace = !config.allow_network && status.network_namespace;
+        let mut ns_flags: Vec<String> = status
+            .namespaces
+            .iter()
+            .map(|ns| format!("--{ns}"))
+            .collect();
+        if !config.allow_network && status.network_namespace {
+            ns_flags.push("--net".into());
+        }
         if !config.allow_network && !status.network_namespace {
             args.push("--landlock-tcp".into());
         }
         Ok(CallSandbox {
             trampoline,
             args,
-            net_namespace,
+            ns_flags,
+            _dir: dir,
             tmp,
+            status: status_file,
             cgroup: Some(cgroup),
             limits,
             cpu_seconds,
         })
     }
 
-    /// The call's private temporary directory (its `TMPDIR`).
+    /// The path of the call's private temporary directory (its `TMPDIR`). With namespaces
+    /// (`unshare` given to [`CallSandbox::command`]) the command finds a fresh tmpfs of
+    /// `max_tmp_size` bytes there, in its own mount namespace — not this directory of the host,
+    /// which stays empty; without them, it is this directory.
     pub fn tmp(&self) -> &Path {
-        self.tmp.path()
+        &self.tmp
     }
 
     /// The command that runs `program` confined: the trampoline, which execs `unshare` with
-    /// `ns_flags` (plus `--net` without network) when `unshare` is given, else confines itself
-    /// and execs `program` directly.
+    /// `ns_flags` (plus `--net` without network, and the IPC, UTS and cgroup namespaces the
+    /// kernel has) when `unshare` is given — `ns_flags` must start a PID namespace (`--pid
+    /// --fork`): the trampoline is its init — else confines itself and execs `program` directly.
     pub fn command(&self, unshare: Option<(&Path, &[&str])>, program: &[OsString]) -> Command {
         let mut cmd = Command::new(&self.trampoline);
         cmd.args(&self.args);
         if let Some((path, flags)) = unshare {
             cmd.arg("--unshare").arg(path);
-            let net = self.net_namespace.then_some("--net");
-            for flag in flags.iter().copied().chain(net) {
+            let own = self.ns_flags.iter().map(String::as_str);
+            for flag in flags.iter().copied().chain(own) {
                 cmd.args(["--ns-flag", flag]);
             }
         }
@@ -113,9 +174,31 @@ impl CallSandbox {
         cmd
     }
 
+    /// The signal that killed the command's shell, if one did: its own wait status without
+    /// namespaces; with them, the init's report, which counts only together with the matching
+    /// `128 + N` status (the init exits with it). A plain `exit 137` is never a death here, and
+    /// the command cannot write the report. As bash's own job notices do, the init reports no
+    /// death by SIGINT or SIGPIPE (those stay exit statuses).
+    pub fn death_signal(&self, status: &ExitStatus) -> Option<i32> {
+        if let Some(signal) = status.signal() {
+            return Some(signal);
+        }
+        let code = status.code()?;
+        self.report()
+            .signal
+            .filter(|n| code > 128 && code - 128 == *n)
+    }
+
+    fn report(&self) -> Report {
+        std::fs::read_to_string(&self.status)
+            .map(|text| Report::parse(&text))
+            .unwrap_or_default()
+    }
+
     /// Why the command ended badly, when the sandbox is the reason: the trampoline could not
     /// confine it (`text` is then its failure line), the OOM killer acted in the call's memory
-    /// cgroup, a fork hit the process limit, or a process was killed for CPU time or file size.
+    /// cgroup, a fork hit the process limit, a command that failed had filled its private
+    /// `TMPDIR`, or a process was killed for CPU time or file size.
     /// `None` for an ordinary exit.
     pub fn verdict(&self, status: &ExitStatus, text: &str) -> Option<String> {
         if status.code() == Some(i32::from(TRAMPOLINE_FAILED)) && text.starts_with(FAILURE_PREFIX) {
@@ -128,6 +211,12 @@ impl CallSandbox {
             && (hit.starts_with("killed") || !status.success())
         {
             return Some(hit);
+        }
+        if !status.success() && self.report().tmp_full {
+            return Some(format!(
+                "TMPDIR full (limit {})",
+                human_bytes(self.limits.max_tmp_size)
+            ));
         }
         // A signal death shows as 128 + N through the namespace's init, or as the signal itself.
         let signal = status
@@ -152,7 +241,7 @@ impl CallSandbox {
     }
 
     /// Ends the call: kills what is left in its cgroups and removes them (off the async runtime,
-    /// not waited for), and removes the `TMPDIR`.
+    /// not waited for), and removes its directory (the `TMPDIR` and the init's report).
     pub fn finish(self) {
         drop(self);
     }
@@ -170,5 +259,23 @@ impl Drop for CallSandbox {
                 Err(_) => cgroup.remove(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inits_report_is_read_line_by_line() {
+        assert_eq!(Report::parse(""), Report::default());
+        assert_eq!(
+            Report::parse("signal 9\ntmp-full\n"),
+            Report {
+                signal: Some(9),
+                tmp_full: true
+            }
+        );
+        assert_eq!(Report::parse("Killed\n").signal, None);
     }
 }

@@ -1,7 +1,8 @@
 //! The OS sandbox of process-running tools (bash): each call's command is confined by Landlock to
 //! its own session's workspace and a private `TMPDIR`, has no network (a loopback-only network
-//! namespace), runs under per-call process, memory, file-size and CPU limits, and dies with the
-//! engine. See `docs/sandbox.md` for what each mode blocks and what it does not.
+//! namespace) and namespaces of its own (PID, mount, IPC, UTS, cgroup), runs under per-call
+//! process, memory, file-size, scratch-space and CPU limits, and dies with the engine. See
+//! `docs/sandbox.md` for what each mode blocks and what it does not.
 //!
 //! * `mode`: what is asked ([`SandboxConfig`], [`SandboxMode`], [`SandboxLimits`]).
 //! * `probe`: what this machine can enforce, found when the engine is built.
@@ -150,6 +151,8 @@ impl Sandbox {
             "max_memory_bytes": limits.max_memory,
             "max_memory_by": if cg.memory.is_some() { "memory cgroup" } else { "RLIMIT_AS" },
             "max_file_size_bytes": limits.max_file_size,
+            "max_tmp_size_bytes": limits.max_tmp_size,
+            "namespaces": self.status.namespaces,
             "trampoline": self.status.trampoline.as_ref().map(|p| p.display().to_string()),
             "read_paths": self.config.read_paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "missing": self.degraded,

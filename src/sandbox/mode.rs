@@ -114,6 +114,10 @@ pub struct SandboxLimits {
     pub max_memory: u64,
     /// Largest file a command may write, in bytes (`RLIMIT_FSIZE`). Default 1 GiB.
     pub max_file_size: u64,
+    /// All the files of the call's private `TMPDIR` together, in bytes: it is a tmpfs of this
+    /// size in the call's mount namespace (in memory, so it counts against `max_memory` where a
+    /// memory cgroup is in force). Default 512 MiB.
+    pub max_tmp_size: u64,
 }
 
 impl Default for SandboxLimits {
@@ -122,6 +126,7 @@ impl Default for SandboxLimits {
             max_processes: 256,
             max_memory: 2 * GIB,
             max_file_size: GIB,
+            max_tmp_size: 512 * MIB,
         }
     }
 }

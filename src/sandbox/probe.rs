@@ -1,7 +1,8 @@
 //! What this machine can enforce, found once when an engine is built: the trampoline binary,
 //! the kernel's Landlock ABI (asked of the trampoline itself, so a broken trampoline is found at
-//! start, not at the first call), whether network namespaces work, and which per-call cgroups can
-//! be created. [`SandboxStatus::missing`] turns that into the list of what a mode would lack.
+//! start, not at the first call), whether network namespaces and the other per-call namespaces
+//! ([`CALL_NAMESPACES`]) work, and which per-call cgroups can be created.
+//! [`SandboxStatus::missing`] turns that into the list of what a mode would lack.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,12 @@ use super::mode::SandboxConfig;
 /// Environment variable naming the trampoline binary (overrides the automatic search).
 pub const TRAMPOLINE_VAR: &str = "SWITCHBOARD_TRAMPOLINE";
 
+/// The namespaces each call gets beside its PID, mount and network ones, when the kernel has
+/// them: IPC (System V shared memory, semaphores and message queues, POSIX message queues —
+/// another call's, or a host process's, are out of sight), UTS (a host name of its own) and
+/// cgroup (its own cgroups appear as the root; the host's layout stays hidden).
+pub const CALL_NAMESPACES: [&str; 3] = ["ipc", "uts", "cgroup"];
+
 /// What the kernel and the installation offer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxStatus {
@@ -24,6 +31,8 @@ pub struct SandboxStatus {
     pub landlock_abi: i32,
     /// `unshare --net` works (a loopback-only network namespace per call).
     pub network_namespace: bool,
+    /// Which of [`CALL_NAMESPACES`] `unshare` can create here.
+    pub namespaces: Vec<&'static str>,
     /// Where per-call cgroups are created.
     pub(crate) cgroups: CgroupParents,
 }
@@ -47,6 +56,7 @@ impl SandboxStatus {
             trampoline: trampoline.filter(|_| landlock_abi >= 0),
             landlock_abi: landlock_abi.max(0),
             network_namespace: probe_netns(),
+            namespaces: probe_namespaces(),
             cgroups: CgroupParents::find(),
         }
     }
@@ -81,6 +91,16 @@ impl SandboxStatus {
         } else if !config.allow_network && !self.network_namespace {
             m.degraded
                 .push("a network namespace (TCP is refused by Landlock; UDP is not)".into());
+        }
+        for ns in CALL_NAMESPACES {
+            if !self.namespaces.contains(&ns) {
+                m.degraded.push(match ns {
+                    "ipc" => "an IPC namespace (System V IPC and POSIX message queues are the \
+                              host's)"
+                        .to_string(),
+                    other => format!("a {other} namespace"),
+                });
+            }
         }
         if self.cgroups.pids.is_none() {
             m.degraded.push(
@@ -157,12 +177,31 @@ fn probe_landlock(trampoline: &Path) -> i32 {
 
 /// True when `unshare --net` (plain, or inside a user namespace) can start a process.
 fn probe_netns() -> bool {
-    let with_user = ["--user", "--map-root-user", "--net", "--", "true"];
-    [&["--net", "--", "true"][..], &with_user[..]]
+    unshare_works(&["--net"])
+}
+
+/// Which of [`CALL_NAMESPACES`] `unshare` can create (all at once, the usual case, in one try).
+fn probe_namespaces() -> Vec<&'static str> {
+    let flags: Vec<String> = CALL_NAMESPACES.iter().map(|ns| format!("--{ns}")).collect();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    if unshare_works(&flags) {
+        return CALL_NAMESPACES.to_vec();
+    }
+    CALL_NAMESPACES
         .into_iter()
-        .any(|flags| {
+        .filter(|ns| unshare_works(&[&format!("--{ns}")]))
+        .collect()
+}
+
+/// True when `unshare FLAGS -- true` (plain, or inside a user namespace) succeeds.
+fn unshare_works(flags: &[&str]) -> bool {
+    [&[][..], &["--user", "--map-root-user"][..]]
+        .into_iter()
+        .any(|user| {
             Command::new("unshare")
+                .args(user)
                 .args(flags)
+                .args(["--", "true"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -181,6 +220,7 @@ mod tests {
             trampoline: Some(PathBuf::from("/usr/bin/switchboard")),
             landlock_abi: 7,
             network_namespace: true,
+            namespaces: CALL_NAMESPACES.to_vec(),
             cgroups: CgroupParents {
                 pids: Some(PathBuf::from("/sys/fs/cgroup/pids")),
                 memory: Some(PathBuf::from("/sys/fs/cgroup/memory")),

@@ -13,9 +13,11 @@
 //! * **The engine's own environment is out of reach.** When the system allows it (root, or
 //!   unprivileged user namespaces), the command runs inside fresh PID and mount namespaces:
 //!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
-//!   when plain `unshare` is refused). A tiny init shell is pid 1 and runs the command's shell as
-//!   pid 2, so the command behaves as usual (`kill $$` works; the init's job notice tells us
-//!   when that shell died by a signal). Inside, `/proc` shows only the call's own processes, so
+//!   when plain `unshare` is refused). A tiny init is pid 1 and runs the command's shell as
+//!   pid 2, so the command behaves as usual (`kill $$` works; the init tells us when that shell
+//!   died by a signal): the sandbox's trampoline when the call is sandboxed (it reports to the
+//!   engine where the command cannot write), else an init shell whose job notice goes to a
+//!   temporary file. Inside, `/proc` shows only the call's own processes, so
 //!   `/proc/$PPID/environ` (`$PPID` is that init, with the same allowlisted environment),
 //!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
@@ -94,8 +96,9 @@ pub const DANGEROUS_SUBSTRINGS: [&str; 5] = ["rm -rf /", "sudo", "shutdown", "re
 pub use crate::process_env::TOOL_ENV as INHERITED_ENV;
 /// The marker variable naming the call in every process it starts.
 pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
-/// Init of a call's PID namespace (pid 1): runs the command's shell as its child, so that shell
-/// is an ordinary process (pid 2; `kill $$` works), and exits with its status. The init's own
+/// Init of an unconfined call's PID namespace (pid 1; a sandboxed call's init is the trampoline,
+/// see [`crate::sandbox`]): runs the command's shell as its child, so that shell is an ordinary
+/// process (pid 2; `kill $$` works), and exits with its status. The init's own
 /// stderr goes to the notice file named by its first argument, so its job notices ("Killed")
 /// do not mix into the output but tell that the command's shell died by a signal (see
 /// [`death_signal`]); the command's stderr is the real one.
@@ -337,12 +340,12 @@ impl Bash {
             })?,
             None => None,
         };
-        // Namespace mode: where the init writes its job notices (see `death_signal`); in the
-        // call's own TMPDIR when sandboxed, the one place besides the workspace it may write.
+        // Unconfined namespace mode: where the init shell writes its job notices (see
+        // `death_signal`). A sandboxed call's init is the trampoline, which reports to the
+        // sandbox instead, out of the command's reach.
         let notice = match (launcher, &sandbox) {
-            (Launcher::Namespaces { .. }, Some(s)) => tempfile::NamedTempFile::new_in(s.tmp()).ok(),
             (Launcher::Namespaces { .. }, None) => tempfile::NamedTempFile::new().ok(),
-            (Launcher::Direct, _) => None,
+            _ => None,
         };
         let mut child = shell(
             root,
@@ -437,9 +440,11 @@ impl Bash {
                 let mut text = combine(out, err, OUTPUT_CAP - 40);
                 // Read before the sandbox's TMPDIR, where it may live, is removed.
                 let notice = notice.and_then(|f| std::fs::read(f.path()).ok());
+                let mut signal = death_signal(status, notice.as_deref());
                 // A limit of the sandbox that killed the command is named first (it knows which).
                 if let Some(sandbox) = sandbox {
                     let why = sandbox.verdict(&status, &text);
+                    signal = sandbox.death_signal(&status);
                     sandbox.finish();
                     if let Some(why) = why {
                         return Err(ToolError::execution(if text == NO_OUTPUT {
@@ -449,7 +454,7 @@ impl Bash {
                         }));
                     }
                 }
-                if let Some(signal) = death_signal(status, notice.as_deref()) {
+                if let Some(signal) = signal {
                     let what = killed_by(signal);
                     return Err(ToolError::execution(if text == NO_OUTPUT {
                         what
@@ -490,8 +495,10 @@ fn shell(
     sandbox: Option<&CallSandbox>,
     notice: Option<&Path>,
 ) -> Command {
-    let mut program: Vec<OsString> = match launcher {
-        Launcher::Namespaces { .. } => vec![
+    let mut program: Vec<OsString> = match (launcher, sandbox) {
+        // Unconfined: an init shell runs the command's shell. Sandboxed, the trampoline is the
+        // namespace's init itself.
+        (Launcher::Namespaces { .. }, None) => vec![
             "bash".into(),
             "-c".into(),
             NAMESPACE_INIT.into(),
@@ -499,7 +506,7 @@ fn shell(
             notice.unwrap_or(Path::new("/dev/null")).into(),
             "bash".into(),
         ],
-        Launcher::Direct => vec!["bash".into()],
+        _ => vec!["bash".into()],
     };
     program.extend(["-c".into(), command.into()]);
     let unshare = match launcher {

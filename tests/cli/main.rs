@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod an_early_signal_is_answered_or_ends_the_process_before_main;
 mod cli_dispatch;
 mod dashboards_use_declared_metrics;
 mod flags_named_exist;

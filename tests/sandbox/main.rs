@@ -1,5 +1,5 @@
-//! The bash sandbox: files, sessions, network, limits, modes, the engine's death, and its
-//! cost figure (ignored by default).
+//! The bash sandbox: files, sessions, network, namespaces, inherited descriptors, limits, the
+//! private TMPDIR, modes, the engine's death, and its cost figure (ignored by default).
 //!
 //! One test binary for the area; each module is one suite (filter with `<module>::`).
 
@@ -9,8 +9,11 @@ mod common;
 mod sandbox_cost_figure;
 mod sandbox_engine_death;
 mod sandbox_files;
+mod sandbox_inherited_fds;
 mod sandbox_limits;
 mod sandbox_modes;
+mod sandbox_namespaces;
 mod sandbox_network;
 mod sandbox_read_paths;
 mod sandbox_sessions;
+mod sandbox_tmpdir;

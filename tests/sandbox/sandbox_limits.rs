@@ -18,6 +18,7 @@ fn limits() -> SandboxLimits {
         max_processes: 64,
         max_memory: 256 * MIB,
         max_file_size: MIB,
+        max_tmp_size: 4 * MIB,
     }
 }
 

@@ -46,6 +46,7 @@ fn tools_json_shows_the_mode_in_force() {
     assert_eq!(sandbox["max_processes"], 256);
     assert_eq!(sandbox["max_memory_bytes"], 2u64 << 30);
     assert_eq!(sandbox["max_file_size_bytes"], 1u64 << 30);
+    assert_eq!(sandbox["max_tmp_size_bytes"], 512u64 << 20);
     assert!(sandbox["network"].as_str().unwrap().starts_with("none"));
     let sandbox = sandbox_of(&switchboard(
         &[

@@ -65,6 +65,7 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "max_processes": ("--max-processes", "value"),
     "max_memory": ("--max-memory", "value"),
     "max_file_size": ("--max-file-size", "value"),
+    "max_tmp_size": ("--max-tmp-size", "value"),
     "sandbox_read": ("--sandbox-read", "repeat"),
     "sandbox_read_path": ("--sandbox-read-path", "flag"),
     "mcp_config": ("--mcp-config", "value"),
