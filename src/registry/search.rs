@@ -218,8 +218,7 @@ impl Lines {
                 .min(self.spans.len().saturating_sub(1));
             let (start, end) = self.spans[line];
             // A match that runs past its line could span two tools: check this one alone.
-            let matched =
-                (m_start >= start && m_end <= end) || re.is_match(&hay[start..end]);
+            let matched = (m_start >= start && m_end <= end) || re.is_match(&hay[start..end]);
             if matched && !found(line as u32) {
                 return;
             }
@@ -285,13 +284,12 @@ impl Part {
                 part.postings.entry(word.into()).or_default().push((id, f));
             }
             part.names.push([&*tool.name]);
-            part.text.push(
-                [&*tool.name, tool.description.as_str()]
-                    .into_iter()
-                    .chain(params.iter().flat_map(|(name, description)| {
+            part.text
+                .push([&*tool.name, tool.description.as_str()].into_iter().chain(
+                    params.iter().flat_map(|(name, description)| {
                         std::iter::once(name.as_str()).chain(description.as_deref())
-                    })),
-            );
+                    }),
+                ));
             part.total_len += len;
             part.by_name.insert(Arc::clone(&tool.name), id);
             part.docs.push(Doc {

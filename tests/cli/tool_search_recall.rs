@@ -26,7 +26,10 @@ fn top5_recall_on_the_benchmark_catalog_is_at_least_90_percent() {
         .collect();
     let recall = &lines[0];
     assert_eq!(recall["workload"], "tool_search_recall");
-    assert!(recall["catalog_tools"].as_u64().unwrap() >= 1000, "{recall}");
+    assert!(
+        recall["catalog_tools"].as_u64().unwrap() >= 1000,
+        "{recall}"
+    );
     assert!(recall["mcp_tools"].as_u64().unwrap() >= 200, "{recall}");
     assert!(recall["queries"].as_u64().unwrap() >= 200, "{recall}");
     let top1 = recall["top1"].as_f64().unwrap();
