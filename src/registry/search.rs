@@ -116,7 +116,7 @@ impl Query {
 #[derive(Debug)]
 pub enum Pattern {
     /// The pattern, lower-cased.
-    Literal(memchr::memmem::Finder<'static>),
+    Literal(Box<memchr::memmem::Finder<'static>>),
     /// A case-insensitive regex.
     Regex(Regex),
 }
@@ -153,9 +153,9 @@ pub fn compile(pattern: &str) -> Result<Pattern, String> {
     }
     if regex::escape(pattern) == pattern {
         let lower = pattern.to_ascii_lowercase().into_bytes();
-        return Ok(Pattern::Literal(
+        return Ok(Pattern::Literal(Box::new(
             memchr::memmem::Finder::new(&lower).into_owned(),
-        ));
+        )));
     }
     // ASCII classes and case folding: tool text is nearly all ASCII, and Unicode case folding
     // (`k` also matching the Kelvin sign) keeps the literal prefilters from applying. A
