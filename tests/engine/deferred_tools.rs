@@ -67,6 +67,15 @@ fn small_catalog() -> DeferralConfig {
     }
 }
 
+/// The ticket tools on an engine that defers above 6 tools (so their `auto` tools are deferred).
+fn deferring(runs: &Arc<AtomicUsize>) -> Engine {
+    Engine::builder()
+        .tools(tickets(runs))
+        .deferral(small_catalog())
+        .build()
+        .unwrap()
+}
+
 fn names(catalog: &[Value]) -> Vec<String> {
     catalog
         .iter()
@@ -122,11 +131,7 @@ async fn a_small_catalog_defers_nothing_and_has_no_search() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_catalog_defers_its_auto_tools_on_both_wires() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let engine = Engine::builder()
-        .tools(tickets(&runs))
-        .deferral(small_catalog())
-        .build()
-        .unwrap();
+    let engine = deferring(&runs);
     let anthropic = engine.catalog(CatalogFormat::Anthropic).await.unwrap();
     // Every tool is listed, the search first; only the auto tools are deferred; no entry
     // carries cache_control.
@@ -150,11 +155,7 @@ async fn a_large_catalog_defers_its_auto_tools_on_both_wires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_reveals_what_it_found_and_the_openai_catalog_appends_it_in_order() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let engine = Engine::builder()
-        .tools(tickets(&runs))
-        .deferral(small_catalog())
-        .build()
-        .unwrap();
+    let engine = deferring(&runs);
     let session = engine.session();
     let results = session
         .dispatch(vec![call(
@@ -280,11 +281,7 @@ async fn a_deferred_tool_called_by_name_unsearched_is_validated_and_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_queries_are_invalid_arguments_and_never_hang() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let engine = Engine::builder()
-        .tools(tickets(&runs))
-        .deferral(small_catalog())
-        .build()
-        .unwrap();
+    let engine = deferring(&runs);
     let cases = [
         json!({"query": "regex:(unclosed"}),
         json!({"query": format!("regex:{}", "a".repeat(201))}),
@@ -376,11 +373,7 @@ async fn a_turn_in_flight_keeps_the_index_it_was_planned_with() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_own_tools_are_searched_with_the_engines() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let engine = Engine::builder()
-        .tools(tickets(&runs))
-        .deferral(small_catalog())
-        .build()
-        .unwrap();
+    let engine = deferring(&runs);
     let session = engine
         .session_with(SessionOptions::new().tools([tool(
             "lookup_invoice",
