@@ -34,8 +34,7 @@ pub const MAX_RESULTS: u64 = 20;
 pub const DEFAULT_RESULTS: u64 = 5;
 
 /// When `auto` tools are deferred: when the catalog has more than `auto_above` tools, or its
-/// definitions take more than [`BUDGET_SHARE_PERCENT`] % of `context_budget` estimated tokens
-/// ([`BYTES_PER_TOKEN`] bytes of JSON each).
+/// definitions take more than 10 % of `context_budget` estimated tokens (4 bytes of JSON each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeferralConfig {
     /// Most tools a catalog shows in full before its `auto` tools are deferred.

@@ -31,7 +31,8 @@ pub struct SandboxStatus {
     pub landlock_abi: i32,
     /// `unshare --net` works (a loopback-only network namespace per call).
     pub network_namespace: bool,
-    /// Which of [`CALL_NAMESPACES`] `unshare` can create here.
+    /// Which of the per-call namespaces beyond mount, pid and network (IPC, UTS, cgroup)
+    /// `unshare` can create here.
     pub namespaces: Vec<&'static str>,
     /// Where per-call cgroups are created.
     pub(crate) cgroups: CgroupParents,
