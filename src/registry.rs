@@ -164,7 +164,9 @@ impl Snapshot {
         let mut shadowed = HashSet::new();
         let mut order: Vec<Arc<RegisteredTool>> = self.order.clone();
         for t in extra {
-            if self.order.iter().any(|o| o.name == t.name) {
+            // The map also holds `tool_search`, which is not in `order`: filtering by the
+            // shadowed names below is then a no-op for it.
+            if self.tools.contains_key(&t.name) {
                 shadowed.insert(Arc::clone(&t.name));
             }
         }
