@@ -105,9 +105,10 @@ EOF
 # A policy (allow by default, one deny rule) and an audit log so the permissions row's series exist.
 # --defer-auto-above 0 defers the MCP server's tools, so every model request's catalog is shaped by
 # deferral and the tool-search row's series exist (the scripted sessions never search: rates of 0).
+# --journal records every call, so the journal row's series exist (no retries: dedup rates of 0).
 echo '{"permissions": {"deny": ["read_file(**/.env)"], "default": "allow"}}' >"$tmp/policy.json"
 "$bin" demo --sessions 8 --duration "${demo_seconds}s" --metrics-addr "$target" \
-  --mcp-config "$tmp/mcp.json" --defer-auto-above 0 --policy "$tmp/policy.json" --audit-log "$tmp/audit.jsonl" \
+  --mcp-config "$tmp/mcp.json" --defer-auto-above 0 --journal "$tmp/journal" --policy "$tmp/policy.json" --audit-log "$tmp/audit.jsonl" \
   >"$tmp/demo.out" 2>"$tmp/demo.err" &
 demo_pid=$!
 

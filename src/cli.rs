@@ -17,7 +17,7 @@ use serde_json::Value;
 
 /// The `run` and `chat` commands as calls (their flags, and a writer for what they print), for
 /// programs and tests that drive them without a process.
-pub use crate::command::{PolicyArgs, SandboxArgs, TelemetryArgs};
+pub use crate::command::{JournalArgs, PolicyArgs, SandboxArgs, TelemetryArgs};
 pub use crate::mcp::command::McpArgs;
 pub use crate::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
 
@@ -76,6 +76,13 @@ pub(crate) enum Command {
         /// MCP servers.
         #[command(flatten)]
         mcp: McpArgs,
+        /// The call journal.
+        #[command(flatten)]
+        journal: JournalArgs,
+        /// The session the turns belong to: with --journal, a turn sent again under the same
+        /// session id (in this run or a later one) is answered from the journal.
+        #[arg(long, value_name = "ID", default_value = "dispatch")]
+        session_id: String,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -116,6 +123,9 @@ pub(crate) enum Command {
         /// MCP servers (started with the engine; their tools join the catalog).
         #[command(flatten)]
         mcp: McpArgs,
+        /// The call journal.
+        #[command(flatten)]
+        journal: JournalArgs,
         /// Metrics.
         #[command(flatten)]
         telemetry: TelemetryArgs,
@@ -285,6 +295,8 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             sandbox,
             policy,
             mcp,
+            journal,
+            session_id,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
@@ -298,17 +310,27 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 &sandbox,
                 &policy,
                 &mcp,
+                &journal,
             )
             .await
             {
                 Ok(engine) => engine,
                 Err(code) => return code,
             };
-            let code = if lines {
-                dispatch_lines(&engine, format.into(), &interrupt).await
-            } else {
-                dispatch_one(&engine, format.into(), &interrupt).await
+            // One session for all the turns: a turn sent again is answered from its answers.
+            let session = match engine
+                .session_with(crate::SessionOptions::new().id(session_id))
+                .await
+            {
+                Ok(session) => session,
+                Err(e) => return fail(1, format!("cannot open the session: {e}")),
             };
+            let code = if lines {
+                dispatch_lines(&session, format.into(), &interrupt).await
+            } else {
+                dispatch_one(&session, format.into(), &interrupt).await
+            };
+            drop(session);
             engine.shutdown(Duration::from_secs(1)).await;
             finish_telemetry(telemetry, code).await
         }
@@ -325,6 +347,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 &sandbox,
                 &PolicyArgs::default(),
                 &mcp,
+                &JournalArgs::default(),
             )
             .await
             {
@@ -356,6 +379,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             sandbox,
             policy,
             mcp,
+            journal,
             telemetry,
         } => {
             let telemetry = match start_telemetry(telemetry).await {
@@ -368,9 +392,12 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 workspace,
                 duration,
                 stop,
-                sandbox.config(),
-                &policy,
-                &mcp,
+                demo::EngineFlags {
+                    sandbox: sandbox.config(),
+                    policy: &policy,
+                    mcp: &mcp,
+                    journal: &journal,
+                },
             )
             .await
             {
@@ -423,6 +450,7 @@ async fn engine_for(
     sandbox: &SandboxArgs,
     policy: &PolicyArgs,
     mcp: &McpArgs,
+    journal: &JournalArgs,
 ) -> Result<Engine, ExitCode> {
     let root = workspace.unwrap_or_else(|| PathBuf::from("."));
     let ws = Workspace::open(&root)
@@ -435,6 +463,7 @@ async fn engine_for(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(sandbox.config());
+    let builder = journal.apply(builder);
     // A bad policy file is a usage error (2), named with its rule.
     let builder = policy.apply(builder).map_err(|e| fail(2, &e))?;
     // A bad MCP configuration is a usage error (2); an engine that cannot start (a sandbox the
@@ -447,7 +476,11 @@ async fn engine_for(
 /// wrote the turn and then signalled still gets every call of it answered.
 const INPUT_GRACE: Duration = Duration::from_secs(1);
 
-async fn dispatch_one(engine: &Engine, format: WireFormat, interrupt: &Interrupt) -> ExitCode {
+async fn dispatch_one(
+    engine: &crate::Session,
+    format: WireFormat,
+    interrupt: &Interrupt,
+) -> ExitCode {
     let mut read = tokio::task::spawn_blocking(|| {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).map(|_| input)
@@ -483,7 +516,11 @@ async fn dispatch_one(engine: &Engine, format: WireFormat, interrupt: &Interrupt
     }
 }
 
-async fn dispatch_lines(engine: &Engine, format: WireFormat, interrupt: &Interrupt) -> ExitCode {
+async fn dispatch_lines(
+    engine: &crate::Session,
+    format: WireFormat,
+    interrupt: &Interrupt,
+) -> ExitCode {
     let stopped = || interrupt.exit_code().unwrap_or(INTERRUPTED);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
     std::thread::spawn(move || {

@@ -64,6 +64,13 @@ impl Collector {
         self.slots.len()
     }
 
+    /// The `tool_use_id` and tool name of call `index`, as the model sent them.
+    pub fn identity(&self, index: usize) -> (&str, &str) {
+        self.identities
+            .get(index)
+            .map_or(("", ""), |(id, name)| (&**id, &**name))
+    }
+
     /// The tool name of call `index`, as the model spelled it.
     pub fn name(&self, index: usize) -> Option<Arc<str>> {
         self.identities.get(index).map(|(_, name)| Arc::clone(name))

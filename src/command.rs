@@ -14,6 +14,36 @@ use crate::sandbox::{SandboxConfig, SandboxLimits, SandboxMode};
 mod interrupt;
 pub use interrupt::{Early, INTERRUPTED, Interrupt};
 
+/// The call journal flags of `dispatch`, `serve` and `run`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct JournalArgs {
+    /// Record every call in a durable journal in DIR (created if missing): a turn sent again is
+    /// answered from it, also after a restart, and a side-effect call interrupted by a crash is
+    /// answered outcome_unknown instead of running twice.
+    #[arg(long, value_name = "DIR")]
+    pub journal: Option<PathBuf>,
+    /// How long the journal keeps answered calls (default 24h).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          requires = "journal")]
+    pub journal_retention: Option<std::time::Duration>,
+}
+
+impl JournalArgs {
+    /// The builder with the journal, if one was asked for.
+    pub fn apply(&self, builder: crate::EngineBuilder) -> crate::EngineBuilder {
+        match &self.journal {
+            None => builder,
+            Some(dir) => {
+                let builder = builder.journal(dir);
+                match self.journal_retention {
+                    Some(r) => builder.journal_retention(r),
+                    None => builder,
+                }
+            }
+        }
+    }
+}
+
 /// Metrics flags of the long-running commands.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TelemetryArgs {
@@ -191,7 +221,15 @@ impl PolicyArgs {
             .approver(approver)
             .approval_timeout(self.approval_timeout);
         if let Some(path) = &self.audit_log {
-            let log = crate::policy::AuditLog::open(path, self.audit_args)
+            // SIGHUP reopens the log (after a rotation), as log tools expect, instead of ending
+            // the process; caught before the file is opened, so none comes in between.
+            let reopen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            signal_hook::flag::register(
+                signal_hook::consts::SIGHUP,
+                std::sync::Arc::clone(&reopen),
+            )
+            .map_err(|e| format!("cannot catch SIGHUP for the audit log: {e}"))?;
+            let log = crate::policy::AuditLog::open_reopening(path, self.audit_args, reopen)
                 .map_err(|e| format!("cannot open audit log {}: {e}", path.display()))?;
             policy = policy.audit(log);
         }

@@ -105,6 +105,19 @@ struct SessionRun {
     in_order: bool,
 }
 
+/// The engine flags the demo shares with the other commands.
+#[derive(Debug)]
+pub struct EngineFlags<'a> {
+    /// The sandbox of bash commands.
+    pub sandbox: crate::sandbox::SandboxConfig,
+    /// The permission policy and audit log.
+    pub policy: &'a crate::command::PolicyArgs,
+    /// MCP servers.
+    pub mcp: &'a crate::mcp::command::McpArgs,
+    /// The call journal.
+    pub journal: &'a crate::command::JournalArgs,
+}
+
 /// Runs the demo and returns the report. `workspace` overrides the temporary directory;
 /// `duration` keeps running rounds of `sessions` sessions until that much time has passed.
 /// Cancelling `stop` (a signal) shuts the engine down at once: every call in flight is answered
@@ -114,10 +127,14 @@ pub async fn run(
     workspace: Option<PathBuf>,
     duration: Option<Duration>,
     stop: CancellationToken,
-    sandbox: crate::sandbox::SandboxConfig,
-    policy: &crate::command::PolicyArgs,
-    mcp: &crate::mcp::command::McpArgs,
+    flags: EngineFlags<'_>,
 ) -> Result<String, String> {
+    let EngineFlags {
+        sandbox,
+        policy,
+        mcp,
+        journal,
+    } = flags;
     let temp = match &workspace {
         Some(_) => None,
         None => Some(tempfile::tempdir().map_err(|e| format!("cannot create a workspace: {e}"))?),
@@ -134,6 +151,7 @@ pub async fn run(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(sandbox);
+    let builder = journal.apply(builder);
     let builder = policy.apply(builder)?;
     let engine = crate::mcp::command::start_engine(builder, mcp).await?;
     let on_stop = {

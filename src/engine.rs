@@ -39,8 +39,10 @@ use crate::scheduler::{self, RunTurn, Scheduler};
 use crate::tool::{SessionScope, ToolSpec};
 use crate::worker::WorkerPool;
 
+mod answers;
 mod session;
 use crate::workspace::Workspace;
+pub use answers::Retention;
 use session::Turf;
 pub use session::{Session, SessionError, SessionOptions};
 
@@ -63,9 +65,40 @@ pub struct EngineBuilder {
     policy: Option<crate::policy::Policy>,
     hooks: Vec<crate::policy::Hook>,
     deferral: crate::registry::DeferralConfig,
+    journal: Option<(std::path::PathBuf, Duration)>,
+    retention: Retention,
 }
 
 impl EngineBuilder {
+    /// Records every session call in a durable journal in directory `dir` (created if missing;
+    /// see [`crate::journal`] and `docs/retries.md`): an intent before a side-effect or
+    /// idempotent call starts, the answer before it leaves the engine. A session reopened
+    /// under the same id after a restart answers retried calls from it. `build` fails if the
+    /// journal is damaged or in use.
+    pub fn journal(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        let retention = self
+            .journal
+            .take()
+            .map_or(crate::journal::DEFAULT_RETENTION, |(_, r)| r);
+        self.journal = Some((dir.into(), retention));
+        self
+    }
+
+    /// How long the journal keeps answered calls (default 24 hours); no effect without
+    /// [`EngineBuilder::journal`].
+    pub fn journal_retention(mut self, retention: Duration) -> Self {
+        if let Some((_, r)) = &mut self.journal {
+            *r = retention;
+        }
+        self
+    }
+
+    /// How many answers each session keeps in memory for retries ([`Retention`]).
+    pub fn answer_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
     /// Adds every server of an MCP configuration (`.mcp.json`); see [`crate::mcp`].
     pub fn mcp_config(mut self, config: crate::mcp::McpConfig) -> Self {
         self.mcp.servers.extend(config.servers);
@@ -172,6 +205,13 @@ impl EngineBuilder {
     ///
     /// Fails with [`RegistryError::Sandbox`] when the sandbox mode cannot be enforced here.
     pub fn build(self) -> Result<Engine, RegistryError> {
+        let journal = match &self.journal {
+            None => None,
+            Some((dir, retention)) => Some(
+                crate::journal::Journal::open(dir, *retention)
+                    .map_err(|e| RegistryError::Journal(e.to_string()))?,
+            ),
+        };
         let sandbox = Arc::new(
             Sandbox::prepare(self.sandbox.unwrap_or_default()).map_err(RegistryError::Sandbox)?,
         );
@@ -197,7 +237,7 @@ impl EngineBuilder {
             self.max_queued.unwrap_or(DEFAULT_MAX_QUEUED),
         ));
         let registry = Registry::spawn(registry);
-        let mcp = crate::mcp::McpServers::spawn(&self.mcp, &registry);
+        let mcp = crate::mcp::McpServers::spawn(&self.mcp, &registry, &sandbox);
         let workers = WorkerPool::spawn(workers_n, Arc::clone(&limiter), Arc::clone(&metrics));
         let schedulers = (0..self.schedulers.unwrap_or(workers_n))
             .map(|_| Scheduler::spawn(Scheduler::new(workers.clone())))
@@ -225,6 +265,9 @@ impl EngineBuilder {
                 workspace: self.workspace,
                 sessions_opened: AtomicU64::new(0),
                 mcp,
+                journal,
+                retention: self.retention,
+                run_tag: format!("{:x}", crate::journal::now_ms()),
             }),
         })
     }
@@ -255,6 +298,12 @@ struct Inner {
     /// The permission policy every call of this engine goes through (beside its scope, which
     /// tools see; tools never see the policy).
     policy: Option<Arc<crate::policy::Policy>>,
+    /// The durable call journal, if any.
+    journal: Option<crate::journal::Journal>,
+    /// How many answers each session keeps in memory.
+    retention: Retention,
+    /// Tells this run's unnamed sessions from an earlier run's (in the journal).
+    run_tag: String,
 }
 
 /// The dispatch engine. Clone it freely: clones share the same actors.
@@ -386,6 +435,23 @@ impl Engine {
         &self.inner.sandbox
     }
 
+    /// The engine's call journal, if it has one ([`EngineBuilder::journal`]).
+    pub fn journal(&self) -> Option<&crate::journal::Journal> {
+        self.inner.journal.as_ref()
+    }
+
+    /// Counts a session's turn in flight until the guard drops, so shutdown waits for it (its
+    /// answers are journaled after the engine's part of the turn ends). `None` once shutdown
+    /// began.
+    pub(crate) fn enter_turn(&self) -> Option<impl Drop + '_> {
+        let guard = InFlight::enter(&self.inner);
+        (!self.is_closed()).then_some(guard)
+    }
+
+    pub(crate) fn metrics(&self) -> &EngineMetrics {
+        &self.inner.metrics
+    }
+
     /// The MCP servers' status (up, failed with the reason, …) and their registered tools.
     pub fn mcp_status(&self) -> Vec<crate::mcp::ServerStatus> {
         self.inner.mcp.statuses()
@@ -487,6 +553,9 @@ impl Engine {
         self.inner.workers.stop().await;
         let _ = self.inner.registry.stop_gracefully().await;
         self.inner.limiter.close();
+        if let Some(journal) = &self.inner.journal {
+            journal.close();
+        }
         // The audit lines of every answered call reach the file (unless its disk is stuck).
         if let Some(log) = self.policy().and_then(|p| p.audit_log()).cloned() {
             let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;

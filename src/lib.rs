@@ -41,14 +41,14 @@
 //!
 //! | layer | modules | what lives there |
 //! | --- | --- | --- |
-//! | foundation | `protocol`, `validation`, `metrics`, `breaker`, `limiter`, `process_env`, `process_guard`, `tls` | wire formats, error codes, `ToolError`, the output cap, schemas, metric handles, small primitives |
+//! | foundation | `protocol`, `validation`, `metrics`, `breaker`, `limiter`, `process_env`, `process_guard`, `process_tree`, `tls` | wire formats, error codes, `ToolError`, the output cap, schemas, metric handles, small primitives |
 //! | confinement | `workspace`, `file_state`, `sandbox` | the workspace directory handle, per-session file stamps, the OS sandbox |
 //! | tool | `tool`, `typed` | `ToolSpec`, `Handler`, `ToolContext`, `SessionScope`, `Access`, `Subject` |
 //! | built-in tools | `tools` | `bash`, `read_file`, `write_file`, `edit_file`, `glob` |
 //! | registry | `policy::rules`, `registry` | permission rules and their per-tool index; the Registry actor and its snapshot |
 //! | planning | `plan`, `observe`, `collector` | admission and the dependency graph; spans and metrics of a call; one slot per call |
 //! | policy | `policy` | approvals, hooks, the audit log: the layer every call passes before it runs |
-//! | execution | `execute`, `worker`, `scheduler`, `baseline` | the per-call layer stack, the worker pool, the scheduler, the direct baseline |
+//! | execution | `execute`, `worker`, `scheduler`, `baseline`, `journal` | the per-call layer stack, the worker pool, the scheduler, the direct baseline; the durable call journal |
 //! | MCP client | `mcp` | MCP servers' tools as registry entries, supervised |
 //! | engine | `engine` | the `Engine`, its builder and sessions |
 //! | conversation | `document`, `provider`, `providers`, `agent_loop` | one wire document in and out; model providers; the agent loop |
@@ -90,6 +90,7 @@ mod engine;
 mod execute;
 pub mod exporter;
 mod file_state;
+pub mod journal;
 #[cfg(test)]
 mod layering;
 mod limiter;
@@ -102,6 +103,7 @@ mod plan;
 pub mod policy;
 mod process_env;
 pub mod process_guard;
+pub mod process_tree;
 pub mod protocol;
 pub mod provider;
 pub mod providers;
@@ -154,13 +156,13 @@ mod doc_examples {
 }
 
 pub use engine::{
-    DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUED, Engine, EngineBuilder, EngineError, Session,
-    SessionError, SessionOptions,
+    DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_QUEUED, Engine, EngineBuilder, EngineError, Retention,
+    Session, SessionError, SessionOptions,
 };
 pub use protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult, WireFormat};
 pub use registry::{CatalogFormat, DeferralConfig, RegistryError};
 pub use tool::{
-    Access, Block, CommitGate, Defer, Handler, Image, Mode, Resource, SessionScope, Subject,
-    ToolContext, ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolReference, ToolSpec,
+    Access, Block, CommitGate, Defer, Effect, Handler, Image, Mode, Resource, SessionScope,
+    Subject, ToolContext, ToolError, ToolOutcome, ToolOutput, ToolPolicy, ToolReference, ToolSpec,
 };
 pub use workspace::Workspace;

@@ -76,7 +76,8 @@ pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
 pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
 /// Policy decisions, by tool and decision (`allow`, `deny`, `approved`, `refused`).
 pub const PERMISSION_DECISIONS_TOTAL: &str = "switchboard_permission_decisions_total";
-/// Audit lines dropped because the audit log's buffer was full.
+/// Audit lines lost: dropped because the audit log's buffer was full, or not written because a
+/// write failed (a full disk).
 pub const AUDIT_DROPPED_TOTAL: &str = "switchboard_audit_dropped_total";
 /// `tool_search` calls, by query form.
 pub const TOOL_SEARCH_TOTAL: &str = "switchboard_tool_search_total";
@@ -87,6 +88,16 @@ pub const TOOL_SEARCH_HITS_TOTAL: &str = "switchboard_tool_search_hits_total";
 pub const DEFERRED_CALLS_UNREVEALED_TOTAL: &str = "switchboard_deferred_calls_unrevealed_total";
 /// Bytes of tool definitions a catalog left out of the model's context by deferring them.
 pub const CATALOG_BYTES_AVOIDED: &str = "switchboard_catalog_bytes_avoided";
+/// Durable flushes of the call journal (each one group commit).
+pub const JOURNAL_FLUSHES_TOTAL: &str = "switchboard_journal_flushes_total";
+/// Records (intents, results, session records) made durable by one journal flush.
+pub const JOURNAL_RECORDS_PER_FLUSH: &str = "switchboard_journal_records_per_flush";
+/// How long one journal flush took (write and fsync).
+pub const JOURNAL_FLUSH_SECONDS: &str = "switchboard_journal_flush_seconds";
+/// Calls answered from a session's stored answers (a re-sent `tool_use_id`), without running.
+pub const DEDUP_HITS_TOTAL: &str = "switchboard_dedup_hits_total";
+/// Calls answered `outcome_unknown`: retried after a crash that interrupted their run.
+pub const OUTCOME_UNKNOWN_TOTAL: &str = "switchboard_outcome_unknown_total";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,7 +286,7 @@ pub const METRICS: &[MetricDef] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &[],
-        help: "Audit log lines dropped because the writer could not keep up (the calls themselves were answered).",
+        help: "Audit log lines lost: dropped because the writer could not keep up, or not written because a write failed, e.g. a full disk (the calls themselves were answered).",
     },
     MetricDef {
         name: TOOL_SEARCH_TOTAL,
@@ -304,6 +315,41 @@ pub const METRICS: &[MetricDef] = &[
         unit: Unit::Bytes,
         labels: &[],
         help: "Per catalog served while tools are deferred: bytes of tool definitions (as JSON) kept out of the model's context.",
+    },
+    MetricDef {
+        name: JOURNAL_FLUSHES_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Durable flushes of the call journal; each covers every intent, result and session record waiting at that moment.",
+    },
+    MetricDef {
+        name: JOURNAL_RECORDS_PER_FLUSH,
+        kind: Kind::Histogram,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Records (intents, results, session records) made durable by one journal flush.",
+    },
+    MetricDef {
+        name: JOURNAL_FLUSH_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &[],
+        help: "Duration of one journal flush (write and fsync).",
+    },
+    MetricDef {
+        name: DEDUP_HITS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Calls answered from the session's stored answers (a re-sent tool_use_id), without running anything.",
+    },
+    MetricDef {
+        name: OUTCOME_UNKNOWN_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Retried side-effect calls answered outcome_unknown: the engine stopped while their first run was in progress.",
     },
 ];
 
@@ -410,6 +456,40 @@ pub struct EngineMetrics {
     tool_search_hits: Counter,
     deferred_unrevealed: Counter,
     catalog_bytes_avoided: Histogram,
+    dedup_hits: Counter,
+    outcome_unknown: Counter,
+}
+
+/// Handles of the journal's metrics.
+#[derive(Debug, Clone)]
+pub struct JournalMetrics {
+    flushes: Counter,
+    records: Histogram,
+    seconds: Histogram,
+}
+
+impl JournalMetrics {
+    /// Handles from the recorder installed now.
+    pub fn new() -> Self {
+        JournalMetrics {
+            flushes: zeroed(counter!(JOURNAL_FLUSHES_TOTAL)),
+            records: histogram!(JOURNAL_RECORDS_PER_FLUSH),
+            seconds: histogram!(JOURNAL_FLUSH_SECONDS),
+        }
+    }
+
+    /// One flush of `records` records took `elapsed`.
+    pub fn flush(&self, records: usize, elapsed: Duration) {
+        self.flushes.increment(1);
+        self.records.record(records as f64);
+        self.seconds.record(elapsed);
+    }
+}
+
+impl Default for JournalMetrics {
+    fn default() -> Self {
+        JournalMetrics::new()
+    }
 }
 
 impl EngineMetrics {
@@ -441,7 +521,19 @@ impl EngineMetrics {
             tool_search_hits: zeroed(counter!(TOOL_SEARCH_HITS_TOTAL)),
             deferred_unrevealed: zeroed(counter!(DEFERRED_CALLS_UNREVEALED_TOTAL)),
             catalog_bytes_avoided: histogram!(CATALOG_BYTES_AVOIDED),
+            dedup_hits: zeroed(counter!(DEDUP_HITS_TOTAL)),
+            outcome_unknown: zeroed(counter!(OUTCOME_UNKNOWN_TOTAL)),
         }
+    }
+
+    /// `n` calls were answered from stored answers.
+    pub fn dedup_hits(&self, n: usize) {
+        self.dedup_hits.increment(n as u64);
+    }
+
+    /// A retried call was answered `outcome_unknown`.
+    pub fn outcome_unknown(&self) {
+        self.outcome_unknown.increment(1);
     }
 
     /// A `tool_search` call of query form `form` (`keywords`, `select` or `regex`).
@@ -694,9 +786,9 @@ impl PolicyMetrics {
             .increment(1);
     }
 
-    /// One audit line dropped.
-    pub fn audit_dropped(&self) {
-        self.audit_dropped.increment(1);
+    /// Audit lines lost.
+    pub fn audit_dropped(&self, lines: u64) {
+        self.audit_dropped.increment(lines);
     }
 }
 

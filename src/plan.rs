@@ -73,6 +73,8 @@ pub struct Rejected {
     pub code: ErrorCode,
     /// The detail after `Error [<code>]: `.
     pub detail: String,
+    /// The call's arguments as sent (for the audit log).
+    pub arguments: serde_json::Value,
 }
 
 /// What the planner decided for one turn.
@@ -93,11 +95,14 @@ pub struct Plan {
 /// session's, handed to the tools' access functions.
 pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, workspace: Option<&Workspace>) -> Plan {
     if let Err(detail) = check_turn(&calls) {
-        let rejected = (0..calls.len())
-            .map(|index| Rejected {
+        let rejected = calls
+            .into_iter()
+            .enumerate()
+            .map(|(index, call)| Rejected {
                 index,
                 code: ErrorCode::InvalidArguments,
                 detail: detail.clone(),
+                arguments: call.arguments,
             })
             .collect();
         return Plan {
@@ -120,6 +125,7 @@ pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, workspace: Option<&Worksp
                 index,
                 code,
                 detail,
+                arguments: call.arguments,
             }),
         }
     }

@@ -46,11 +46,14 @@ pub enum ErrorCode {
     Cancelled,
     /// Refused by backpressure; nothing ran.
     Overloaded,
+    /// The engine stopped while this call was running; it may or may not have taken effect
+    /// (a retried side-effect call found in the journal with no result).
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
     /// Every code, in a fixed order (handy for tables and metrics).
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 8] = [
         ErrorCode::UnknownTool,
         ErrorCode::InvalidArguments,
         ErrorCode::PermissionDenied,
@@ -58,6 +61,7 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::Cancelled,
         ErrorCode::Overloaded,
+        ErrorCode::OutcomeUnknown,
     ];
 
     /// The snake_case wire name, e.g. `invalid_arguments`.
@@ -70,6 +74,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::Overloaded => "overloaded",
+            ErrorCode::OutcomeUnknown => "outcome_unknown",
         }
     }
 

@@ -62,6 +62,8 @@ pub struct RegisteredTool {
     pub policy_rules: std::sync::OnceLock<crate::policy::rules::RuleIndex>,
     /// Whether the catalog may defer it.
     pub defer: Defer,
+    /// What running a call twice would do.
+    pub effect: crate::tool::Effect,
     /// Bytes of its Anthropic catalog entry as JSON (for the catalog's size estimate).
     pub catalog_bytes: usize,
 }
@@ -96,6 +98,10 @@ pub enum RegistryError {
     /// (reported by [`crate::EngineBuilder::build`]).
     #[error("{0}")]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// Not a registration problem: the engine's journal cannot be opened (reported by
+    /// [`crate::EngineBuilder::build`]).
+    #[error("{0}")]
+    Journal(String),
 }
 
 /// True when `name` matches `^[a-zA-Z0-9_-]{1,64}$`.
@@ -448,6 +454,7 @@ pub fn prepare(spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
         policy_decisions: Default::default(),
         policy_rules: Default::default(),
         defer: spec.defer,
+        effect: spec.effect,
         catalog_bytes,
     })
 }

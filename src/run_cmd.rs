@@ -110,6 +110,9 @@ pub struct ModelArgs {
     /// MCP servers whose tools join the catalog.
     #[command(flatten)]
     pub mcp: crate::mcp::command::McpArgs,
+    /// The call journal.
+    #[command(flatten)]
+    pub journal: crate::command::JournalArgs,
 }
 
 impl Default for ModelArgs {
@@ -131,6 +134,7 @@ impl Default for ModelArgs {
             sandbox: crate::command::SandboxArgs::default(),
             policy: Default::default(),
             mcp: Default::default(),
+            journal: Default::default(),
         }
     }
 }
@@ -299,6 +303,7 @@ async fn setup(
         .tools(builtin_tools())
         .workspace(ws.clone())
         .sandbox(args.sandbox.config());
+    let builder = args.journal.apply(builder);
     let builder = args
         .policy
         .apply_with(builder, approver)
@@ -316,7 +321,18 @@ async fn setup(
         max_tokens: args.max_tokens,
         max_turns: args.max_turns as usize,
     };
-    let session = engine.session();
+    // With a journal, each run is a conversation of its own (a run replays nothing of an
+    // earlier one); its calls are recorded durably.
+    let session = match &args.journal.journal {
+        None => engine.session(),
+        Some(_) => {
+            let id = format!("run-{}-{}", crate::journal::now_ms(), std::process::id());
+            engine
+                .session_with(crate::SessionOptions::new().id(id))
+                .await
+                .map_err(|e| fail(1, format!("cannot open the session: {e}")))?
+        }
+    };
     let agent = AgentLoop::new(session.clone(), provider, config)
         .map_err(|e| fail(2, e.to_string()))?
         .with_stream(args.stream_options());

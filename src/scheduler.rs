@@ -106,6 +106,10 @@ pub fn prepare(
     }
     for r in &plan.rejected {
         let metrics = collector_metrics(&snapshot, &collector, r.index);
+        if let Some(policy) = &policy {
+            let (id, name) = collector.identity(r.index);
+            policy.record_unanswered(&scope, (id, name), &r.arguments, "admission", r.code);
+        }
         collector.fill_error(r.index, r.code, &r.detail, metrics);
     }
     TurnPlan {
@@ -138,6 +142,26 @@ impl TurnPlan {
             .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
     }
 
+    /// Answers a call the turn's cancellation reached before it started (it never reached the
+    /// policy, which audits it all the same).
+    fn not_started(&mut self, p: &Planned) {
+        if let Some(policy) = &self.policy {
+            policy.record_unanswered(
+                &self.scope,
+                (&p.call.id, &p.call.name),
+                &p.call.arguments,
+                "cancellation",
+                ErrorCode::Cancelled,
+            );
+        }
+        self.collector.fill_error(
+            p.index,
+            ErrorCode::Cancelled,
+            "cancelled before it started",
+            &p.tool.metrics,
+        );
+    }
+
     /// Runs an all-inline plan in place.
     pub fn run_inline(
         mut self,
@@ -149,12 +173,7 @@ impl TurnPlan {
         if cancel.is_cancelled() {
             // Cancelled before it started (a turn-addressed cancel that came first): nothing runs.
             for p in &calls {
-                self.collector.fill_error(
-                    p.index,
-                    ErrorCode::Cancelled,
-                    "cancelled before it started",
-                    &p.tool.metrics,
-                );
+                self.not_started(p);
             }
             return self.finish();
         }
@@ -212,12 +231,7 @@ impl TurnPlan {
     ) {
         if cancel.is_cancelled() {
             for p in &calls {
-                self.collector.fill_error(
-                    p.index,
-                    ErrorCode::Cancelled,
-                    "cancelled before it started",
-                    &p.tool.metrics,
-                );
+                self.not_started(p);
             }
             return;
         }
@@ -375,12 +389,7 @@ impl TurnPlan {
                 }
                 if cancel.is_cancelled() {
                     for p in batch {
-                        self.collector.fill_error(
-                            p.index,
-                            ErrorCode::Cancelled,
-                            "cancelled before it started",
-                            &p.tool.metrics,
-                        );
+                        self.not_started(&p);
                         release(
                             position[p.index] as usize,
                             &mut finished,

@@ -181,6 +181,16 @@ impl SessionScope {
         });
     }
 
+    /// Adds `names` to the revealed set (in this order, after those already in it), as shown
+    /// earlier (not as search results).
+    pub fn reveal(&self, names: &[Arc<str>]) {
+        self.with_revealed(|r| {
+            for name in names {
+                r.add(name);
+            }
+        });
+    }
+
     /// Records a call of the deferred tool `name`: it joins the revealed set if it was not in
     /// it (a model may call a deferred tool by its exact name without searching).
     pub fn note_deferred_call(&self, name: &Arc<str>) -> DeferredCall {
@@ -394,6 +404,47 @@ pub struct ToolSpec {
     /// Whether the catalog may leave the tool's definition out of the model's context until a
     /// search finds it ([`Defer`]; default [`Defer::Auto`]).
     pub defer: Defer,
+    /// What running a call twice would do ([`Effect`]; default [`Effect::SideEffect`]): decides
+    /// what the journal records before a call starts and what a retry after a crash gets.
+    pub effect: Effect,
+}
+
+/// What running a call of a tool twice would do — how the engine may answer a retried call
+/// whose first run was interrupted by a crash (see `docs/retries.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Effect {
+    /// Changes nothing (`read_file`, `glob`, `tool_search`): run again freely. The journal
+    /// records only its result.
+    ReadOnly,
+    /// Running it again leaves the same state as running it once (`write_file` of the same
+    /// content): after a crash during its run, a retry runs it again.
+    Idempotent,
+    /// Anything else (`bash`, `edit_file`, a payment): after a crash during its run, a retry is
+    /// answered `outcome_unknown` instead of a second run.
+    #[default]
+    SideEffect,
+}
+
+impl Effect {
+    /// `read_only`, `idempotent` or `side_effect` (how configuration files and the sidecar
+    /// spell it).
+    pub fn parse(text: &str) -> Option<Effect> {
+        match text {
+            "read_only" => Some(Effect::ReadOnly),
+            "idempotent" => Some(Effect::Idempotent),
+            "side_effect" => Some(Effect::SideEffect),
+            _ => None,
+        }
+    }
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::ReadOnly => "read_only",
+            Effect::Idempotent => "idempotent",
+            Effect::SideEffect => "side_effect",
+        }
+    }
 }
 
 /// Whether a tool's definition may be deferred: sent with `defer_loading: true` on the Anthropic
@@ -449,7 +500,14 @@ impl ToolSpec {
             subject: None,
             access: None,
             defer: Defer::Auto,
+            effect: Effect::SideEffect,
         }
+    }
+
+    /// Declares what running a call twice would do ([`Effect`]).
+    pub fn effect(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
     }
 
     /// Sets whether the tool's definition may be deferred ([`Defer`]).

@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use arc_swap::ArcSwapOption;
 use serde_json::Value;
 
+use super::answers::{Answers, Hit, Plan};
 use super::{Engine, EngineError};
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{CatalogFormat, RegisteredTool, RegistryError, Snapshot};
@@ -50,8 +51,9 @@ impl SessionOptions {
 
     /// The session's id, as callers know it (an HTTP session id, a conversation id): it is the id
     /// every call of the session carries in its [`crate::ToolContext`], audit line, hook input and
-    /// span. Default: `s1`, `s2`, … in the order sessions open. Ids are not checked for
-    /// uniqueness; give each session its own.
+    /// span. Default: `s1`, `s2`, … in the order sessions open (with a journal, `s1-<run>`, …:
+    /// unique to this run of the engine). Ids are not checked for uniqueness; give each session
+    /// its own. With a journal, the id is what continues a session after a restart.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
         self
@@ -141,6 +143,23 @@ struct SessionInner {
     own: Option<OwnTools>,
     /// The engine's policy, or the session's narrowing of it.
     policy: Option<Arc<crate::policy::Policy>>,
+    /// Every call it answered, for retries.
+    answers: Answers,
+}
+
+/// The calls of a turn registered as running whose answers are not remembered yet (see
+/// [`Session::turn`]).
+struct Unfinished<'a> {
+    answers: &'a Answers,
+    ids: Vec<Arc<str>>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.ids.is_empty() {
+            self.answers.unfinished(&self.ids, true);
+        }
+    }
 }
 
 /// What one session's turns are planned with ([`Engine::dispatch_on`]).
@@ -172,6 +191,11 @@ impl Session {
             tools: own,
             view: ArcSwapOption::empty(),
         });
+        let answers = Answers::new(
+            Arc::from(scope.id()),
+            engine.inner.retention,
+            engine.inner.journal.clone(),
+        );
         Session {
             inner: Arc::new(SessionInner {
                 engine,
@@ -180,6 +204,7 @@ impl Session {
                 cancel,
                 own,
                 policy,
+                answers,
             }),
         }
     }
@@ -211,6 +236,17 @@ impl Session {
         Ok(self.view().await.catalog(&self.inner.scope, format))
     }
 
+    /// Marks `names` as shown to the session (a session reopened after a restart gets back
+    /// the deferred tools it had been shown).
+    pub fn restore_revealed(&self, names: &[Arc<str>]) {
+        self.inner.scope.reveal(names);
+    }
+
+    /// How many answers the session keeps now for retries (see [`crate::Retention`]).
+    pub fn answers_kept(&self) -> usize {
+        self.inner.answers.len()
+    }
+
     /// The deferred tools this session has been shown (by `tool_search` or by calling them), in
     /// the order they were first shown.
     pub fn revealed(&self) -> Vec<Arc<str>> {
@@ -234,27 +270,243 @@ impl Session {
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
-        self.inner
-            .engine
-            .dispatch_on(
-                &self.inner.scheduler,
-                &self.inner.scope,
-                calls,
-                cancel,
-                None,
-                self.turf().await,
-            )
-            .await
+        self.turn(calls, cancel, None).await
     }
 
     /// Like [`Session::dispatch_with_cancel`], also sending each result to `sink` with its index
-    /// in the turn as soon as it is answered (refused calls first, then each call as it
-    /// finishes, also within a concurrent stage). The returned answer is the same ordered one.
+    /// in the turn as soon as it is answered (refused and stored answers first, then each call
+    /// as it finishes, also within a concurrent stage). The returned answer is the same ordered
+    /// one.
     pub async fn dispatch_streaming(
         &self,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
         sink: ResultSink,
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
+        self.turn(calls, cancel, Some(sink)).await
+    }
+
+    /// One turn: the session's answers first (a re-sent `tool_use_id` is answered from them),
+    /// then the intents of the calls that run (durable first, when there is a journal), the
+    /// engine for those calls, and their answers remembered (durable before they leave).
+    async fn turn(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+        sink: Option<ResultSink>,
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
+        let answers = &self.inner.answers;
+        if calls.is_empty() || Answers::refused_whole(&calls) {
+            return self.engine_turn(calls, cancel, sink).await;
+        }
+        // Shutdown waits for the whole turn, journal writes included.
+        let Some(_in_flight) = self.inner.engine.enter_turn() else {
+            return Err(EngineError::ShutDown);
+        };
+        let view = self.view().await;
+        let plans = answers.plan(&calls, &view);
+        // Until every call registered as running here has its answer remembered: if this
+        // future is dropped first, those calls are marked abandoned (their copies are answered
+        // `outcome_unknown`), never left running forever.
+        let mut guard = Unfinished {
+            answers,
+            ids: plans
+                .iter()
+                .zip(&calls)
+                .filter(|(p, _)| matches!(p, Plan::Run { .. } | Plan::Decided { .. }))
+                .map(|(_, c)| Arc::clone(&c.id))
+                .collect(),
+        };
+        let journal = answers.journal().cloned();
+        // The calls that run, and where each goes back in the turn.
+        let mut runs: Vec<usize> = Vec::new();
+        let mut out: Vec<Option<ToolDispatchResult>> = Vec::with_capacity(calls.len());
+        let mut hits = 0usize;
+        for (i, plan) in plans.iter().enumerate() {
+            match plan {
+                Plan::Answer(result, hit) => {
+                    if *hit == Hit::Stored {
+                        hits += 1;
+                    }
+                    if let Some(sink) = &sink {
+                        let _ = sink.send((i, result.clone()));
+                    }
+                    out.push(Some(result.clone()));
+                }
+                Plan::Run { .. } => {
+                    runs.push(i);
+                    out.push(None);
+                }
+                Plan::Decided { .. } | Plan::Wait(_) => out.push(None),
+            }
+        }
+        let metrics = self.inner.engine.metrics();
+        // Intents first: a call starts only once its intent is durable. A journal that cannot
+        // record them runs none of them.
+        let mut journal_failed = None;
+        if let Some(journal) = &journal {
+            let intents = answers.intents(&calls, &plans);
+            if let Err(e) = journal.write(intents).await {
+                journal_failed = Some(e.to_string());
+            }
+        }
+        let mut plans = plans;
+        // Decided answers (outcome_unknown) are remembered and journaled like answers.
+        let mut records = Vec::new();
+        for (i, plan) in plans.iter_mut().enumerate() {
+            if let Plan::Decided {
+                digest,
+                effect,
+                result,
+                ..
+            } = plan
+            {
+                metrics.outcome_unknown();
+                records.push(answers.answer_record(result, digest, *effect));
+                out[i] = Some(result.clone());
+            }
+        }
+        let mut calls = calls;
+        if !runs.is_empty() {
+            if let Some(detail) = &journal_failed {
+                for &i in &runs {
+                    out[i] = Some(ToolDispatchResult::error(
+                        Arc::clone(&calls[i].id),
+                        Arc::clone(&calls[i].name),
+                        crate::ErrorCode::ExecutionError,
+                        &format!("not run: the journal cannot record the call ({detail})"),
+                        crate::Timing::default(),
+                    ));
+                }
+            } else {
+                // Usually every call is new: the turn goes to the engine as it came.
+                let sub: Vec<ToolCall> = if runs.len() == calls.len() {
+                    std::mem::take(&mut calls)
+                } else {
+                    runs.iter()
+                        .map(|&i| {
+                            std::mem::replace(&mut calls[i], ToolCall::new("", "", Value::Null))
+                        })
+                        .collect()
+                };
+                let results = match self
+                    .run_and_record(sub, &runs, cancel, sink.as_ref(), &plans)
+                    .await
+                {
+                    Ok(results) => results,
+                    Err(e) => {
+                        // Refused by the engine: nothing of the turn ran.
+                        answers.unfinished(&std::mem::take(&mut guard.ids), false);
+                        return Err(e);
+                    }
+                };
+                for (&i, result) in runs.iter().zip(results) {
+                    out[i] = Some(result);
+                }
+            }
+        }
+        // Answers are durable before any leaves the engine (the streamed ones were written as
+        // they came).
+        if let Some(journal) = &journal {
+            if sink.is_none() {
+                for &i in &runs {
+                    if let (Plan::Run { digest, effect, .. }, Some(result)) = (&plans[i], &out[i]) {
+                        records.push(answers.answer_record(result, digest, *effect));
+                    }
+                }
+            }
+            if let Err(e) = journal.write(records).await {
+                tracing::error!(error = %e, "journal: the answers of a turn were not recorded");
+            }
+        }
+        for (i, plan) in plans.iter().enumerate() {
+            match plan {
+                Plan::Run { digest, .. } | Plan::Decided { digest, .. } => {
+                    if let Some(result) = &out[i] {
+                        answers.finish(*digest, result);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(sink) = &sink {
+            for (i, plan) in plans.iter().enumerate() {
+                if let (Plan::Decided { .. }, Some(result)) = (plan, &out[i]) {
+                    let _ = sink.send((i, result.clone()));
+                }
+            }
+        }
+        // Copies of calls still running in an earlier copy of the turn.
+        guard.ids.clear();
+        for (i, plan) in plans.into_iter().enumerate() {
+            if let Plan::Wait(digest) = plan {
+                hits += 1;
+                let call = &calls[i];
+                let result = answers
+                    .wait(call, digest)
+                    .await
+                    .ok_or(EngineError::ShutDown)?;
+                if let Some(sink) = &sink {
+                    let _ = sink.send((i, result.clone()));
+                }
+                out[i] = Some(result);
+            }
+        }
+        if hits > 0 {
+            metrics.dedup_hits(hits);
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("every call of the turn has its answer"))
+            .collect())
+    }
+
+    /// Runs the calls `sub` (the turn's calls at `runs`) through the engine. When streaming, each
+    /// result reaches `sink` under its index in the whole turn — after its answer is durable,
+    /// when there is a journal.
+    async fn run_and_record(
+        &self,
+        sub: Vec<ToolCall>,
+        runs: &[usize],
+        cancel: CancellationToken,
+        sink: Option<&ResultSink>,
+        plans: &[Plan],
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
+        let Some(outer) = sink else {
+            return self.engine_turn(sub, cancel, None).await;
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let n = sub.len();
+        let answers = &self.inner.answers;
+        let forward = async {
+            let mut seen = 0;
+            while seen < n {
+                let Some((j, result)) = rx.recv().await else {
+                    break;
+                };
+                seen += 1;
+                let i = runs[j];
+                if let (Some(journal), Plan::Run { digest, effect, .. }) =
+                    (answers.journal(), &plans[i])
+                {
+                    let record = answers.answer_record(&result, digest, *effect);
+                    if let Err(e) = journal.write(vec![record]).await {
+                        tracing::error!(error = %e, "journal: an answer was not recorded");
+                    }
+                }
+                let _ = outer.send((i, result));
+            }
+        };
+        let (results, ()) = tokio::join!(self.engine_turn(sub, cancel, Some(tx)), forward);
+        results
+    }
+
+    /// A turn straight to the engine (no answers remembered).
+    async fn engine_turn(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+        sink: Option<ResultSink>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         self.inner
             .engine
@@ -263,7 +515,7 @@ impl Session {
                 &self.inner.scope,
                 calls,
                 cancel,
-                Some(sink),
+                sink,
                 self.turf().await,
             )
             .await
@@ -385,7 +637,12 @@ impl Engine {
         policy: Option<Arc<crate::policy::Policy>>,
     ) -> Session {
         let n = self.inner.sessions_opened.fetch_add(1, Ordering::Relaxed) + 1;
-        let id = id.unwrap_or_else(|| format!("s{n}"));
+        // With a journal, an unnamed session's id is unique to this run of the engine: a
+        // session of an earlier run is continued only by naming it (`SessionOptions::id`).
+        let id = id.unwrap_or_else(|| match &self.inner.journal {
+            None => format!("s{n}"),
+            Some(_) => format!("s{n}-{}", self.inner.run_tag),
+        });
         let scope = Arc::new(SessionScope::new(id, workspace).with_sandbox(sandbox));
         // The session's turns all go through one of the engine's schedulers (the same one for the
         // session's whole life, so they are planned in the order they are dispatched); no actor

@@ -72,6 +72,19 @@ pub struct LoadArgs {
     #[arg(long, group = "rounds_mode",
           conflicts_with_all = ["idle", "baseline", "target", "faults", "mcp_call"])]
     pub compare_metrics: bool,
+    /// Run the engine with a durable call journal in a fresh subdirectory of DIR (created if
+    /// missing), one per engine phase and removed after it: an intent before each call and its
+    /// answer after, each durable before the call starts and before the turn is answered.
+    #[arg(long, value_name = "DIR",
+          conflicts_with_all = ["idle", "workload_set", "target", "mcp_call"])]
+    pub journal: Option<PathBuf>,
+    /// Run the workload on an engine with the journal (--journal DIR) and on one without,
+    /// alternating --rounds times in this process, each side also timing sequential one-call
+    /// turns of one session, and report the cost (`journal_cost` = 1 − on ÷ off calls/s, each
+    /// side's best round), flushes per second and calls per flush.
+    #[arg(long, group = "rounds_mode", requires = "journal",
+          conflicts_with_all = ["idle", "baseline", "target", "faults", "mcp_call"])]
+    pub compare_journal: bool,
     /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
     #[arg(long, conflicts_with_all = ["turns", "baseline"])]
     pub idle: bool,
@@ -96,7 +109,8 @@ pub struct LoadArgs {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub max_time: Duration,
     /// With --workload-set: alternate the engine and direct phases this many times per workload
-    /// and report each side's best round (with --compare-metrics: the metrics-on and -off phases).
+    /// and report each side's best round (with --compare-metrics or --compare-journal: the on and
+    /// off phases).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100), requires = "rounds_mode")]
     pub rounds: u32,
     /// Seed of the call mix (errors, serial share, mixed tools).

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::http::{Endpoint, HttpSession};
+use super::journal_dir::JournalRoot;
 use super::monitor::{Monitor, MonitorConfig, Shared};
 use super::rss;
 use super::stats::Recorder;
@@ -21,6 +22,7 @@ use super::workload::{SessionTurns, Templates, Workload};
 use crate::baseline::DirectDispatcher;
 use crate::engine::Engine;
 use crate::engine::Session;
+use crate::journal::{FlushCounts, Journal};
 use crate::protocol::{ToolCall, ToolDispatchResult, WireFormat, write_json};
 use crate::tool::ToolSpec;
 
@@ -125,6 +127,8 @@ pub struct Phase {
     pub peak_rss: Option<u64>,
     /// RSS samples, bytes, about one a second (when asked for).
     pub rss_samples: Vec<u64>,
+    /// What the engine's journal flushed during the measured loops (an engine with a journal).
+    pub journal: Option<FlushCounts>,
 }
 
 impl Phase {
@@ -136,6 +140,19 @@ impl Phase {
     /// Turns per second.
     pub fn turns_per_s(&self) -> f64 {
         per_s(self.stats.turns, self.elapsed)
+    }
+
+    /// Journal flushes per second (`None` without a journal).
+    pub fn flushes_per_s(&self) -> Option<f64> {
+        self.journal.map(|j| per_s(j.flushes, self.elapsed))
+    }
+
+    /// Calls answered per journal flush (`None` without a journal, or when nothing was flushed).
+    /// Each call takes part in two flushes (its intent's and its answer's).
+    pub fn calls_per_flush(&self) -> Option<f64> {
+        self.journal
+            .filter(|j| j.flushes > 0)
+            .map(|j| self.stats.calls as f64 / j.flushes as f64)
     }
 }
 
@@ -150,6 +167,17 @@ pub async fn run_phase(
     workload: &Arc<Workload>,
     bounds: &Bounds,
     display: &Display,
+) -> Phase {
+    run_turns(targets, workload, bounds, display, false).await
+}
+
+/// [`run_phase`]; `warm_up` gives the turns ids of their own ([`SessionTurns::for_warm_up`]).
+async fn run_turns(
+    targets: &[Target],
+    workload: &Arc<Workload>,
+    bounds: &Bounds,
+    display: &Display,
+    warm_up: bool,
 ) -> Phase {
     let sessions = targets.len();
     let recorders: Vec<Arc<Mutex<Recorder>>> = (0..sessions.clamp(1, MAX_RECORDERS))
@@ -175,7 +203,10 @@ pub async fn run_phase(
     );
     let templates = Templates::shared(workload);
     let turns_each: Vec<SessionTurns> = (0..sessions)
-        .map(|i| SessionTurns::new(Arc::clone(workload), templates.as_ref(), i))
+        .map(|i| {
+            let turns = SessionTurns::new(Arc::clone(workload), templates.as_ref(), i);
+            if warm_up { turns.for_warm_up() } else { turns }
+        })
         .collect();
     let start = Instant::now();
     let tasks: Vec<_> = targets
@@ -216,6 +247,7 @@ pub async fn run_phase(
         stopped_by,
         peak_rss: rss::peak(),
         rss_samples: seen.rss_samples,
+        journal: None,
     }
 }
 
@@ -255,7 +287,8 @@ async fn session_loop(
     shared.calls.fetch_add(unflushed, Ordering::Relaxed);
 }
 
-/// Warm-up before a measured phase: the same loops, unmeasured, for `warmup` (if not zero).
+/// Warm-up before a measured phase: the same loops on the same sessions, unmeasured, with ids
+/// of their own, for `warmup` (if not zero).
 async fn warm_up(targets: &[Target], workload: &Arc<Workload>, warmup: Duration) {
     if warmup.is_zero() {
         return;
@@ -270,7 +303,7 @@ async fn warm_up(targets: &[Target], workload: &Arc<Workload>, warmup: Duration)
         progress: false,
         sample_rss: false,
     };
-    run_phase(targets, workload, &bounds, &display).await;
+    run_turns(targets, workload, &bounds, &display, true).await;
 }
 
 /// The tools of a load run, and the workspace the built-in ones work in (if any).
@@ -282,6 +315,8 @@ pub struct ToolSet {
     pub workspace: Option<crate::workspace::Workspace>,
     /// The engine's permission policy file (`--policy`), loaded afresh for each engine phase.
     pub policy: Option<std::path::PathBuf>,
+    /// Where each engine phase opens a fresh journal (`--journal`), if it has one.
+    pub journal: Option<Arc<JournalRoot>>,
 }
 
 /// The engine phase: an engine with `tools` (`workers` workers), one session per simulated
@@ -303,7 +338,9 @@ pub async fn engine_phase(
 }
 
 /// [`engine_phase`], with the engine's metric handles taken from `recorder` instead of the
-/// installed one (`metrics::NoopRecorder` for an engine that records nothing).
+/// installed one (`metrics::NoopRecorder` for an engine that records nothing). With
+/// `tools.journal`, the engine journals into a fresh directory, removed after the phase, and the
+/// phase reports what the journal flushed during the measured loops.
 #[allow(clippy::too_many_arguments)]
 pub async fn engine_phase_recording(
     recorder: Option<&(dyn metrics::Recorder + Sync)>,
@@ -326,6 +363,14 @@ pub async fn engine_phase_recording(
     if let Some(w) = workers {
         builder = builder.workers(w);
     }
+    // Declared before the engine, so removed after it is gone.
+    let journal_dir = match &tools.journal {
+        Some(root) => Some(root.phase_dir()?),
+        None => None,
+    };
+    if let Some(dir) = &journal_dir {
+        builder = builder.journal(dir.path());
+    }
     let engine = match recorder {
         Some(r) => metrics::with_local_recorder(r, || builder.build()),
         None => builder.build(),
@@ -335,7 +380,12 @@ pub async fn engine_phase_recording(
         .map(|_| Target::Engine(engine.session()))
         .collect();
     warm_up(&targets, workload, warmup).await;
-    let phase = run_phase(&targets, workload, bounds, display).await;
+    let journal = engine.journal();
+    let before = journal.map(Journal::flush_counts);
+    let mut phase = run_phase(&targets, workload, bounds, display).await;
+    phase.journal = journal
+        .zip(before)
+        .map(|(j, before)| j.flush_counts().since(before));
     drop(targets);
     engine.shutdown(Duration::from_secs(2)).await;
     Ok(phase)

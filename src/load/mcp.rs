@@ -136,19 +136,19 @@ async fn engine_load(
 ) -> Side {
     let started = Instant::now();
     let name: Arc<str> = Arc::from(name);
-    let ids: Arc<Vec<Arc<str>>> =
-        Arc::new((0..k).map(|i| Arc::from(format!("toolu_{i:04}"))).collect());
     let tasks = (0..sessions).map(|_| {
-        let (session, name, ids, args) =
-            (engine.session(), name.clone(), ids.clone(), args.clone());
+        let (session, name, args) = (engine.session(), name.clone(), args.clone());
         tokio::spawn(async move {
             let mut side = Side::default();
             let mut done = 0;
             while stop.more(done) {
-                let calls = ids
-                    .iter()
-                    .map(|id| ToolCall::new(id.clone(), name.clone(), args.clone()))
+                // Each turn has ids of its own, as a model's do.
+                let calls: Vec<ToolCall> = (0..k)
+                    .map(|i| {
+                        ToolCall::new(format!("toolu_{done:x}_{i:02}"), name.clone(), args.clone())
+                    })
                     .collect();
+                let ids: Vec<Arc<str>> = calls.iter().map(|c| Arc::clone(&c.id)).collect();
                 let t = Instant::now();
                 // An engine fault answers nothing: counted below as not answered in order.
                 let results = session.dispatch(calls).await.unwrap_or_default();
@@ -186,7 +186,9 @@ async fn direct_load(
         .ok_or_else(|| format!("no server {server}"))?;
     let client = match &spec.transport {
         t @ Transport::Stdio { .. } => {
-            let (child, _) = transport::spawn_stdio(server, t).map_err(|e| e.to_string())?;
+            let containment = crate::sandbox::Containment::default();
+            let (child, _) =
+                transport::spawn_stdio(server, t, &containment).map_err(|e| e.to_string())?;
             ().serve(child).await.map_err(|e| e.to_string())?
         }
         t @ Transport::Http { .. } => {

@@ -14,15 +14,20 @@
 //! keep-alive connection per session (see `http.rs`), and `--workload-set serve` measures the
 //! HTTP hop against the in-process engine in one run (see `serve_set.rs`); `--compare-metrics`
 //! runs the workload on an engine that records metrics and on one that does not, alternating
-//! rounds, and reports the cost (see `compare.rs`); `--workload-set tool-search` measures
+//! rounds, and reports the cost (see `compare.rs`); `--journal DIR` runs the engine with a
+//! durable call journal, and `--compare-journal` runs the workload with and without it,
+//! alternating rounds, and reports the cost, the journal's flushes and the latency of a lone
+//! one-call turn (see `compare_journal.rs`, `journal_dir.rs`); `--workload-set tool-search` measures
 //! `tool_search`'s recall and latency (see `search_set.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
 mod args;
 mod compare;
+mod compare_journal;
 mod driver;
 mod http;
 mod idle;
+mod journal_dir;
 mod mcp;
 mod monitor;
 mod numbers;
@@ -166,6 +171,34 @@ fn set_config(args: &LoadArgs) -> peers::PeersConfig {
 
 /// The end of a workload set: its JSON lines into `--report DIR/<file>`, and a failure if any
 /// turn was not answered exactly once, in order.
+/// The end of a comparison run (`--compare-metrics`, `--compare-journal`): its JSON into the
+/// report directory, if any, and a failure if any turn was not answered exactly once, in order.
+fn finish_comparison(
+    args: &LoadArgs,
+    file: &str,
+    doc: &Value,
+    violations: &stats::Recorder,
+) -> ExitCode {
+    if let Some(dir) = &args.report
+        && let Err(e) = write_json(dir, file, doc)
+    {
+        return fail(1, &e);
+    }
+    for e in &violations.examples {
+        crate::command::say(&format!("load: violation: {e}"));
+    }
+    if violations.violations > 0 {
+        return fail(
+            1,
+            format!(
+                "{} turns were not answered exactly once, in order",
+                violations.violations
+            ),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
 fn finish_set(args: &LoadArgs, lines: &[String], violations: u64, file: &str) -> ExitCode {
     if let Some(dir) = &args.report {
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
@@ -299,10 +332,18 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     } else {
         tools
     };
+    let journal = match &args.journal {
+        Some(dir) => match journal_dir::JournalRoot::open(dir) {
+            Ok(root) => Some(Arc::new(root)),
+            Err(e) => return fail(2, &e),
+        },
+        None => None,
+    };
     let tools = ToolSet {
         specs,
         workspace,
         policy: args.policy.clone(),
+        journal,
     };
     let duration = match (args.turns, args.duration) {
         (Some(_), _) => None,
@@ -325,6 +366,12 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
             duration.map_or(Duration::ZERO, |d| (d / 10).min(Duration::from_millis(200)))
         });
         return run_compare(args, &tools, &workload, bounds, warmup, duration).await;
+    }
+    if args.compare_journal {
+        let warmup = args.warmup.unwrap_or_else(|| {
+            duration.map_or(Duration::ZERO, |d| (d / 10).min(Duration::from_millis(200)))
+        });
+        return compare_journal::command(args, &tools, &workload, bounds, warmup, duration).await;
     }
     let warmup = args.warmup.unwrap_or(Duration::ZERO);
     let display = |label: &str| Display {
@@ -386,7 +433,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     let soak = rss::SoakVerdict::of(&engine.rss_samples);
     let doc = load_json(args, &engine, direct.as_ref(), ratio, soak.as_ref());
     let title = format!(
-        "switchboard load{}: {} sessions × {} calls/turn, tool {}{}{}, {}",
+        "switchboard load{}: {} sessions × {} calls/turn, tool {}{}{}, {}{}",
         args.target
             .as_deref()
             .map_or_else(String::new, |t| format!(" over HTTP to {t}")),
@@ -407,6 +454,9 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
             Some(d) => humantime::format_duration(d).to_string(),
             None => format!("{} turns per session", bounds.turns),
         },
+        args.journal
+            .as_deref()
+            .map_or_else(String::new, |d| format!(", journal in {}", d.display())),
     );
     if args.json {
         crate::command::out(&format!("{doc}\n"));
@@ -509,24 +559,7 @@ async fn run_compare(
             numbers::group(c.histogram_bytes as u64),
         ));
     }
-    if let Some(dir) = &args.report
-        && let Err(e) = write_json(dir, "compare-metrics.json", &doc)
-    {
-        return fail(1, &e);
-    }
-    for e in &c.violations.examples {
-        crate::command::say(&format!("load: violation: {e}"));
-    }
-    if c.violations.violations > 0 {
-        return fail(
-            1,
-            format!(
-                "{} turns were not answered exactly once, in order",
-                c.violations.violations
-            ),
-        );
-    }
-    ExitCode::SUCCESS
+    finish_comparison(args, "compare-metrics.json", &doc, &c.violations)
 }
 
 fn builtin_workspace(sessions: usize) -> Result<(tempfile::TempDir, Workspace), String> {
@@ -583,6 +616,7 @@ fn config_json(args: &LoadArgs) -> Value {
             "baseline": args.baseline.map(|_| "direct"),
             "seed": args.seed,
             "target": args.target,
+            "journal": args.journal,
             "faults": args.faults.map(|f| json!({"panic": f.panic, "hang": f.hang, "cancel": f.cancel})),
     })
 }

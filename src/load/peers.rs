@@ -183,6 +183,7 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         specs,
         workspace: None,
         policy: None,
+        journal: None,
     };
     let mut best: Option<(Phase, Phase)> = None;
     let mut violations = Recorder::default();

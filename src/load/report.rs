@@ -2,7 +2,8 @@
 //!
 //! The table has one column per phase (engine, and direct when `--baseline direct`): calls,
 //! calls/s, turns/s, turn latency p50/p90/p99/p99.9/max, queue wait percentiles, results by error
-//! code, exactly-once violations and peak RSS, then the engine/direct ratio and the soak verdict.
+//! code, the journal's flushes (an engine with `--journal`), exactly-once violations and peak
+//! RSS, then the engine/direct ratio and the soak verdict.
 //! The JSON document carries the same figures (latencies in µs) and is what `--json` prints and
 //! `--report DIR` writes as `load.json`, beside `latency.svg` (see [`super::svg`]).
 
@@ -34,6 +35,13 @@ pub fn phase_json(phase: &Phase) -> Value {
         "queue_wait_us": Percentiles::of(&s.queue_wait).to_json(),
         "peak_rss_bytes": phase.peak_rss,
         "stopped_by": phase.stopped_by,
+        "journal": phase.journal.map(|j| json!({
+            "flushes": j.flushes,
+            "records": j.records,
+            "flush_busy_s": (j.busy.as_secs_f64() * 1e6).round() / 1e6,
+            "flushes_per_s": round2(phase.flushes_per_s().unwrap_or(0.0)),
+            "calls_per_flush": round2(phase.calls_per_flush().unwrap_or(0.0)),
+        })),
     })
 }
 
@@ -79,6 +87,24 @@ pub fn table(title: &str, phases: &[(&str, &Phase)], ratio: Option<f64>) -> Stri
         {
             row(code.as_str(), &|p| group(p.stats.errors[code_index(code)]));
         }
+    }
+    if phases.iter().any(|(_, p)| p.journal.is_some()) {
+        row("journal flushes", &|p| {
+            p.journal.map_or_else(|| "-".into(), |j| group(j.flushes))
+        });
+        row("flushes/s", &|p| {
+            p.flushes_per_s().map_or_else(|| "-".into(), rate)
+        });
+        row("calls/flush", &|p| {
+            p.calls_per_flush()
+                .map_or_else(|| "-".into(), |c| format!("{c:.1}"))
+        });
+        row("flush time mean", &|p| {
+            p.journal.filter(|j| j.flushes > 0).map_or_else(
+                || "-".into(),
+                |j| duration_us(j.busy.as_secs_f64() * 1e6 / j.flushes as f64),
+            )
+        });
     }
     row("violations", &|p| group(p.stats.violations));
     row("peak RSS", &|p| rss::mib(p.peak_rss));

@@ -232,8 +232,11 @@ async fn search(
     query: &str,
     max: usize,
 ) -> Result<Vec<String>, String> {
+    // Every search has an id of its own (a session answers an id it has seen from memory).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let call = ToolCall::new(
-        format!("s{i}"),
+        format!("s{i}_{n}"),
         "tool_search",
         json!({"query": query, "max_results": max}),
     );
@@ -284,7 +287,7 @@ fn read_catalog(path: &Path) -> Result<Vec<Entry>, String> {
             .iter()
             .zip(crate::mcp::names::registry_names(server, &raw))
         {
-            names[i] = Some(name);
+            names[i] = name;
         }
     }
     let mut seen = std::collections::HashSet::new();

@@ -119,6 +119,7 @@ async fn run_one(
         specs: load_tools(sleep),
         workspace: None,
         policy: None,
+        journal: None,
     };
     let mut best: Option<(Phase, Phase)> = None;
     let mut violations = Recorder::default();

@@ -39,6 +39,7 @@ pub fn code_index(code: ErrorCode) -> usize {
         ErrorCode::Timeout => 4,
         ErrorCode::Cancelled => 5,
         ErrorCode::Overloaded => 6,
+        ErrorCode::OutcomeUnknown => 7,
     }
 }
 
@@ -52,7 +53,7 @@ pub struct Recorder {
     /// Results that were `ok`.
     pub ok: u64,
     /// Results by error code, in [`ErrorCode::ALL`] order.
-    pub errors: [u64; 7],
+    pub errors: [u64; ErrorCode::ALL.len()],
     /// Turns not answered exactly once in order (count).
     pub violations: u64,
     /// The first few violations, described.
@@ -69,7 +70,7 @@ impl Default for Recorder {
             turns: 0,
             calls: 0,
             ok: 0,
-            errors: [0; 7],
+            errors: [0; ErrorCode::ALL.len()],
             violations: 0,
             examples: Vec::new(),
             turn_latency: histogram(),

@@ -314,14 +314,15 @@ pub struct SessionTurns {
     names: Vec<Arc<str>>,
     templates: Arc<Templates>,
     rng: SplitMix64,
+    turn: u64,
+    /// What every `tool_use_id` starts with (see [`SessionTurns::for_warm_up`]).
+    id_prefix: &'static str,
 }
 
 impl SessionTurns {
     /// The turn builder of session `index`, on `shared` templates if given.
     pub fn new(workload: Arc<Workload>, shared: Option<&Arc<Templates>>, index: usize) -> Self {
-        let ids = (0..workload.calls_per_turn)
-            .map(|i| Arc::from(format!("toolu_{i:04}")))
-            .collect();
+        let ids = Vec::with_capacity(workload.calls_per_turn);
         let templates = match shared {
             Some(t) => Arc::clone(t),
             None => Arc::new(Templates::new(&workload, index)),
@@ -336,10 +337,22 @@ impl SessionTurns {
             ids,
             templates,
             rng: SplitMix64(seed),
+            turn: 0,
+            id_prefix: "toolu_",
         }
     }
 
-    /// The `tool_use_id`s of a turn, in call order (every turn reuses them).
+    /// The same turns with ids of their own (`toolu_warmup_…`), for the warm-up before a
+    /// measured phase on the same sessions: a session answers an id it has already answered from
+    /// its stored answers (or refuses it once they are dropped), so a measured turn that reused a
+    /// warm-up id would not run.
+    pub fn for_warm_up(mut self) -> Self {
+        self.id_prefix = "toolu_warmup_";
+        self
+    }
+
+    /// The `tool_use_id`s of the last turn, in call order (each turn has its own, as a model's
+    /// do: a session answers an id it has seen from its stored answers).
     pub fn ids(&self) -> &[Arc<str>] {
         &self.ids
     }
@@ -353,7 +366,13 @@ impl SessionTurns {
 
     /// The next turn's calls.
     pub fn next_turn(&mut self) -> Vec<ToolCall> {
-        let k = self.ids.len();
+        let k = self.workload.calls_per_turn;
+        self.turn += 1;
+        let turn = self.turn;
+        self.ids.clear();
+        let prefix = self.id_prefix;
+        self.ids
+            .extend((0..k).map(|i| Arc::from(format!("{prefix}{turn:x}_{i:02}"))));
         let mut calls = Vec::with_capacity(k);
         for i in 0..k {
             let choice = self.choose(i);
@@ -442,6 +461,20 @@ fn builtin_call(session: usize, slot: usize) -> Template {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_workload_tools_are_side_effect_tools_so_a_journal_records_every_call_twice() {
+        // `load --compare-journal` measures intents and answers: a workload tool declaring
+        // itself read-only would be journaled once, after it ran, and the figure would flatter.
+        for spec in load_tools(Duration::ZERO) {
+            assert_eq!(
+                spec.effect,
+                crate::tool::Effect::SideEffect,
+                "{}",
+                spec.name
+            );
+        }
+    }
+
     fn workload(tool: ToolKind, k: usize) -> Workload {
         Workload {
             tool,
@@ -481,6 +514,21 @@ mod tests {
         assert_eq!(turn.len(), 8);
         for (call, id) in turn.iter().zip(s.ids()) {
             assert_eq!(&call.id, id);
+        }
+    }
+
+    #[test]
+    fn warm_up_turns_never_reuse_the_ids_of_measured_turns() {
+        let w = Arc::new(workload(ToolKind::Noop, 4));
+        let mut warm = SessionTurns::new(Arc::clone(&w), None, 0).for_warm_up();
+        let mut measured = SessionTurns::new(w, None, 0);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100 {
+            warm.next_turn();
+            measured.next_turn();
+            for id in warm.ids().iter().chain(measured.ids()) {
+                assert!(seen.insert(Arc::clone(id)), "{id} was used twice");
+            }
         }
     }
 

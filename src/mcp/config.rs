@@ -27,6 +27,13 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(60_000);
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_millis(30_000);
 /// Longest server name (it is part of every registry name of its tools).
 pub const MAX_SERVER_NAME: usize = 32;
+/// Default bound on the pages of one `tools/list` (`max_list_pages`).
+pub const DEFAULT_MAX_LIST_PAGES: usize = 100;
+/// Default bound on the tools of one server (`max_tools`).
+pub const DEFAULT_MAX_TOOLS: usize = 10_000;
+/// Default bound on the JSON bytes of one server's tool definitions, all pages together
+/// (`max_list_bytes`): 16 MiB.
+pub const DEFAULT_MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
 
 /// Every configured server, by name (sorted, so start order and listings are stable).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -55,6 +62,35 @@ pub struct ServerSpec {
     /// `defer` (`never`, `auto` or `always`; default `auto`): whether its tools may be left out
     /// of the model's context until `tool_search` finds them.
     pub defer: crate::tool::Defer,
+    /// What its `tools/list` may bring in; beyond it the server fails to load.
+    pub list_limits: ListLimits,
+    /// `effect` (`read_only`, `idempotent` or `side_effect`): what a second run of any of its
+    /// tools would do, overriding their `readOnlyHint` / `idempotentHint` (`None`: the hints).
+    pub effect: Option<crate::tool::Effect>,
+}
+
+/// Bounds on one server's `tools/list`, all pages together: past any of them the listing stops
+/// and the server fails to load (a re-listing keeps the tools it had), so a server that pages
+/// forever or lists huge schemas cannot exhaust the engine's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListLimits {
+    /// `max_list_pages`: pages (default 100).
+    pub pages: usize,
+    /// `max_tools`: tools (default 10,000).
+    pub tools: usize,
+    /// `max_list_bytes`: bytes of the tool definitions as JSON — names, descriptions, schemas,
+    /// annotations (default 16 MiB).
+    pub bytes: usize,
+}
+
+impl Default for ListLimits {
+    fn default() -> Self {
+        ListLimits {
+            pages: DEFAULT_MAX_LIST_PAGES,
+            tools: DEFAULT_MAX_TOOLS,
+            bytes: DEFAULT_MAX_LIST_BYTES,
+        }
+    }
 }
 
 /// The transport of one server.
@@ -118,6 +154,8 @@ impl ServerSpec {
             max_concurrency: None,
             enabled: true,
             defer: crate::tool::Defer::Auto,
+            list_limits: ListLimits::default(),
+            effect: None,
         }
     }
 }
@@ -128,13 +166,23 @@ impl ServerSpec {
 pub struct ConfigError(pub String);
 
 /// True when `name` is a valid server name: 1–32 of `[A-Za-z0-9_-]`, without `__` (the
-/// separator of registry names).
+/// separator of registry names) and not ending in `_` (`a_` would make `mcp__a___x`, which
+/// begins with server `a`'s prefix `mcp__a__`): so no two servers can give a tool the same
+/// registry name.
 pub fn valid_server_name(name: &str) -> bool {
     (1..=MAX_SERVER_NAME).contains(&name.len())
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         && !name.contains("__")
+        && !name.ends_with('_')
+}
+
+/// The rule of [`valid_server_name`], as error messages state it.
+pub(crate) fn server_name_rule() -> String {
+    format!(
+        "names must be 1-{MAX_SERVER_NAME} of [A-Za-z0-9_-], without \"__\" and not ending in \"_\""
+    )
 }
 
 impl McpConfig {
@@ -166,7 +214,8 @@ impl McpConfig {
             for (name, entry) in entries {
                 if !valid_server_name(&name) {
                     return Err(ConfigError(format!(
-                        "server {name:?}: names must be 1-{MAX_SERVER_NAME} of [A-Za-z0-9_-] without \"__\""
+                        "server {name:?}: {}",
+                        server_name_rule()
                     )));
                 }
                 let spec = parse_server(entry, env)
@@ -237,10 +286,30 @@ fn parse_server(entry: Value, env: &dyn Fn(&str) -> Option<String>) -> Result<Se
         spec.max_concurrency = Some(usize::try_from(n).unwrap_or(usize::MAX));
     }
     spec.enabled = take_bool(&mut obj, "enabled")?.unwrap_or(true);
+    let limits = &mut spec.list_limits;
+    for (key, limit) in [
+        ("max_list_pages", &mut limits.pages),
+        ("max_tools", &mut limits.tools),
+        ("max_list_bytes", &mut limits.bytes),
+    ] {
+        if let Some(n) = take_u64(&mut obj, key)? {
+            if n == 0 {
+                return Err(format!("\"{key}\": must be at least 1"));
+            }
+            *limit = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+    }
     if let Some(defer) = take_string(&mut obj, "defer")? {
         spec.defer = crate::tool::Defer::parse(&defer).ok_or_else(|| {
             format!("\"defer\": {defer:?} is not \"never\", \"auto\" or \"always\"")
         })?;
+    }
+    if let Some(effect) = take_string(&mut obj, "effect")? {
+        spec.effect = Some(crate::tool::Effect::parse(&effect).ok_or_else(|| {
+            format!(
+                "\"effect\": {effect:?} is not \"read_only\", \"idempotent\" or \"side_effect\""
+            )
+        })?);
     }
     if let Some(key) = obj.keys().next() {
         let kind = spec.transport.kind();
@@ -378,10 +447,12 @@ mod tests {
         let cfg = parse(
             r#"{"mcpServers": {
                 "fs": {"command": "npx", "args": ["-y", "pkg"], "env": {"T": "${TOKEN}"},
-                       "cwd": "/tmp", "timeout_ms": 5000, "parallel": false, "defer": "always"},
+                       "cwd": "/tmp", "timeout_ms": 5000, "parallel": false, "defer": "always",
+                       "effect": "idempotent"},
                 "web": {"type": "http", "url": "https://${HOST}/mcp",
                         "headers": {"Authorization": "Bearer ${TOKEN}"}, "max_concurrency": 4,
-                        "startup_timeout_ms": 100, "enabled": false}
+                        "startup_timeout_ms": 100, "enabled": false, "max_list_pages": 3,
+                        "max_tools": 50, "max_list_bytes": 65536}
             }}"#,
         )
         .unwrap();
@@ -390,6 +461,17 @@ mod tests {
         assert_eq!(fs.startup_timeout, DEFAULT_STARTUP_TIMEOUT);
         assert_eq!(fs.parallel, Some(false));
         assert_eq!(fs.defer, crate::tool::Defer::Always);
+        assert_eq!(fs.effect, Some(crate::tool::Effect::Idempotent));
+        assert_eq!(cfg.servers["web"].effect, None, "the tools' hints decide");
+        assert_eq!(fs.list_limits, ListLimits::default());
+        assert_eq!(
+            (
+                fs.list_limits.pages,
+                fs.list_limits.tools,
+                fs.list_limits.bytes
+            ),
+            (100, 10_000, 16 << 20)
+        );
         assert!(fs.enabled);
         match &fs.transport {
             Transport::Stdio {
@@ -409,6 +491,14 @@ mod tests {
         assert_eq!(web.timeout, DEFAULT_CALL_TIMEOUT);
         assert_eq!(web.max_concurrency, Some(4));
         assert_eq!(web.defer, crate::tool::Defer::Auto);
+        assert_eq!(
+            web.list_limits,
+            ListLimits {
+                pages: 3,
+                tools: 50,
+                bytes: 65536
+            }
+        );
         assert!(!web.enabled);
         assert_eq!(
             web.transport,
@@ -444,7 +534,11 @@ mod tests {
             ),
             (
                 r#"{"mcpServers": {"a b": {"command": "x"}}}"#,
-                r#"server "a b": names must be 1-32 of [A-Za-z0-9_-] without "__""#,
+                r#"server "a b": names must be 1-32 of [A-Za-z0-9_-], without "__" and not ending in "_""#,
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x"}, "a_": {"command": "x"}}}"#,
+                r#"server "a_": names must be 1-32 of [A-Za-z0-9_-], without "__" and not ending in "_""#,
             ),
             (
                 r#"{"mcpServers": {"a": {"command": "x", "parallel": 1}}}"#,
@@ -453,6 +547,18 @@ mod tests {
             (
                 r#"{"mcpServers": {"a": {"command": "x", "defer": "later"}}}"#,
                 r#"server "a": "defer": "later" is not "never", "auto" or "always""#,
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "effect": "pure"}}}"#,
+                r#"server "a": "effect": "pure" is not "read_only", "idempotent" or "side_effect""#,
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "max_tools": 0}}}"#,
+                r#"server "a": "max_tools": must be at least 1"#,
+            ),
+            (
+                r#"{"mcpServers": {"a": {"command": "x", "max_list_bytes": "1MB"}}}"#,
+                r#"server "a": "max_list_bytes": must be a non-negative integer"#,
             ),
             (
                 r#"{"servers": {}}"#,
@@ -480,5 +586,7 @@ mod tests {
         assert!(!valid_server_name(""));
         assert!(!valid_server_name(&"a".repeat(33)));
         assert!(!valid_server_name("a.b"));
+        assert!(!valid_server_name("a_"));
+        assert!(valid_server_name("_a") && valid_server_name("a-") && valid_server_name("a_b"));
     }
 }

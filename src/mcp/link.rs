@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::ServerSpec;
 use crate::metrics::McpServerMetrics;
+use crate::sandbox::Containment;
 
 /// What a call sees of its server.
 #[derive(Clone)]
@@ -109,6 +110,8 @@ pub(crate) struct Shared {
     pub(super) status: Mutex<ServerStatus>,
     pub(super) shutdown: CancellationToken,
     pub(super) pid: AtomicU32,
+    /// The engine's process-tree control, for a stdio server's process.
+    pub(super) containment: Arc<Containment>,
 }
 
 impl Shared {

@@ -2,9 +2,12 @@
 //! served over MCP.
 //!
 //! * `config` — the `.mcp.json` `mcpServers` format plus Switchboard's per-server keys.
-//! * `names` — `mcp__<server>__<tool>` registry names within 64 characters.
+//! * `names` — `mcp__<server>__<tool>` registry names within 64 characters, unique.
+//! * `lines`, `wire`, `recover` — MCP's stdio framing: bounded lines, an answer for every
+//!   request that cannot be read, and what can be kept of a response that does not decode.
 //! * `transport` — a stdio child (allowlisted environment, own process group) or Streamable
 //!   HTTP.
+//! * `listing` — a server's `tools/list`, all pages, within its limits.
 //! * `server_conn` — one server's connection and supervisor (start, list, re-list, restart with
 //!   backoff, shut down).
 //! * `tools` — a listed tool as a [`crate::ToolSpec`] whose handler is a `tools/call`.
@@ -19,23 +22,30 @@
 #[cfg(feature = "cli")]
 pub(crate) mod command;
 pub(crate) mod config;
+mod lines;
 mod link;
 #[cfg(feature = "cli")]
 pub(crate) mod list;
+mod listing;
 pub(crate) mod names;
+mod recover;
 #[cfg(feature = "cli")]
 pub(crate) mod serve;
 mod server_conn;
 mod tools;
 pub(crate) mod transport;
+mod wire;
 
 use futures::future::join_all;
 use kameo::prelude::ActorRef;
 
-pub use config::{ConfigError, McpConfig, ServerSpec, Transport, valid_server_name};
+pub use config::{ConfigError, ListLimits, McpConfig, ServerSpec, Transport, valid_server_name};
 pub use server_conn::{Server, ServerState, ServerStatus, ToolEntry};
 
+use std::sync::Arc;
+
 use crate::registry::Registry;
+use crate::sandbox::{Containment, Sandbox};
 
 /// The MCP servers of one engine.
 #[derive(Debug, Default)]
@@ -44,13 +54,31 @@ pub struct McpServers {
 }
 
 impl McpServers {
-    /// Starts supervising every server of `config` at once (in the background).
-    pub(crate) fn spawn(config: &McpConfig, registry: &ActorRef<Registry>) -> Self {
+    /// Starts supervising every server of `config` at once (in the background); stdio servers
+    /// run under the process-tree control `sandbox`'s machine offers.
+    pub(crate) fn spawn(
+        config: &McpConfig,
+        registry: &ActorRef<Registry>,
+        sandbox: &Sandbox,
+    ) -> Self {
+        let stdio = config
+            .servers
+            .values()
+            .any(|s| s.enabled && matches!(s.transport, Transport::Stdio { .. }));
+        // Found once, and only when a stdio server will start.
+        let containment = Arc::new(if stdio {
+            Containment::find(sandbox)
+        } else {
+            Containment::default()
+        });
         McpServers {
             servers: config
                 .servers
                 .iter()
-                .map(|(name, spec)| Server::spawn(name.clone(), spec.clone(), registry.clone()))
+                .map(|(name, spec)| {
+                    let containment = Arc::clone(&containment);
+                    Server::spawn(name.clone(), spec.clone(), registry.clone(), containment)
+                })
                 .collect(),
         }
     }

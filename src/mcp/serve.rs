@@ -6,7 +6,10 @@
 //! `bash`) carry `destructiveHint: true`. A result is one text block, or, when a tool returned an
 //! image, its text and image blocks in order. A failed call is an `isError: true` result whose text is
 //! the `Error [<code>]: <detail>` line. A client's `notifications/cancelled` cancels the call
-//! (its processes are killed); per the protocol, no response is sent for it.
+//! (its processes are killed); per the protocol, no response is sent for it. A request that
+//! cannot be read — over the 16 MiB message limit, not UTF-8 or not JSON, params that do not
+//! decode (nested too deep included) — is answered with a JSON-RPC error carrying its id
+//! (`super::wire`).
 //!
 //! Calls a client has in flight at once are separate turns. With [`Order::Concurrent`] (the
 //! default) each starts as soon as it is handled, whatever it touches. With [`Order::Arrival`]
@@ -28,16 +31,16 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
-use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::wire::JsonLines;
 use crate::engine::Engine;
 use crate::plan;
 use crate::protocol::{Block, ToolCall};
 use crate::registry::Snapshot;
-use crate::tool::{Access, ToolSpec};
+use crate::tool::{Access, Effect, ToolSpec};
 use crate::validation;
 use crate::workspace::Workspace;
 
@@ -80,10 +83,13 @@ pub fn mcp_tool(spec: &ToolSpec) -> Tool {
         Value::Object(m) => m.clone(),
         _ => serde_json::Map::new(),
     };
-    let annotations = if spec.policy.concurrency_safe {
+    let annotations = if spec.policy.concurrency_safe || spec.effect == Effect::ReadOnly {
         ToolAnnotations::new().read_only(true)
     } else {
-        ToolAnnotations::new().read_only(false).destructive(true)
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(spec.effect == Effect::Idempotent)
     };
     let mut tool = Tool::new(spec.name.clone(), spec.description.clone(), schema);
     tool.annotations = Some(annotations);
@@ -388,7 +394,7 @@ pub async fn serve_stdio(
 ) -> Result<(), String> {
     let served = Served::new(engine, specs, order, workspace);
     let (stdin, stdout) = rmcp::transport::io::stdio();
-    let transport = served.arrivals(AsyncRwTransport::new_server(stdin, stdout));
+    let transport = served.arrivals(JsonLines::<RoleServer, _>::new(stdin, stdout));
     let running = served
         .serve_with_ct(transport, stop)
         .await

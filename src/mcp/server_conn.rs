@@ -24,12 +24,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::config::{MAX_SERVER_NAME, ServerSpec, Transport, valid_server_name};
+use super::config::{ServerSpec, Transport, server_name_rule, valid_server_name};
 use super::link::{Link, Live, Shared};
 pub use super::link::{ServerState, ServerStatus, ToolEntry};
-use super::{names, tools, transport};
+use super::wire::Unread;
+use super::{listing, names, tools, transport};
 use crate::metrics::McpServerMetrics;
 use crate::registry::{Registry, RegistryError, ReplaceGroup};
+use crate::sandbox::Containment;
 
 /// First restart delay.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -62,12 +64,14 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Starts supervising `name` (in the background; see [`Server::ready`]). Must be called inside
     /// a tokio runtime.
-    pub(crate) fn spawn(name: String, spec: ServerSpec, registry: ActorRef<Registry>) -> Server {
-        let invalid = (!valid_server_name(&name)).then(|| {
-            format!(
-                "invalid server name {name:?}: names must be 1-{MAX_SERVER_NAME} of [A-Za-z0-9_-] without \"__\""
-            )
-        });
+    pub(crate) fn spawn(
+        name: String,
+        spec: ServerSpec,
+        registry: ActorRef<Registry>,
+        containment: Arc<Containment>,
+    ) -> Server {
+        let invalid = (!valid_server_name(&name))
+            .then(|| format!("invalid server name {name:?}: {}", server_name_rule()));
         let enabled = spec.enabled && invalid.is_none();
         let (link, _) = watch::channel(match &invalid {
             Some(reason) => Link::Down(reason.clone()),
@@ -93,6 +97,7 @@ impl Server {
             link,
             shutdown: CancellationToken::new(),
             pid: AtomicU32::new(0),
+            containment,
         });
         let task = enabled.then(|| tokio::spawn(supervise(Arc::clone(&shared), registry)));
         Server {
@@ -172,40 +177,54 @@ impl ClientHandler for ClientSide {
 
 type Running = RunningService<RoleClient, ClientSide>;
 
+/// A started connection: the running service, the `list_changed` signal, where unreadable
+/// tools of a page are reported, and the first listing (tools, and those skipped).
+struct Connected {
+    running: Running,
+    changed: mpsc::Receiver<()>,
+    unread: Unread,
+    listed: Vec<rmcp::model::Tool>,
+    skipped: Vec<(String, String)>,
+}
+
 /// Starts the server and lists its tools, within the startup timeout.
-async fn connect(
-    shared: &Arc<Shared>,
-) -> Result<(Running, mpsc::Receiver<()>, Vec<rmcp::model::Tool>), String> {
-    let (tx, rx) = mpsc::channel(1);
+async fn connect(shared: &Arc<Shared>) -> Result<Connected, String> {
+    let (tx, changed) = mpsc::channel(1);
     let handler = ClientSide {
         server: shared.name.clone(),
         changed: tx,
     };
     let start = async {
-        let running = match &shared.spec.transport {
+        let (running, unread) = match &shared.spec.transport {
             t @ Transport::Stdio { command, .. } => {
-                let (child, pid) = transport::spawn_stdio(&shared.name, t)
+                let (child, pid) = transport::spawn_stdio(&shared.name, t, &shared.containment)
                     .map_err(|e| format!("cannot start {command:?}: {e}"))?;
                 shared.pid.store(pid, Ordering::Release);
-                handler
+                let unread = child.unread();
+                let running = handler
                     .serve(child)
                     .await
-                    .map_err(|e| format!("initialize failed: {e}"))?
+                    .map_err(|e| format!("initialize failed: {e}"))?;
+                (running, unread)
             }
             t @ Transport::Http { url, .. } => {
                 let http = transport::http(t)?;
-                handler
+                let running = handler
                     .serve(http)
                     .await
-                    .map_err(|e| format!("initialize with {url} failed: {e}"))?
+                    .map_err(|e| format!("initialize with {url} failed: {e}"))?;
+                (running, Unread::default())
             }
         };
-        let listed = running
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("tools/list failed: {e}"))?;
-        Ok::<_, String>((running, rx, listed))
+        let (listed, skipped) =
+            listing::list_tools(running.peer(), shared.spec.list_limits, &unread).await?;
+        Ok::<_, String>(Connected {
+            running,
+            changed,
+            unread,
+            listed,
+            skipped,
+        })
     };
     let limit = shared.spec.startup_timeout;
     tokio::select! {
@@ -215,24 +234,27 @@ async fn connect(
     }
 }
 
-/// Registers `listed` as the server's tool group (one version bump) and records the result.
+/// Registers `listed` as the server's tool group (one version bump) and records the result:
+/// the tools registered, and those left out with why (`skipped` holds the ones already left out
+/// while listing). Registry names are distinct, so each refusal names exactly one tool.
 async fn register(
     shared: &Arc<Shared>,
     registry: &ActorRef<Registry>,
     listed: Vec<rmcp::model::Tool>,
+    mut skipped: Vec<(String, String)>,
 ) {
-    let (specs, mut entries) = tools::build(shared, listed);
+    let built = tools::build(shared, listed);
+    let mut entries = built.entries;
+    skipped.extend(built.skipped);
     let refused = registry
         .ask(ReplaceGroup {
             prefix: names::prefix(&shared.name),
-            specs,
+            specs: built.specs,
         })
         .await
         .unwrap_or_default();
-    let mut skipped = Vec::new();
     for e in refused {
         let text = e.to_string();
-        tracing::warn!(server = %shared.name, "MCP tool skipped: {text}");
         let name = match &e {
             RegistryError::Duplicate(n) | RegistryError::InvalidName(n) => n.as_str(),
             RegistryError::BadSchema { name, .. } => name.as_str(),
@@ -242,6 +264,9 @@ async fn register(
             let t = entries.remove(i);
             skipped.push((t.raw_name, text));
         }
+    }
+    for (raw, why) in &skipped {
+        tracing::warn!(server = %shared.name, "MCP tool {raw:?} skipped: {why}");
     }
     if let Ok(mut s) = shared.status.lock() {
         s.tools = entries;
@@ -268,8 +293,14 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
     let mut first = true;
     loop {
         let reason = match connect(&shared).await {
-            Ok((running, changed, listed)) => {
-                register(&shared, &registry, listed).await;
+            Ok(Connected {
+                running,
+                changed,
+                unread,
+                listed,
+                skipped,
+            }) => {
+                register(&shared, &registry, listed, skipped).await;
                 let live = Arc::new(Live {
                     peer: running.peer().clone(),
                     exited: CancellationToken::new(),
@@ -281,7 +312,7 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
                 tracing::info!(server = %shared.name, "MCP server up");
                 first = false;
                 let up_since = Instant::now();
-                let ended = serve(&shared, &registry, running, changed).await;
+                let ended = serve(&shared, &registry, running, changed, &unread).await;
                 shared.metrics.up(false);
                 let Some(reason) = ended else {
                     return; // shut down
@@ -350,6 +381,7 @@ async fn serve(
     registry: &ActorRef<Registry>,
     running: Running,
     mut changed: mpsc::Receiver<()>,
+    unread: &Unread,
 ) -> Option<String> {
     let peer = running.peer().clone();
     let cancel = running.cancellation_token();
@@ -363,10 +395,13 @@ async fn serve(
                 });
             }
             Some(()) = changed.recv() => {
-                match tokio::time::timeout(shared.spec.startup_timeout, peer.list_all_tools()).await {
-                    Ok(Ok(listed)) => register(shared, registry, listed).await,
-                    Ok(Err(e)) => tracing::warn!(server = %shared.name, "tools/list after list_changed failed: {e}"),
-                    Err(_) => tracing::warn!(server = %shared.name, "tools/list after list_changed timed out"),
+                let listing = listing::list_tools(&peer, shared.spec.list_limits, unread);
+                match tokio::time::timeout(shared.spec.startup_timeout, listing).await {
+                    Ok(Ok((listed, skipped))) => register(shared, registry, listed, skipped).await,
+                    Ok(Err(e)) => tracing::warn!(server = %shared.name,
+                        "re-listing after list_changed: {e}; the tools it had stay"),
+                    Err(_) => tracing::warn!(server = %shared.name,
+                        "re-listing after list_changed timed out; the tools it had stay"),
                 }
             }
             _ = shared.shutdown.cancelled() => {

@@ -12,6 +12,9 @@
 //!   embedded text resources as their text, other resources and links as notes,
 //!   `structuredContent` as JSON text when no text block is given; `isError: true` →
 //!   `execution_error` with the text (images as notes).
+//! * A response the transport could not read (over the message limit, a lone surrogate escape,
+//!   …) answers the call at once: `execution_error` naming the cause. A block of an unknown
+//!   kind is a note; the known blocks are kept.
 //! * Timeout or cancellation drops the request; rmcp then sends `notifications/cancelled` with the
 //!   request id, and the late response is dropped. A server that exits mid-call answers the call
 //!   `execution_error` at once.
@@ -25,24 +28,61 @@ use serde_json::Value;
 
 use super::link::{Link, Live, Shared, ToolEntry};
 use super::names;
+use super::wire::unreadable_cause;
 use crate::protocol::ErrorCode;
-use crate::tool::{Block, Handler, ToolContext, ToolError, ToolOutcome, ToolOutput, ToolSpec};
+use crate::tool::{
+    Block, Effect, Handler, ToolContext, ToolError, ToolOutcome, ToolOutput, ToolSpec,
+};
 
 /// How long a call whose connection closed waits for the supervisor to notice the exit.
 const EXIT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The specs (and the listing entries) for a server's listed tools.
-pub(crate) fn build(shared: &Arc<Shared>, listed: Vec<Tool>) -> (Vec<ToolSpec>, Vec<ToolEntry>) {
+/// A server's listed tools as specs, with the listing entry of each (same order) and the tools
+/// left out (raw name, why).
+pub(crate) struct Built {
+    pub specs: Vec<ToolSpec>,
+    pub entries: Vec<ToolEntry>,
+    pub skipped: Vec<(String, String)>,
+}
+
+/// The specs (and the listing entries) for a server's listed tools. Registry names are distinct
+/// (see [`names`]); a raw name the server lists twice is skipped the second time.
+pub(crate) fn build(shared: &Arc<Shared>, listed: Vec<Tool>) -> Built {
     let raws: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
     let names = names::registry_names(&shared.name, &raws);
-    let mut specs = Vec::with_capacity(listed.len());
-    let mut entries = Vec::with_capacity(listed.len());
+    let mut built = Built {
+        specs: Vec::with_capacity(listed.len()),
+        entries: Vec::with_capacity(listed.len()),
+        skipped: Vec::new(),
+    };
     for (tool, name) in listed.iter().zip(names) {
+        let Some(name) = name else {
+            let why = if raws.iter().filter(|r| **r == tool.name.as_ref()).count() > 1 {
+                "the server lists this name more than once; only the first is used"
+            } else {
+                "no free registry name was found for it"
+            };
+            built.skipped.push((tool.name.to_string(), why.to_string()));
+            continue;
+        };
         let read_only = tool
             .annotations
             .as_ref()
             .and_then(|a| a.read_only_hint)
             .unwrap_or(false);
+        let idempotent = tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.idempotent_hint)
+            .unwrap_or(false);
+        // What a second run would do: the server entry's `effect`, else the tool's hints.
+        let effect = shared.spec.effect.unwrap_or(if read_only {
+            Effect::ReadOnly
+        } else if idempotent {
+            Effect::Idempotent
+        } else {
+            Effect::SideEffect
+        });
         let safe = shared.spec.parallel.unwrap_or(read_only);
         let raw: Arc<str> = Arc::from(tool.name.as_ref());
         let server = Arc::clone(shared);
@@ -59,18 +99,19 @@ pub(crate) fn build(shared: &Arc<Shared>, listed: Vec<Tool>) -> (Vec<ToolSpec>, 
         )
         .concurrency_safe(safe)
         .timeout(shared.spec.timeout)
-        .defer(shared.spec.defer);
+        .defer(shared.spec.defer)
+        .effect(effect);
         if let Some(n) = shared.spec.max_concurrency {
             spec = spec.max_concurrency(n);
         }
-        specs.push(spec);
-        entries.push(ToolEntry {
+        built.specs.push(spec);
+        built.entries.push(ToolEntry {
             name,
             raw_name: raw.to_string(),
             concurrency_safe: safe,
         });
     }
-    (specs, entries)
+    built
 }
 
 /// The error a handler answers with when told to stop: `timeout` past its deadline, otherwise
@@ -180,10 +221,16 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
                 shared.name
             )))
         }
-        Err(ServiceError::McpError(e)) => Err(ToolError::execution(format!(
-            "MCP server {} answered error {}: {}",
-            shared.name, e.code.0, e.message
-        ))),
+        Err(ServiceError::McpError(e)) => Err(ToolError::execution(match unreadable_cause(&e) {
+            Some(cause) => format!(
+                "MCP server {} sent a response that could not be read: {cause}",
+                shared.name
+            ),
+            None => format!(
+                "MCP server {} answered error {}: {}",
+                shared.name, e.code.0, e.message
+            ),
+        })),
         Err(e) => Err(ToolError::execution(format!(
             "MCP server {}: {e}",
             shared.name

@@ -1,16 +1,21 @@
 //! The audit log: one JSON line per call, written by a thread of its own.
 //!
 //! A call hands its line to a bounded buffer and goes on ([`AuditLog::record`] never blocks); the
-//! writer thread drains the buffer into the file and flushes whenever it runs dry. When the buffer
-//! is full — the disk (or the pipe) is slower than the calls — the line is dropped and counted
-//! ([`AuditLog::dropped`], `switchboard_audit_dropped_total`); a call is never held back.
+//! writer thread drains the buffer into the file, everything queued in one `write`. Lines are
+//! lost — and counted ([`AuditLog::dropped`], `switchboard_audit_dropped_total`) — when the buffer
+//! is full (the disk or the pipe is slower than the calls) and when a write fails (a full disk):
+//! a call is never held back, and no loss goes uncounted. Before each write the writer checks that
+//! the path still names the file it has open; when the file was deleted or renamed (log
+//! rotation), or [`AuditLog::reopen`] was asked for (the CLI does on SIGHUP), it opens the path
+//! again, creating it.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -57,9 +62,26 @@ pub struct AuditLine {
 #[derive(Debug, Clone)]
 pub struct AuditLog {
     tx: SyncSender<Msg>,
-    dropped: Arc<AtomicU64>,
+    losses: Arc<Losses>,
+    reopen: Arc<AtomicBool>,
     with_args: bool,
-    metrics: Option<PolicyMetrics>,
+}
+
+/// Lines lost, counted where they are lost: by a caller (buffer full) or the writer (a failed
+/// write).
+#[derive(Debug, Default)]
+struct Losses {
+    dropped: AtomicU64,
+    metrics: OnceLock<PolicyMetrics>,
+}
+
+impl Losses {
+    fn lost(&self, lines: u64) {
+        self.dropped.fetch_add(lines, Ordering::Relaxed);
+        if let Some(m) = self.metrics.get() {
+            m.audit_dropped(lines);
+        }
+    }
 }
 
 impl AuditLog {
@@ -71,29 +93,48 @@ impl AuditLog {
 
     /// [`AuditLog::open`] with a buffer of `capacity` lines.
     pub fn open_with(path: &Path, with_args: bool, capacity: usize) -> io::Result<AuditLog> {
-        let is_fifo = std::fs::metadata(path).is_ok_and(|m| {
-            use std::os::unix::fs::FileTypeExt;
-            m.file_type().is_fifo()
-        });
-        let file = if is_fifo {
-            OpenOptions::new().read(true).write(true).open(path)?
-        } else {
-            OpenOptions::new().create(true).append(true).open(path)?
-        };
+        Self::open_inner(path, with_args, capacity, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`AuditLog::open`] that also reopens when `reopen` is set (by a signal handler registered
+    /// before the file is opened, so no signal finds the log without one).
+    #[cfg(feature = "cli")]
+    pub(crate) fn open_reopening(
+        path: &Path,
+        with_args: bool,
+        reopen: Arc<AtomicBool>,
+    ) -> io::Result<AuditLog> {
+        Self::open_inner(path, with_args, AUDIT_BUFFER, reopen)
+    }
+
+    fn open_inner(
+        path: &Path,
+        with_args: bool,
+        capacity: usize,
+        reopen: Arc<AtomicBool>,
+    ) -> io::Result<AuditLog> {
+        let target = Target::open(path)?;
         let (tx, rx) = sync_channel(capacity.max(1));
+        let losses = Arc::new(Losses::default());
+        let writer = Writer {
+            target,
+            losses: Arc::clone(&losses),
+            reopen: Arc::clone(&reopen),
+            torn: false,
+        };
         std::thread::Builder::new()
             .name("switchboard-audit".into())
-            .spawn(move || write_lines(rx, file))?;
+            .spawn(move || writer.run(rx))?;
         Ok(AuditLog {
             tx,
-            dropped: Arc::new(AtomicU64::new(0)),
+            losses,
+            reopen,
             with_args,
-            metrics: None,
         })
     }
 
-    pub(crate) fn with_metrics(mut self, metrics: PolicyMetrics) -> Self {
-        self.metrics = Some(metrics);
+    pub(crate) fn with_metrics(self, metrics: PolicyMetrics) -> Self {
+        let _ = self.losses.metrics.set(metrics);
         self
     }
 
@@ -102,9 +143,15 @@ impl AuditLog {
         self.with_args
     }
 
-    /// Lines dropped because the buffer was full.
+    /// Lines lost: dropped because the buffer was full, or not written because a write failed.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.losses.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Opens the path again before the next line is written (what log tools expect on SIGHUP
+    /// after they rotated the file). A deleted or renamed file is noticed without it.
+    pub fn reopen(&self) {
+        self.reopen.store(true, Ordering::Relaxed);
     }
 
     /// Queues one line; never blocks (a full buffer drops it and counts the drop).
@@ -114,16 +161,12 @@ impl AuditLog {
         };
         match self.tx.try_send(Msg::Line(text)) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                if let Some(m) = &self.metrics {
-                    m.audit_dropped();
-                }
-            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.losses.lost(1),
         }
     }
 
-    /// Waits (at most `patience`) until every line queued so far has reached the file.
+    /// Waits (at most `patience`) until every line queued so far has been written (or counted
+    /// as lost).
     pub fn flush(&self, patience: Duration) {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let until = std::time::Instant::now() + patience;
@@ -150,29 +193,133 @@ enum Msg {
     Flush(std::sync::mpsc::Sender<()>),
 }
 
-fn write_lines(rx: Receiver<Msg>, file: File) {
-    let mut out = BufWriter::with_capacity(64 * 1024, file);
-    while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
-        while let Some(msg) = next {
-            match msg {
-                Msg::Flush(done) => {
-                    let _ = out.flush();
-                    let _ = done.send(());
-                }
-                Msg::Line(line) => {
-                    if out
-                        .write_all(line.as_bytes())
-                        .and_then(|()| out.write_all(b"\n"))
-                        .is_err()
-                    {
-                        tracing::warn!("audit log: write failed; a line is lost");
+/// The file the writer appends to, and which file the path named when it was opened.
+struct Target {
+    path: PathBuf,
+    file: File,
+    fifo: bool,
+    /// Device and inode of the open file.
+    id: (u64, u64),
+}
+
+impl Target {
+    fn open(path: &Path) -> io::Result<Target> {
+        let is_fifo = std::fs::metadata(path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_fifo()
+        });
+        let file = if is_fifo {
+            OpenOptions::new().read(true).write(true).open(path)?
+        } else {
+            OpenOptions::new().create(true).append(true).open(path)?
+        };
+        let meta = file.metadata()?;
+        Ok(Target {
+            path: path.to_path_buf(),
+            file,
+            fifo: is_fifo,
+            id: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// True when the path no longer names the open file (deleted, or renamed and replaced).
+    fn moved(&self) -> bool {
+        !self.fifo && std::fs::metadata(&self.path).map_or(true, |m| (m.dev(), m.ino()) != self.id)
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    target: Target,
+    losses: Arc<Losses>,
+    reopen: Arc<AtomicBool>,
+    /// The last write stopped inside a line: the next one starts on a new line.
+    torn: bool,
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<Msg>) {
+        let mut batch = Vec::with_capacity(64 * 1024);
+        let mut ends: Vec<usize> = Vec::new();
+        while let Ok(first) = rx.recv() {
+            let mut next = Some(first);
+            while let Some(msg) = next {
+                match msg {
+                    Msg::Line(line) => {
+                        batch.extend_from_slice(line.as_bytes());
+                        batch.push(b'\n');
+                        ends.push(batch.len());
+                    }
+                    Msg::Flush(done) => {
+                        self.write(&mut batch, &mut ends);
+                        let _ = done.send(());
                     }
                 }
+                next = rx.try_recv().ok();
             }
-            next = rx.try_recv().ok();
+            self.write(&mut batch, &mut ends);
         }
-        let _ = out.flush();
+    }
+
+    /// Writes the batch (its lines end at `ends`) and empties it; every line not wholly written
+    /// is counted as lost.
+    fn write(&mut self, batch: &mut Vec<u8>, ends: &mut Vec<usize>) {
+        if ends.is_empty() {
+            return;
+        }
+        if self.reopen.swap(false, Ordering::Relaxed) || self.target.moved() {
+            match Target::open(&self.target.path) {
+                Ok(target) => {
+                    self.target = target;
+                    self.torn = false;
+                }
+                Err(e) => tracing::warn!(
+                    "audit log: cannot reopen {}: {e}; writing to the file still open",
+                    self.target.path.display()
+                ),
+            }
+        }
+        if self.torn {
+            // Whatever the last write left half-written ends here, on a line of its own.
+            match self.target.file.write(b"\n") {
+                Ok(1) => self.torn = false,
+                _ => {
+                    self.lose(ends.len(), "a write failed");
+                    batch.clear();
+                    ends.clear();
+                    return;
+                }
+            }
+        }
+        let mut written = 0;
+        let mut error = None;
+        while written < batch.len() {
+            match self.target.file.write(&batch[written..]) {
+                Ok(0) => {
+                    error = Some(io::Error::from(io::ErrorKind::WriteZero));
+                    break;
+                }
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        let lost = ends.iter().filter(|&&end| end > written).count();
+        if lost > 0 {
+            self.torn = !ends.contains(&written) && written > 0;
+            let why = error.map_or_else(|| "a write failed".to_string(), |e| e.to_string());
+            self.lose(lost, &why);
+        }
+        batch.clear();
+        ends.clear();
+    }
+
+    fn lose(&self, lines: usize, why: &str) {
+        self.losses.lost(lines as u64);
+        tracing::warn!("audit log: {lines} line(s) lost: {why}");
     }
 }
 
@@ -241,6 +388,62 @@ mod tests {
             })
             .collect();
         assert_eq!(ids.len(), 500);
+        assert_eq!(log.dropped(), 0);
+    }
+
+    #[test]
+    fn lines_a_full_disk_refuses_are_counted_as_dropped() {
+        // /dev/full answers every write with ENOSPC, as a full disk does.
+        let log = AuditLog::open(Path::new("/dev/full"), false).unwrap();
+        for i in 0..25 {
+            log.record(&line(i));
+        }
+        log.flush(Duration::from_secs(10));
+        assert_eq!(log.dropped(), 25);
+    }
+
+    #[test]
+    fn a_deleted_or_renamed_log_is_opened_again_before_the_next_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, false).unwrap();
+        let ids = |p: &Path| -> Vec<String> {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["tool_use_id"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect()
+        };
+        log.record(&line(1));
+        log.flush(Duration::from_secs(10));
+        std::fs::remove_file(&path).unwrap();
+        log.record(&line(2));
+        log.flush(Duration::from_secs(10));
+        assert_eq!(ids(&path), ["t2"], "the deleted log is created again");
+        let rotated = dir.path().join("audit.jsonl.1");
+        std::fs::rename(&path, &rotated).unwrap();
+        std::fs::write(&path, "").unwrap();
+        log.record(&line(3));
+        log.flush(Duration::from_secs(10));
+        assert_eq!(ids(&rotated), ["t2"]);
+        assert_eq!(
+            ids(&path),
+            ["t3"],
+            "after a rotation, lines go to the new file"
+        );
+        log.reopen();
+        log.record(&line(4));
+        log.flush(Duration::from_secs(10));
+        assert_eq!(
+            ids(&path),
+            ["t3", "t4"],
+            "reopening appends, never truncates"
+        );
         assert_eq!(log.dropped(), 0);
     }
 

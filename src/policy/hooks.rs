@@ -12,9 +12,14 @@
 //!                             "hooks": [{"type": "command", "command": "./lint.sh"}]}]}}
 //! ```
 //!
-//! `matcher` is a regex over registry names (anchored; empty or `*`: every tool). A `command`
+//! `matcher` is a regex over tool names (anchored; empty or `*`: every tool), tried on the registry
+//! name and, for a built-in, on Claude Code's names for it (`Bash`, `Write`, `Edit`,
+//! `MultiEdit`, `Read`, `Glob`); a matcher naming a Claude Code tool Switchboard lacks (`Grep`,
+//! `WebFetch`, …) is refused. A `command`
 //! hook is started per call with `bash -c`, in the workspace, with the same environment allowlist
-//! as `bash`; it reads Claude Code's hook input on stdin and answers with exit code 0 (stdout
+//! and the same process-tree control as `bash` ([`crate::process_tree`]: a PID namespace, a
+//! process group, a sweep), so nothing it starts outlives it; it is named `hook:NAME` (its
+//! `"name"`, else its place in the file), never by its command line; it reads Claude Code's hook input on stdin and answers with exit code 0 (stdout
 //! empty: no opinion; or decision JSON), or exit code 2 (stderr is the reason). A `persistent`
 //! hook (`"type": "persistent"`) is started once and speaks JSON lines: one request line per call
 //! (the same input plus `"id"`), one answer line (the same output plus the `"id"`), so it costs a
@@ -32,7 +37,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use regex::Regex;
@@ -41,7 +46,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 
-use super::rules::PolicyError;
+use super::rules::{CLAUDE_CODE_NAMES, CLAUDE_CODE_ONLY, PolicyError, claude_code_names};
+use crate::process_tree::{GroupKiller, Isolation, Launcher, ProcessTree, sweep_now};
 use crate::protocol::ToolDispatchResult;
 
 /// Default timeout of an external hook.
@@ -168,15 +174,28 @@ pub fn apply_post(result: &mut ToolDispatchResult, action: PostAction) {
 }
 
 /// One external hook of the policy file.
-#[derive(Debug)]
 pub struct External {
     matcher: Option<Regex>,
-    /// The command as written.
+    /// The command as written (never shown: it may hold a credential).
     pub command: String,
-    /// `hook:COMMAND`, as the audit log and denials name it.
+    /// `hook:NAME` — the hook's `"name"`, else its place in the file
+    /// (`hook:PreToolUse[0].hooks[1]`) — as the audit log, denials and notes name it.
     pub label: Arc<str>,
     timeout: Duration,
     persistent: Option<Persistent>,
+    tree: Arc<ProcessTree>,
+}
+
+impl fmt::Debug for External {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The command line stays out of logs: it may carry a credential.
+        f.debug_struct("External")
+            .field("label", &self.label)
+            .field("matcher", &self.matcher.as_ref().map(Regex::as_str))
+            .field("timeout", &self.timeout)
+            .field("persistent", &self.persistent.is_some())
+            .finish()
+    }
 }
 
 /// The external hooks of a policy file.
@@ -196,6 +215,8 @@ impl ExternalHooks {
             return Err(err("must be an object".into()));
         };
         let mut out = ExternalHooks::default();
+        // One process-tree control for every hook (the namespace probe runs once).
+        let tree = Arc::new(ProcessTree::new(Isolation::Auto));
         for (event, groups) in obj {
             let post = match event.as_str() {
                 "PreToolUse" => false,
@@ -213,10 +234,7 @@ impl ExternalHooks {
                 let at = format!("{event}[{i}]");
                 let matcher = match group.get("matcher").and_then(Value::as_str) {
                     None | Some("") | Some("*") => None,
-                    Some(m) => Some(
-                        Regex::new(&format!("^(?:{m})$"))
-                            .map_err(|e| err(format!("{at}: bad matcher \"{m}\": {e}")))?,
-                    ),
+                    Some(m) => Some(matcher(m).map_err(|e| err(format!("{at}: {e}")))?),
                 };
                 let Some(list) = group.get("hooks").and_then(Value::as_array) else {
                     return Err(err(format!("{at}: \"hooks\" must be an array")));
@@ -238,9 +256,26 @@ impl ExternalHooks {
                             }
                         },
                     };
+                    let name = match h.get("name") {
+                        None => at.clone(),
+                        Some(Value::String(n))
+                            if !n.is_empty()
+                                && n.len() <= 64
+                                && n.bytes()
+                                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) =>
+                        {
+                            n.clone()
+                        }
+                        Some(_) => {
+                            return Err(err(format!(
+                                "{at}: \"name\" must be 1 to 64 letters, digits, _ - . :"
+                            )));
+                        }
+                    };
+                    let label = format!("hook:{name}");
                     let persistent = match kind {
                         "command" => None,
-                        "persistent" => Some(Persistent::new(command)),
+                        "persistent" => Some(Persistent::new(command, &label)),
                         other => {
                             return Err(err(format!(
                                 "{at}: type \"{other}\" (expected \"command\" or \"persistent\")"
@@ -251,9 +286,10 @@ impl ExternalHooks {
                     list.push(External {
                         matcher: matcher.clone(),
                         command: command.to_string(),
-                        label: Arc::from(format!("hook:{command}")),
+                        label: Arc::from(label),
                         timeout,
                         persistent,
+                        tree: Arc::clone(&tree),
                     });
                 }
             }
@@ -272,6 +308,29 @@ impl ExternalHooks {
     }
 }
 
+/// A hook matcher: a regex over tool names, anchored. One that names a Claude Code tool with no
+/// counterpart here (`Grep`, `WebFetch`, …) is refused: it would be accepted and never run.
+fn matcher(m: &str) -> Result<Regex, String> {
+    let regex =
+        Regex::new(&format!("^(?:{m})$")).map_err(|e| format!("bad matcher \"{m}\": {e}"))?;
+    let ours: Vec<&str> = CLAUDE_CODE_NAMES
+        .iter()
+        .map(|(theirs, _)| *theirs)
+        .collect();
+    if let Some(only) = CLAUDE_CODE_ONLY
+        .iter()
+        .find(|name| m.split('|').any(|alt| alt.trim() == **name))
+    {
+        return Err(format!(
+            "matcher \"{m}\" names Claude Code's {only} tool, which Switchboard does not have \
+             (Claude Code names it maps: {}; or use registry names such as bash, write_file, \
+             mcp__server__tool)",
+            ours.join(", ")
+        ));
+    }
+    Ok(regex)
+}
+
 /// Where an external hook runs: the workspace (if any) as its directory, `HOME` and `PWD`.
 #[derive(Debug, Clone, Copy)]
 pub struct HookPlace<'a> {
@@ -280,9 +339,12 @@ pub struct HookPlace<'a> {
 }
 
 impl External {
-    /// True when the hook's matcher takes `tool`.
+    /// True when the hook's matcher takes `tool`, by its registry name or, for a built-in, by
+    /// one of Claude Code's names for it (`Bash`, `Write`, `Edit`, …).
     pub fn matches(&self, tool: &str) -> bool {
-        self.matcher.as_ref().is_none_or(|m| m.is_match(tool))
+        self.matcher.as_ref().is_none_or(|m| {
+            m.is_match(tool) || claude_code_names(tool).any(|name| m.is_match(name))
+        })
     }
 
     /// The process id of a persistent hook, while it runs.
@@ -295,9 +357,13 @@ impl External {
 
     /// Runs the hook for one call: its answer, not yet read as a decision.
     pub async fn reply(&self, input: &Value, place: HookPlace<'_>) -> Reply {
+        let launcher = self.tree.launcher("hooks").await;
         match &self.persistent {
-            Some(p) => p.ask(input, self.timeout, place).await,
-            None => run_command(&self.command, input, self.timeout, place).await,
+            Some(p) => p.ask(input, self.timeout, place, launcher).await,
+            None => {
+                let hook = (self.command.as_str(), &*self.label);
+                run_command(hook, input, self.timeout, place, launcher).await
+            }
         }
     }
 
@@ -374,40 +440,44 @@ pub fn post_actions(label: &str, reply: Reply) -> Vec<PostAction> {
     actions
 }
 
-fn command_for(command: &str, place: HookPlace<'_>) -> Command {
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(command);
+/// `bash -c COMMAND` under the process-tree control bash's commands get ([`ProcessTree`]): a
+/// PID namespace when the system allows it, a process group, and in direct mode a token the
+/// sweep finds. The same environment allowlist as `bash`, in the workspace.
+fn command_for(
+    command: &str,
+    place: HookPlace<'_>,
+    launcher: &Launcher,
+    token: Option<&str>,
+) -> Command {
+    let mut cmd = launcher.command(&launcher.shell(command));
     crate::process_env::inherit_tool_env(&mut cmd);
+    Launcher::mark(&mut cmd, token);
     if let Some(root) = place.workspace {
         cmd.current_dir(root).env("HOME", root).env("PWD", root);
     }
-    cmd.process_group(0).kill_on_drop(true);
     cmd
 }
 
-fn kill_group(child: &Child) {
-    if let Some(pid) = child
-        .id()
-        .and_then(|id| rustix::process::Pid::from_raw(id as i32))
-    {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-}
-
 async fn run_command(
-    command: &str,
+    (command, label): (&str, &str),
     input: &Value,
     timeout: Duration,
     place: HookPlace<'_>,
+    launcher: &Launcher,
 ) -> Reply {
-    let mut cmd = command_for(command, place);
+    let token = launcher.token();
+    let mut cmd = command_for(command, place, launcher, token.as_deref());
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(child) => child,
-        Err(e) => return Reply::Failed(format!("hook {command:?} could not start: {e}")),
+        Err(e) => return Reply::Failed(format!("{label} could not start: {e}")),
     };
+    // Whatever the hook started dies with it: its group now, the rest with its namespace (or
+    // the sweep), also when this future is dropped.
+    let group = GroupKiller::of(&child);
+    let _sweep = token.map(Sweep);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -435,31 +505,54 @@ async fn run_command(
         (status, out, err)
     };
     let outcome = tokio::time::timeout(timeout, talk).await;
+    group.kill();
     let (status, out, err) = match outcome {
         Ok(done) => done,
         Err(_) => {
-            kill_group(&child);
             return Reply::Failed(format!(
-                "hook {command:?} did not answer within {} s",
+                "{label} did not answer within {} s",
                 timeout.as_secs_f64()
             ));
         }
     };
-    kill_group(&child);
     let stderr_text = String::from_utf8_lossy(&err).trim().to_string();
     match status.map(|s| (s.code(), s)) {
-        Ok((Some(0), _)) => parse_output(command, &out),
+        Ok((Some(0), _)) => parse_output(label, &out),
         Ok((Some(2), _)) => Reply::Blocked(if stderr_text.is_empty() {
-            format!("blocked by hook {command:?}")
+            format!("blocked by {label}")
         } else {
             stderr_text
         }),
+        // In a PID namespace the hook's shell runs under an init, which reports a death by
+        // signal N as 128 + N.
+        Ok((Some(code), _)) if code > 128 && matches!(launcher, Launcher::Namespaces { .. }) => {
+            Reply::Failed(format!(
+                "{label} crashed (status {code}: signal {}){}",
+                code - 128,
+                tail(&stderr_text)
+            ))
+        }
         Ok((Some(code), _)) => Reply::Failed(format!(
-            "hook {command:?} failed with exit code {code}{}",
+            "{label} failed with exit code {code}{}",
             tail(&stderr_text)
         )),
-        Ok((None, status)) => Reply::Failed(format!("hook {command:?} crashed ({status})")),
-        Err(e) => Reply::Failed(format!("hook {command:?}: {e}")),
+        Ok((None, status)) => Reply::Failed(format!("{label} crashed ({status})")),
+        Err(e) => Reply::Failed(format!("{label}: {e}")),
+    }
+}
+
+/// Direct mode: sweeps the token's processes when dropped (off the async runtime).
+struct Sweep(String);
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        let token = std::mem::take(&mut self.0);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(move || sweep_now(&token));
+            }
+            Err(_) => sweep_now(&token),
+        }
     }
 }
 
@@ -473,7 +566,7 @@ fn tail(stderr: &str) -> String {
 
 /// A hook's stdout: empty (no opinion) or Claude Code's decision JSON; anything else is a
 /// failure.
-fn parse_output(command: &str, out: &[u8]) -> Reply {
+fn parse_output(label: &str, out: &[u8]) -> Reply {
     let text = String::from_utf8_lossy(out);
     if text.trim().is_empty() {
         return Reply::Silent;
@@ -481,7 +574,7 @@ fn parse_output(command: &str, out: &[u8]) -> Reply {
     match serde_json::from_str::<Value>(text.trim()) {
         Ok(v) if v.is_object() => Reply::Json(v),
         _ => Reply::Failed(format!(
-            "hook {command:?} printed something that is not decision JSON"
+            "{label} printed something that is not decision JSON"
         )),
     }
 }
@@ -520,6 +613,12 @@ pub fn decision_of(v: &Value) -> PreDecision {
     }
 }
 
+/// Requests a persistent hook may have waiting for their answer; past it a call is not queued.
+pub const PERSISTENT_MAX_WAITING: usize = 4_096;
+/// Bytes of request lines queued for a persistent hook and not yet written to it (a hook that
+/// stops reading its input); past it a call is not queued.
+pub const PERSISTENT_QUEUE_BYTES: usize = 8 << 20;
+
 /// A long-lived hook process speaking JSON lines.
 ///
 /// Any number of requests are in flight on the one process: each line carries an `"id"` and its
@@ -527,16 +626,20 @@ pub fn decision_of(v: &Value) -> PreDecision {
 /// slot and queues its line without waiting for anything (a plain mutex, held for a map insert and
 /// a channel send); one writer task per process writes every queued line in one `write`, so
 /// calls never queue behind each other's writes, and one reader task hands each answer line to
-/// the call it answers.
+/// the call it answers. The queue is bounded ([`PERSISTENT_MAX_WAITING`] requests waiting,
+/// [`PERSISTENT_QUEUE_BYTES`] not yet written): a call that finds it full is answered at once
+/// with the hook's failure (denied before the call, kept with a note after it), and a call that
+/// stops waiting (timeout, cancellation) leaves no slot behind.
 pub struct Persistent {
     command: String,
+    label: String,
     next: AtomicU64,
     running: std::sync::Mutex<Option<Running>>,
 }
 
 impl fmt::Debug for Persistent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Persistent({:?})", self.command)
+        write!(f, "Persistent({})", self.label)
     }
 }
 
@@ -548,8 +651,14 @@ type Waiting = Arc<std::sync::Mutex<Option<HashMap<u64, oneshot::Sender<Value>>>
 struct Running {
     /// Request lines for the writer task.
     lines: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes sent to the writer task and not yet written to the hook.
+    queued: Arc<AtomicUsize>,
     waiting: Waiting,
     child: Child,
+    /// Kills the process group when the process is replaced or the hooks are dropped.
+    _group: GroupKiller,
+    /// Direct mode: sweeps what left the group.
+    _sweep: Option<Sweep>,
 }
 
 impl Running {
@@ -565,10 +674,27 @@ fn dead(waiting: &Waiting) {
     }
 }
 
+/// A call's answer slot, removed when the call stops waiting for whatever reason.
+struct Slot {
+    waiting: Waiting,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.waiting.lock()
+            && let Some(w) = w.as_mut()
+        {
+            w.remove(&self.id);
+        }
+    }
+}
+
 impl Persistent {
-    fn new(command: &str) -> Persistent {
+    fn new(command: &str, label: &str) -> Persistent {
         Persistent {
             command: command.to_string(),
+            label: label.to_string(),
             next: AtomicU64::new(0),
             running: std::sync::Mutex::new(None),
         }
@@ -583,12 +709,14 @@ impl Persistent {
             .and_then(|r| r.child.id())
     }
 
-    fn start(&self, place: HookPlace<'_>) -> std::io::Result<Running> {
-        let mut cmd = command_for(&self.command, place);
+    fn start(&self, place: HookPlace<'_>, launcher: &Launcher) -> std::io::Result<Running> {
+        let token = launcher.token();
+        let mut cmd = command_for(&self.command, place, launcher, token.as_deref());
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         let mut child = cmd.spawn()?;
+        let group = GroupKiller::of(&child);
         let mut stdin = child
             .stdin
             .take()
@@ -620,13 +748,17 @@ impl Persistent {
         });
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let writer_waiting = Arc::clone(&waiting);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let writer_queued = Arc::clone(&queued);
         tokio::spawn(async move {
             // Everything queued by the time the writer runs goes out in one write.
             while let Some(mut batch) = rx.recv().await {
                 while let Ok(more) = rx.try_recv() {
                     batch.extend_from_slice(&more);
                 }
-                if stdin.write_all(&batch).await.is_err() {
+                let wrote = stdin.write_all(&batch).await;
+                writer_queued.fetch_sub(batch.len(), Ordering::Relaxed);
+                if wrote.is_err() {
                     dead(&writer_waiting);
                     break;
                 }
@@ -634,66 +766,95 @@ impl Persistent {
         });
         Ok(Running {
             lines: tx,
+            queued,
             waiting,
             child,
+            _group: group,
+            _sweep: token.map(Sweep),
         })
     }
 
-    /// Queues one request; the receiver gets its answer line. `Err` is the call's failure.
+    /// Queues one request; the receiver gets its answer line, and the slot leaves the map when
+    /// dropped. `Err` is the call's failure (the hook could not start, died, or its queue is
+    /// full).
     fn send(
         &self,
         id: u64,
         line: Vec<u8>,
         place: HookPlace<'_>,
-    ) -> Result<oneshot::Receiver<Value>, Reply> {
+        launcher: &Launcher,
+    ) -> Result<(oneshot::Receiver<Value>, Slot), Reply> {
+        let label = &self.label;
         let mut running = self
             .running
             .lock()
-            .map_err(|_| Reply::Failed(format!("hook {:?} is not running", self.command)))?;
+            .map_err(|_| Reply::Failed(format!("{label} is not running")))?;
         if !running.as_ref().is_some_and(Running::alive) {
-            if let Some(mut old) = running.take() {
-                let _ = old.child.start_kill();
-            }
-            let started = self.start(place).map_err(|e| {
-                Reply::Failed(format!("hook {:?} could not start: {e}", self.command))
-            })?;
+            // The old process (if any) and everything it started are killed as it is dropped.
+            running.take();
+            let started = self
+                .start(place, launcher)
+                .map_err(|e| Reply::Failed(format!("{label} could not start: {e}")))?;
             *running = Some(started);
         }
-        let died = || {
-            Reply::Failed(format!(
-                "hook {:?} died; it is restarted for the next call",
-                self.command
-            ))
-        };
+        let died = || Reply::Failed(format!("{label} died; it is restarted for the next call"));
         let r = running.as_ref().ok_or_else(died)?;
+        let queued = r.queued.load(Ordering::Relaxed);
+        if queued > 0 && queued + line.len() > PERSISTENT_QUEUE_BYTES {
+            return Err(Reply::Failed(format!(
+                "{label} is not reading its input: {queued} bytes of requests are queued for it \
+                 (at most {PERSISTENT_QUEUE_BYTES}), so this call was not queued"
+            )));
+        }
         let (tx, rx) = oneshot::channel();
-        let registered = r
-            .waiting
-            .lock()
-            .ok()
-            .and_then(|mut w| w.as_mut().map(|w| w.insert(id, tx)))
-            .is_some();
+        let registered = {
+            let Ok(mut w) = r.waiting.lock() else {
+                return Err(died());
+            };
+            match w.as_mut() {
+                None => return Err(died()),
+                Some(w) if w.len() >= PERSISTENT_MAX_WAITING => {
+                    return Err(Reply::Failed(format!(
+                        "{label} has {PERSISTENT_MAX_WAITING} requests waiting for an answer, \
+                         so this call was not queued"
+                    )));
+                }
+                Some(w) => w.insert(id, tx).is_none(),
+            }
+        };
+        let slot = Slot {
+            waiting: Arc::clone(&r.waiting),
+            id,
+        };
+        let len = line.len();
+        r.queued.fetch_add(len, Ordering::Relaxed);
         if !registered || r.lines.send(line).is_err() {
+            r.queued.fetch_sub(len, Ordering::Relaxed);
             return Err(died());
         }
-        Ok(rx)
+        Ok((rx, slot))
     }
 
-    async fn ask(&self, input: &Value, timeout: Duration, place: HookPlace<'_>) -> Reply {
+    async fn ask(
+        &self,
+        input: &Value,
+        timeout: Duration,
+        place: HookPlace<'_>,
+        launcher: &Launcher,
+    ) -> Reply {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let rx = match self.send(id, request_line(id, input), place) {
-            Ok(rx) => rx,
+        let (rx, _slot) = match self.send(id, request_line(id, input), place, launcher) {
+            Ok(waiting) => waiting,
             Err(failed) => return failed,
         };
+        let label = &self.label;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => Reply::Json(answer),
             Ok(Err(_)) => Reply::Failed(format!(
-                "hook {:?} died before answering; it is restarted for the next call",
-                self.command
+                "{label} died before answering; it is restarted for the next call"
             )),
             Err(_) => Reply::Failed(format!(
-                "hook {:?} did not answer within {} s",
-                self.command,
+                "{label} did not answer within {} s",
                 timeout.as_secs_f64()
             )),
         }
@@ -769,6 +930,45 @@ mod tests {
         ] {
             let e = ExternalHooks::from_json(&bad).unwrap_err().to_string();
             assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn claude_code_matchers_match_the_built_in_tools_they_name() {
+        let hooks = |m: &str| {
+            ExternalHooks::from_json(&json!({"PreToolUse": [{"matcher": m,
+                "hooks": [{"type": "command", "command": "true"}]}]}))
+        };
+        for (m, yes, no) in [
+            ("Bash", &["bash"][..], &["read_file", "bash2"][..]),
+            (
+                "Write|Edit",
+                &["write_file", "edit_file"],
+                &["read_file", "bash"],
+            ),
+            ("MultiEdit", &["edit_file"], &["write_file"]),
+            ("Read|Glob", &["read_file", "glob"], &["bash"]),
+            (
+                "mcp__.*",
+                &["mcp__fs__read", "mcp__github__create_issue"],
+                &["bash"],
+            ),
+            ("bash|write_file", &["bash", "write_file"], &["edit_file"]),
+        ] {
+            let h = hooks(m).unwrap();
+            for tool in yes {
+                assert!(h.any_for(tool), "{m} should match {tool}");
+            }
+            for tool in no {
+                assert!(!h.any_for(tool), "{m} should not match {tool}");
+            }
+        }
+        for m in ["Grep", "Grep|Glob", "WebFetch", "Task"] {
+            let e = hooks(m).unwrap_err().to_string();
+            assert!(
+                e.contains("Switchboard does not have") && e.contains(m.split('|').next().unwrap()),
+                "{e}"
+            );
         }
     }
 

@@ -251,9 +251,12 @@ impl Policy {
         self.judge(call, tool, scope, &mut ticket)?;
         match ticket.pending_ask.take() {
             None => Ok(ticket),
-            Some(_) => Err(self.refuse(
+            Some(ask) => Err(self.refuse(
                 ticket,
-                ToolError::permission("needs approval, and this call cannot wait for one"),
+                ToolError::permission(format!(
+                    "{}: needs approval, and this call cannot wait for one",
+                    ask.what
+                )),
                 "refused",
             )),
         }
@@ -292,7 +295,7 @@ impl Policy {
             self.apply_pre(call, tool, scope, &mut ticket, &hook.label, decision)?;
         }
         self.judge(call, tool, scope, &mut ticket)?;
-        let Some(rule) = ticket.pending_ask.take() else {
+        let Some(PendingAsk { rule, what }) = ticket.pending_ask.take() else {
             return Ok(ticket);
         };
         let request = ApprovalRequest {
@@ -320,16 +323,11 @@ impl Policy {
                 ticket.decision = "approved";
                 Ok(ticket)
             }
-            Err(reason) => {
-                let what = rule
-                    .map(|r| format!("rule \"{r}\" asks for approval"))
-                    .unwrap_or_else(|| "the default asks for approval".into());
-                Err(self.refuse(
-                    ticket,
-                    ToolError::permission(format!("{what}: {reason}")),
-                    "refused",
-                ))
-            }
+            Err(reason) => Err(self.refuse(
+                ticket,
+                ToolError::permission(format!("{what}: {reason}")),
+                "refused",
+            )),
         }
     }
 
@@ -447,15 +445,24 @@ impl Policy {
             .as_ref()
             .map(|s| audit::truncate(s.text(), audit::SUBJECT_CAP));
         if let Some(narrowing) = &self.narrowing
-            && let (Action::Deny, rule) = narrowing.rules.decide(&tool.name, subject.as_ref())
+            && let verdict = narrowing.rules.decide(&tool.name, subject.as_ref())
+            && verdict.action != Action::Allow
         {
-            let detail = match rule {
-                Some(r) => format!(
+            // A session's rules cannot ask: one that may match what it cannot read denies.
+            let rule = verdict.rule;
+            let detail = match (rule, &verdict.unseen) {
+                (Some(r), Some(why)) => format!(
+                    "rule \"{}\" of the session's policy {} cannot read all of this command \
+                     ({why}), so it denies it",
+                    r.text(),
+                    narrowing.name
+                ),
+                (Some(r), None) => format!(
                     "denied by rule \"{}\" of the session's policy {}",
                     r.text(),
                     narrowing.name
                 ),
-                None => format!(
+                (None, _) => format!(
                     "denied by the default of the session's policy {}",
                     narrowing.name
                 ),
@@ -471,10 +478,11 @@ impl Policy {
         if self.rules.allows_everything() {
             return Ok(());
         }
-        let (action, rule) = match self.index(tool) {
+        let verdict = match self.index(tool) {
             Some(index) => self.rules.decide_among(index, &tool.name, subject.as_ref()),
             None => self.rules.decide(&tool.name, subject.as_ref()),
         };
+        let (action, rule) = (verdict.action, verdict.rule);
         // The label (a shared Arc) only when an audit line will name it: cloning it on every call
         // would make every core write the same cache line.
         let by = match rule {
@@ -489,10 +497,23 @@ impl Policy {
                 }
                 Ok(())
             }
-            Action::Ask if ticket.hook_allowed => Ok(()),
+            // A hook's allow skips an ask, but not one that stands in for a deny rule.
+            Action::Ask if ticket.hook_allowed && !verdict.behind_deny => Ok(()),
             Action::Ask => {
                 ticket.by = by;
-                ticket.pending_ask = Some(rule.map(|r| r.text().to_string()));
+                let what = match (rule, &verdict.unseen) {
+                    (Some(r), Some(why)) => format!(
+                        "rule \"{}\" cannot read all of this command ({why}), so it asks for \
+                         approval",
+                        r.text()
+                    ),
+                    (Some(r), None) => format!("rule \"{}\" asks for approval", r.text()),
+                    (None, _) => "the default asks for approval".to_string(),
+                };
+                ticket.pending_ask = Some(PendingAsk {
+                    rule: rule.map(|r| r.text().to_string()),
+                    what,
+                });
                 Ok(())
             }
             Action::Deny => {
@@ -566,7 +587,7 @@ impl Policy {
                 let (reply, cancelled) = tokio::select! {
                     biased;
                     () = cancel.cancelled() => (hooks::Reply::Failed(format!(
-                        "hook {:?} was stopped: the turn was cancelled", hook.command
+                        "{} was stopped: the turn was cancelled", hook.label
                     )), true),
                     r = hook.reply(&input, place) => (r, false),
                 };
@@ -602,6 +623,35 @@ impl Policy {
             });
             hooks::apply_post(result, action);
         }
+    }
+
+    /// The audit line of a call answered before the policy saw it — refused at admission (an
+    /// unknown tool, invalid arguments, a duplicate id) or cancelled before it started — so the
+    /// log holds one line per call whatever answered it: `decision` `none`, `by` who answered
+    /// (`admission`, `cancellation`). No decision metric: the policy decided nothing.
+    pub(crate) fn record_unanswered(
+        &self,
+        scope: &SessionScope,
+        call: (&str, &str),
+        args: &Value,
+        by: &'static str,
+        code: ErrorCode,
+    ) {
+        let Some(log) = &self.audit else { return };
+        let (id, tool) = call;
+        log.record(&audit::AuditLine {
+            time: audit::now_rfc3339(),
+            session: scope.id().to_string(),
+            tool_use_id: audit::truncate(id, audit::SUBJECT_CAP),
+            tool: audit::truncate(tool, audit::SUBJECT_CAP),
+            subject: None,
+            decision: "none",
+            by: by.to_string(),
+            outcome: code.as_str(),
+            duration_ms: 0.0,
+            args_sha256: audit::sha256_hex(args),
+            args: log.with_args().then(|| args.clone()),
+        });
     }
 
     /// The decision metric and the audit line.
@@ -647,8 +697,16 @@ pub struct Ticket {
     /// The confined subject, truncated for the audit log.
     pub subject: Option<String>,
     hook_allowed: bool,
-    /// `Some(rule)` while an ask is still to be answered.
-    pending_ask: Option<Option<String>>,
+    /// An ask still to be answered.
+    pending_ask: Option<PendingAsk>,
+}
+
+/// An ask still to be answered: the rule that asks (`None`: the default), and the refusal's
+/// first words if nobody approves.
+#[derive(Debug)]
+struct PendingAsk {
+    rule: Option<String>,
+    what: String,
 }
 
 impl Ticket {

@@ -1,8 +1,9 @@
 //! Permission rules: `{"permissions": {"allow": [...], "ask": [...], "deny": [...], "default": …}}`.
 //!
 //! A rule is `TOOL` or `TOOL(PATTERN)`. `TOOL` is a registry name, or a glob over registry names
-//! when it holds a `*` (`mcp__github__*`); Claude Code's names `Bash`, `Read`, `Write`, `Edit`
-//! (= `edit_file` and `write_file`) and `Glob` are accepted for the built-ins. What `PATTERN` is
+//! when it holds a `*` (`mcp__github__*`); Claude Code's names ([`CLAUDE_CODE_NAMES`]: `Bash`,
+//! `Read`, `Write`, `Edit` (= `edit_file` and `write_file`), `MultiEdit`, `Glob`) are accepted for
+//! the built-ins. What `PATTERN` is
 //! matched against is the call's [`Subject`], which the tool declares ([`crate::ToolSpec::subject`]):
 //!
 //! * a **path** (the file tools): a gitignore-style glob over the workspace-relative path *after
@@ -11,12 +12,20 @@
 //!   matches at any depth (`*.pem`), a leading `/` anchors it at the root, a trailing `/` means
 //!   everything below; a rule that matches a directory matches everything in it.
 //! * a **command** (`bash`): `bash(git status)` is that exact command, `bash(git log:*)` that
-//!   command or that command followed by arguments. This matches text, not semantics: a deny or ask
-//!   rule matches when any part of a compound command (split at `;`, `&`, `|`, newlines) matches;
-//!   an allow rule only matches a command with no control operators, substitutions or
-//!   redirections at all (`git status; rm -rf x` is never allowed by `bash(git status:*)`).
+//!   command or that command followed by arguments, word by word after quote removal. The command
+//!   is read with a bash grammar ([`command`]): a deny or ask rule matches when any command the
+//!   shell may run matches — one of a compound command's, one after a wrapper (`env`, `timeout`,
+//!   `find -exec`, …), one in code given to `eval`, `sh -c` or `trap` — and when part of the
+//!   command cannot be read before it runs (`$cmd`, `eval "$x"`, `source`, `xargs`, …), such a
+//!   rule *may* match: the call is asked about ([`Verdict::unseen`]). An allow rule matches only
+//!   when every simple command as written matches an allow rule and nothing is hidden, no function
+//!   is defined, no variable set and no output redirected to a file.
 //!
 //! Precedence: deny over ask over allow over the default (`ask` when absent).
+
+mod command;
+
+use std::cell::OnceCell;
 
 use globset::{GlobBuilder, GlobMatcher};
 use serde::Deserialize;
@@ -63,10 +72,30 @@ struct Pattern {
     /// The gitignore-style glob, for path subjects (`None` when the pattern is no valid glob:
     /// then it only matches commands).
     path: Option<GlobMatcher>,
-    /// `git log` of `git log:*`.
-    prefix: Option<String>,
-    /// The pattern as written (exact command match).
-    exact: String,
+    /// The command's words (`git log` of `git log:*`).
+    words: Vec<String>,
+    /// `:*`: the words may be followed by anything.
+    prefix: bool,
+}
+
+/// A call's subject as the rules see it: a confined path, or a command read once per call.
+struct Seen<'a> {
+    subject: Option<&'a Confined>,
+    view: OnceCell<command::View>,
+}
+
+impl Seen<'_> {
+    fn view(&self, command: &str) -> &command::View {
+        self.view.get_or_init(|| command::read(command))
+    }
+}
+
+/// How a deny or ask rule applies to a call.
+enum Fit {
+    Yes,
+    /// It may: part of the command cannot be read before it runs (why).
+    Maybe(String),
+    No,
 }
 
 impl Rule {
@@ -136,37 +165,96 @@ impl Rule {
         })
     }
 
-    /// True when the rule matches a call of `tool` about `subject` (`strict`: an allow rule,
-    /// which never matches a compound command).
-    fn matches(&self, tool: &str, subject: Option<&Confined>, strict: bool) -> bool {
+    /// Whether the rule matches a call of `tool` (a deny or ask rule: any command the shell may
+    /// run).
+    fn fits(&self, tool: &str, seen: &Seen<'_>) -> Fit {
         if !self.names(tool) {
-            return false;
+            return Fit::No;
         }
         let Some(pattern) = &self.pattern else {
-            return true;
+            return Fit::Yes;
         };
-        match subject {
-            None => false,
-            Some(Confined::Path(path)) => pattern.matches_path(path),
-            Some(Confined::Command(cmd)) => pattern.matches_command(cmd, strict),
+        match seen.subject {
+            None => Fit::No,
+            Some(Confined::Path(path)) => match pattern.matches_path(path) {
+                true => Fit::Yes,
+                false => Fit::No,
+            },
+            Some(Confined::Command(cmd)) => {
+                match seen.view(cmd).may_run(&pattern.words, pattern.prefix) {
+                    command::Fit::Yes => Fit::Yes,
+                    command::Fit::Maybe(why) => Fit::Maybe(why),
+                    command::Fit::No => Fit::No,
+                }
+            }
         }
     }
+
+    /// Whether the rule, as an allow rule, takes the words of one simple command.
+    fn takes(&self, words: &[command::Word]) -> bool {
+        self.pattern
+            .as_ref()
+            .is_some_and(|p| command::fit(&p.words, words, p.prefix, false) == command::Fit::Yes)
+    }
+}
+
+/// Claude Code's tool names and the built-in tools they stand for (MCP tools are named
+/// `mcp__server__tool` by both). Permission rules and hook matchers take either name.
+pub const CLAUDE_CODE_NAMES: &[(&str, &str)] = &[
+    ("Bash", "bash"),
+    ("Read", "read_file"),
+    ("Write", "write_file"),
+    ("Edit", "edit_file"),
+    ("MultiEdit", "edit_file"),
+    ("Glob", "glob"),
+];
+
+/// Claude Code's tools that have no counterpart here: a hook matcher naming one is refused
+/// rather than accepted and never run.
+pub const CLAUDE_CODE_ONLY: &[&str] = &[
+    "Agent",
+    "BashOutput",
+    "ExitPlanMode",
+    "Grep",
+    "KillBash",
+    "KillShell",
+    "LS",
+    "NotebookEdit",
+    "NotebookRead",
+    "SlashCommand",
+    "Skill",
+    "Task",
+    "TodoRead",
+    "TodoWrite",
+    "WebFetch",
+    "WebSearch",
+];
+
+/// The Claude Code names of a built-in tool (`edit_file`: `Edit`, `MultiEdit`).
+pub fn claude_code_names(tool: &str) -> impl Iterator<Item = &'static str> + '_ {
+    CLAUDE_CODE_NAMES
+        .iter()
+        .filter(move |(_, ours)| *ours == tool)
+        .map(|(theirs, _)| *theirs)
 }
 
 fn aliases(tool: &str) -> Vec<String> {
     match tool {
-        "Bash" => vec!["bash".into()],
-        "Read" => vec!["read_file".into()],
-        "Write" => vec!["write_file".into()],
+        // In a permission rule, Claude Code's `Edit` covers every tool that edits files.
         "Edit" => vec!["edit_file".into(), "write_file".into()],
-        "Glob" => vec!["glob".into()],
-        other => vec![other.to_string()],
+        other => match CLAUDE_CODE_NAMES
+            .iter()
+            .find(|(theirs, _)| *theirs == other)
+        {
+            Some((_, ours)) => vec![ours.to_string()],
+            None => vec![other.to_string()],
+        },
     }
 }
 
 impl Pattern {
     fn parse(raw: &str) -> Result<Pattern, String> {
-        let prefix = raw.strip_suffix(":*").map(|p| p.trim().to_string());
+        let prefix = raw.strip_suffix(":*");
         let path = gitignore_glob(raw).ok();
         if path.is_none() && prefix.is_none() && raw.contains(['*', '?', '[', '{']) {
             // A glob that does not compile is a mistake, not a command.
@@ -174,8 +262,12 @@ impl Pattern {
         }
         Ok(Pattern {
             path,
-            prefix,
-            exact: raw.trim().to_string(),
+            words: prefix
+                .unwrap_or(raw)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            prefix: prefix.is_some(),
         })
     }
 
@@ -195,40 +287,6 @@ impl Pattern {
             }
         }
     }
-
-    fn matches_command(&self, command: &str, strict: bool) -> bool {
-        let one = |cmd: &str| {
-            let cmd = cmd.trim();
-            match &self.prefix {
-                Some(prefix) => {
-                    cmd == prefix
-                        || cmd
-                            .strip_prefix(prefix.as_str())
-                            .is_some_and(|rest| rest.starts_with(char::is_whitespace))
-                }
-                None => cmd == self.exact,
-            }
-        };
-        if strict {
-            !compound(command) && one(command)
-        } else {
-            one(command) || segments(command).any(one)
-        }
-    }
-}
-
-/// True when a command holds anything beyond one simple command: control operators, command or
-/// process substitution, redirections.
-fn compound(command: &str) -> bool {
-    command.contains([';', '&', '|', '\n', '`', '<', '>', '\r']) || command.contains("$(")
-}
-
-/// The simple commands of a compound one, split at control operators and substitutions.
-fn segments(command: &str) -> impl Iterator<Item = &str> {
-    command
-        .split([';', '&', '|', '\n', '\r', '`', '(', ')'])
-        .map(|s| s.trim_start_matches('$').trim())
-        .filter(|s| !s.is_empty())
 }
 
 /// A gitignore-style pattern as a glob over workspace-relative paths.
@@ -278,21 +336,50 @@ pub struct Rules {
     default: Action,
 }
 
-/// The first of `rules` at positions `at` that matches the call.
+/// The first of `rules` at positions `at` that matches the call, else the first that may (with
+/// why it may).
 fn first_of<'r>(
     rules: &'r [Rule],
     at: &[u32],
     tool: &str,
-    subject: Option<&Confined>,
-    strict: bool,
-) -> Option<&'r Rule> {
-    at.iter()
-        .map(|&i| &rules[i as usize])
-        .find(|r| r.matches(tool, subject, strict))
+    seen: &Seen<'_>,
+) -> Option<(&'r Rule, Option<String>)> {
+    let mut maybe = None;
+    for rule in at.iter().map(|&i| &rules[i as usize]) {
+        match rule.fits(tool, seen) {
+            Fit::Yes => return Some((rule, None)),
+            Fit::Maybe(why) if maybe.is_none() => maybe = Some((rule, Some(why))),
+            Fit::Maybe(_) | Fit::No => {}
+        }
+    }
+    maybe
 }
 
 /// What the rules decided, and which rule did (`None`: the default).
-pub type Verdict<'a> = (Action, Option<&'a Rule>);
+#[derive(Debug, Clone)]
+pub struct Verdict<'a> {
+    /// Allow, ask or deny.
+    pub action: Action,
+    /// The rule that decided (`None`: the default).
+    pub rule: Option<&'a Rule>,
+    /// Set when `rule` (a deny or ask rule) *may* match a command it cannot fully read: the
+    /// action is then [`Action::Ask`], and this says what cannot be read.
+    pub unseen: Option<String>,
+    /// True when that rule is a deny rule: a hook's `allow` does not lift the ask then (it never
+    /// lifts a deny rule).
+    pub behind_deny: bool,
+}
+
+impl<'a> Verdict<'a> {
+    fn of(action: Action, rule: Option<&'a Rule>) -> Verdict<'a> {
+        Verdict {
+            action,
+            rule,
+            unseen: None,
+            behind_deny: false,
+        }
+    }
+}
 
 /// The positions of the rules that name one tool ([`Rules::index_for`]), and which rules they
 /// are positions in (by address, so an index is never used with other rules).
@@ -406,23 +493,64 @@ impl Rules {
         if !self.owns(index) {
             return self.decide(tool, subject);
         }
-        // The precedence: deny over ask over allow over the default.
-        if let Some(r) = first_of(&self.deny, &index.deny, tool, subject, false) {
-            return (Action::Deny, Some(r));
+        let seen = Seen {
+            subject,
+            view: OnceCell::new(),
+        };
+        // The precedence: deny over ask over allow over the default. A deny rule that may match
+        // a command it cannot fully read asks (and an ask rule that may, too).
+        let deny = first_of(&self.deny, &index.deny, tool, &seen);
+        if let Some((r, None)) = deny {
+            return Verdict::of(Action::Deny, Some(r));
         }
-        if let Some(r) = first_of(&self.ask, &index.ask, tool, subject, false) {
-            return (Action::Ask, Some(r));
+        let ask = first_of(&self.ask, &index.ask, tool, &seen);
+        let unseen = match (deny, ask) {
+            (Some((r, Some(w))), _) => Some((r, w, true)),
+            (None, Some((r, None))) => return Verdict::of(Action::Ask, Some(r)),
+            (None, Some((r, Some(w)))) => Some((r, w, false)),
+            (None, None) => None,
+            (Some((_, None)), _) => unreachable!("a matching deny rule returned above"),
+        };
+        if let Some((rule, why, behind_deny)) = unseen {
+            return Verdict {
+                action: Action::Ask,
+                rule: Some(rule),
+                unseen: Some(why),
+                behind_deny,
+            };
         }
-        if let Some(r) = first_of(&self.allow, &index.allow, tool, subject, true) {
-            return (Action::Allow, Some(r));
+        if let Some(r) = self.allowed_by(index, tool, &seen) {
+            return Verdict::of(Action::Allow, Some(r));
         }
-        (self.default, None)
+        Verdict::of(self.default, None)
+    }
+
+    /// The allow rule that lets the call run, if one does: a rule without a pattern, or for a
+    /// command, an allow rule for every simple command as written (the first one is named) when
+    /// nothing of it is hidden; for a path, a rule that matches it.
+    fn allowed_by(&self, index: &RuleIndex, tool: &str, seen: &Seen<'_>) -> Option<&Rule> {
+        let mut rules = index.allow.iter().map(|&i| &self.allow[i as usize]);
+        let Some(Confined::Command(cmd)) = seen.subject else {
+            return rules.find(|r| matches!(r.fits(tool, seen), Fit::Yes));
+        };
+        if let Some(bare) = rules.clone().find(|r| r.pattern.is_none() && r.names(tool)) {
+            return Some(bare);
+        }
+        let view = seen.view(cmd);
+        if view.not_allowable().is_some() {
+            return None;
+        }
+        let mut first = None;
+        for words in &view.written {
+            let rule = rules.clone().find(|r| r.names(tool) && r.takes(words))?;
+            first = first.or(Some(rule));
+        }
+        first
     }
 
     /// The decision for a call of `tool` about `subject`: deny over ask over allow over the
-    /// default.
-    /// Walks every rule (it builds the tool's index first); calls of a registered tool go through
-    /// its kept index instead ([`Rules::decide_among`]).
+    /// default. Walks every rule (it builds the tool's index first); calls of a registered tool go
+    /// through its kept index instead ([`Rules::decide_among`]).
     pub fn decide(&self, tool: &str, subject: Option<&Confined>) -> Verdict<'_> {
         self.decide_among(&self.index_for(tool), tool, subject)
     }
@@ -469,8 +597,8 @@ mod tests {
         Some(Confined::Command(c.into()))
     }
     fn action(r: &Rules, tool: &str, s: Option<Confined>) -> (Action, Option<String>) {
-        let (a, rule) = r.decide(tool, s.as_ref());
-        (a, rule.map(|r| r.text().to_string()))
+        let v = r.decide(tool, s.as_ref());
+        (v.action, v.rule.map(|r| r.text().to_string()))
     }
 
     #[test]
@@ -539,16 +667,19 @@ mod tests {
         ];
         for (tool, subject, action, rule) in &cases {
             let index = r.index_for(tool);
-            let (a, by) = r.decide_among(&index, tool, subject.as_ref());
+            let v = r.decide_among(&index, tool, subject.as_ref());
             assert_eq!(
-                (a, by.map(Rule::text)),
+                (v.action, v.rule.map(Rule::text)),
                 (*action, *rule),
                 "{tool} {subject:?}"
             );
             // An index made by other rules is never trusted: the call walks these rules.
             let foreign = other.index_for(tool);
-            let (a, _) = r.decide_among(&foreign, tool, subject.as_ref());
-            assert_eq!(a, *action, "{tool} {subject:?} with another policy's index");
+            let v = r.decide_among(&foreign, tool, subject.as_ref());
+            assert_eq!(
+                v.action, *action,
+                "{tool} {subject:?} with another policy's index"
+            );
         }
         // The index holds only the rules that name the tool.
         assert_eq!(
@@ -649,6 +780,79 @@ mod tests {
         ] {
             assert_eq!(action(&r, "bash", cmd(hidden)).0, Action::Deny, "{hidden}");
         }
+    }
+
+    #[test]
+    fn a_deny_rule_holds_through_compound_syntax_wrappers_and_eval() {
+        let r = rules(json!({"deny": ["bash(rm:*)"], "default": "allow"}));
+        for bypass in [
+            "{ rm v; }",
+            "if true; then rm v; fi",
+            "for i in 1; do rm v; done",
+            "while rm v; do break; done",
+            "! rm v",
+            "time rm v",
+            "<<<x rm v",
+            "f() { rm v; }; f",
+            "env rm v",
+            "bash -c 'rm v'",
+            "eval 'rm v'",
+            "/bin/rm v",
+            "\\rm v",
+        ] {
+            let v = r.decide("bash", cmd(bypass).as_ref());
+            assert_eq!(v.action, Action::Deny, "{bypass}");
+            assert_eq!(v.rule.map(Rule::text), Some("bash(rm:*)"));
+        }
+        // What cannot be read before it runs may be rm: asked about, never allowed.
+        for hidden in [
+            "rm${IFS}v",
+            "$c v",
+            "eval \"$x\"",
+            "sh -c \"$x\"",
+            "xargs rm < l",
+            "source f",
+        ] {
+            let v = r.decide("bash", cmd(hidden).as_ref());
+            assert_eq!(v.action, Action::Ask, "{hidden}");
+            assert!(v.behind_deny && v.unseen.is_some(), "{hidden}: {v:?}");
+        }
+        assert_eq!(action(&r, "bash", cmd("ls -la")).0, Action::Allow);
+        assert_eq!(action(&r, "bash", cmd("echo rm")).0, Action::Allow);
+    }
+
+    #[test]
+    fn an_allow_rule_takes_pipelines_and_lists_of_allowed_commands_only() {
+        let r = rules(json!({
+            "allow": ["bash(git status)", "bash(git log:*)", "bash(grep:*)", "bash(wc:*)"],
+            "default": "deny"
+        }));
+        for allowed in [
+            "git status",
+            "git  'status'",
+            "git log --oneline | grep -v x | wc -l",
+            "git status && git log -3 2>/dev/null",
+            "git log $(git status)",
+            "wc -l < notes.txt",
+        ] {
+            let v = r.decide("bash", cmd(allowed).as_ref());
+            assert_eq!(v.action, Action::Allow, "{allowed}");
+        }
+        for refused in [
+            "git status; ls",
+            "git log | sh",
+            "git log > out.txt",
+            "GIT_PAGER=x git log",
+            "git log $(rm x)",
+            "$g status",
+            "git() { rm x; }; git status",
+        ] {
+            let v = r.decide("bash", cmd(refused).as_ref());
+            assert_eq!(v.action, Action::Deny, "{refused}");
+        }
+        // A bare rule allows every command of its tool, readable or not.
+        let bare = rules(json!({"allow": ["bash"], "default": "deny"}));
+        assert_eq!(action(&bare, "bash", cmd("eval \"$x\"")).0, Action::Allow);
     }
 
     #[test]

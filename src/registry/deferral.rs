@@ -173,6 +173,7 @@ pub fn tool_search(
     )
     .concurrency_safe(true)
     .defer(Defer::Never)
+    .effect(crate::tool::Effect::ReadOnly)
     .output_cap(200_000)
 }
 

@@ -83,6 +83,32 @@ impl CgroupParents {
     }
 }
 
+impl CgroupParents {
+    /// A cgroup of its own for a helper's process tree, without limits: only so that every
+    /// process of the tree can be found and killed ([`CallCgroup::remove`]). In the `pids`
+    /// hierarchy where it is writable, else in the `memory` one; `None` without either.
+    pub fn create_tree(&self) -> Option<CallCgroup> {
+        let name = format!(
+            "switchboard-{}-{}",
+            std::process::id(),
+            CALL_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let make = |parent: &Option<PathBuf>| {
+            let dir = parent.as_ref()?.join(&name);
+            std::fs::create_dir(&dir).ok().map(|()| dir)
+        };
+        let (pids, memory) = match make(&self.pids) {
+            Some(dir) => (Some(dir), None),
+            None => (None, Some(make(&self.memory)?)),
+        };
+        Some(CallCgroup {
+            pids,
+            memory,
+            limits: SandboxLimits::default(),
+        })
+    }
+}
+
 /// `/sys/fs/cgroup/<controller>/<path>` for the v1 line of `/proc/self/cgroup` naming
 /// `controller`.
 fn own_dir(table: &str, controller: &str) -> Option<PathBuf> {

@@ -26,6 +26,9 @@
 //!    covered directory. Without namespaces (no `unshare`) the inner stage runs in the outer
 //!    process and execs the command instead: the engine then waits for the shell itself.
 //!
+//! `--contain` runs the outer stage alone and then execs the program: how helpers that are not
+//! confined (MCP stdio servers) are kept under process-tree control ([`super::contain`]).
+//!
 //! Both stages first mark every descriptor above stderr close-on-exec, whatever the engine (or an
 //! embedder's process) inherited: the command gets stdin, stdout and stderr, nothing else.
 //!
@@ -86,6 +89,9 @@ pub fn exec_main(args: Vec<OsString>) -> ExitCode {
 #[derive(Debug, Default)]
 struct Plan {
     probe: bool,
+    /// Only the outer stage, then exec the program (a helper under process-tree control, see
+    /// [`super::contain`]).
+    contain: bool,
     inner: bool,
     /// The inner stage runs in its own mount namespace (started by `unshare --mount-proc`).
     private_mounts: bool,
@@ -133,6 +139,7 @@ impl Plan {
                     break;
                 }
                 "--probe" => plan.probe = true,
+                "--contain" => plan.contain = true,
                 "--inner" => plan.inner = true,
                 "--private-mounts" => plan.private_mounts = true,
                 "--mode" => {
@@ -195,6 +202,13 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
     if plan.probe {
         println!("landlock_abi={}", landlock_rules::probe_abi());
         return Ok(ExitCode::SUCCESS);
+    }
+    if plan.contain {
+        outer(&plan)?;
+        let err = Command::new(&plan.program[0])
+            .args(&plan.program[1..])
+            .exec();
+        return Err(format!("cannot run {:?}: {err}", plan.program[0]));
     }
     if !plan.inner {
         outer(&plan)?;

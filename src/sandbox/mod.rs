@@ -8,6 +8,8 @@
 //! * `probe`: what this machine can enforce, found when the engine is built.
 //! * `landlock_rules`: the Landlock ruleset.
 //! * `cgroup`: per-call `pids` and `memory` cgroups.
+//! * `contain`: process-tree control without confinement, for helpers such as MCP stdio servers
+//!   (process group, parent-death signal, a cgroup of their own or a token sweep).
 //! * `mounts`: the host's socket directories hidden in the call's mount namespace.
 //! * `exec`: the trampoline (`switchboard sandbox-exec`), which confines itself and execs.
 //! * `launch`: the engine's side of one call (the trampoline's command line, the private
@@ -18,6 +20,7 @@
 //! engine, carries none and its commands run unconfined.
 
 mod cgroup;
+mod contain;
 mod exec;
 mod landlock_rules;
 mod launch;
@@ -30,8 +33,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+pub(crate) use contain::{Containment, Tree};
 pub use exec::{exec_main, run_if_requested};
 pub use launch::CallSandbox;
+pub(crate) use mode::human_bytes;
 #[cfg(feature = "cli")]
 pub(crate) use mode::parse_bytes;
 pub use mode::{SandboxConfig, SandboxError, SandboxLimits, SandboxMode};

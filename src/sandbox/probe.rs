@@ -161,7 +161,7 @@ fn executable(path: &Path) -> bool {
 }
 
 /// Asks the trampoline for the Landlock ABI; -1 if it does not answer like a trampoline.
-fn probe_landlock(trampoline: &Path) -> i32 {
+pub(super) fn probe_landlock(trampoline: &Path) -> i32 {
     let out = Command::new(trampoline)
         .args([SUBCOMMAND, "--probe"])
         .env_clear()

@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use super::errors::ApiError;
 use crate::protocol::{Block, ErrorCode};
 use crate::tool::{
-    Access, CommitGate, Defer, Handler, Mode, Resource, ToolContext, ToolError, ToolOutcome,
-    ToolOutput, ToolSpec,
+    Access, CommitGate, Defer, Effect, Handler, Mode, Resource, ToolContext, ToolError,
+    ToolOutcome, ToolOutput, ToolSpec,
 };
 use crate::workspace::Workspace;
 
@@ -57,14 +57,27 @@ impl Default for Limits {
 }
 
 /// Keys a tool definition may carry (besides the shape's own).
-const EXTRA_KEYS: [&str; 6] = [
+const EXTRA_KEYS: [&str; 8] = [
     "concurrency_safe",
     "access",
     "timeout_ms",
     "output_cap",
     "defer",
     "defer_loading",
+    "effect",
+    "annotations",
 ];
+/// The keys of an MCP-style `annotations` object: the two hints that say the tool's effect, and
+/// the others MCP defines (accepted and ignored).
+const ANNOTATION_KEYS: [&str; 5] = [
+    "readOnlyHint",
+    "idempotentHint",
+    "destructiveHint",
+    "openWorldHint",
+    "title",
+];
+/// How a bad `effect` is refused.
+const EFFECT_VALUES: &str = "`effect` must be \"read_only\", \"idempotent\" or \"side_effect\"";
 /// Keys of the Anthropic shape that are accepted and ignored.
 const IGNORED_KEYS: [&str; 2] = ["cache_control", "type"];
 
@@ -201,6 +214,23 @@ fn parse_one(
         (Some(d), _) | (None, Some(d)) => spec = spec.defer(d),
         (None, None) => {}
     }
+    let effect = match fields.get("effect") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_str()
+                .and_then(Effect::parse)
+                .ok_or_else(|| bad(&format!("{EFFECT_VALUES} (default side_effect), not {v}")))?,
+        ),
+    };
+    let hinted = match fields.get("annotations") {
+        None | Some(Value::Null) => None,
+        Some(annotations) => {
+            hinted_effect(annotations).map_err(|e| bad(&format!("`annotations`: {e}")))?
+        }
+    };
+    if let Some(effect) = effect.or(hinted) {
+        spec = spec.effect(effect);
+    }
     match fields.get("access") {
         None | Some(Value::Null) => {}
         Some(access) => {
@@ -209,6 +239,42 @@ fn parse_one(
         }
     }
     Ok(spec)
+}
+
+/// The effect an MCP-style `annotations` object implies: `readOnlyHint: true` is
+/// [`Effect::ReadOnly`], else `idempotentHint: true` is [`Effect::Idempotent`]; `None` when
+/// neither hint is true (the default, [`Effect::SideEffect`], as MCP reads missing hints).
+fn hinted_effect(annotations: &Value) -> Result<Option<Effect>, String> {
+    let Value::Object(hints) = annotations else {
+        return Err("must be an object such as {\"readOnlyHint\": true}".into());
+    };
+    let mut read_only = false;
+    let mut idempotent = false;
+    for (key, value) in hints {
+        if !ANNOTATION_KEYS.contains(&key.as_str()) {
+            return Err(format!(
+                "unknown key `{key}` (MCP's {})",
+                ANNOTATION_KEYS.join(", ")
+            ));
+        }
+        match (key.as_str(), value) {
+            (_, Value::Null) | ("title", Value::String(_)) => {}
+            ("title", _) => return Err("`title` must be a string".into()),
+            (hint, Value::Bool(b)) => match hint {
+                "readOnlyHint" => read_only = *b,
+                "idempotentHint" => idempotent = *b,
+                _ => {}
+            },
+            (hint, _) => return Err(format!("`{hint}` must be true or false")),
+        }
+    }
+    Ok(if read_only {
+        Some(Effect::ReadOnly)
+    } else if idempotent {
+        Some(Effect::Idempotent)
+    } else {
+        None
+    })
 }
 
 /// A positive integer field, if present.
@@ -659,6 +725,116 @@ mod tests {
         assert_eq!(specs[0].policy.output_cap, 10);
         assert_eq!(specs[1].name, "search");
         assert!(!specs[1].policy.concurrency_safe);
+    }
+
+    #[test]
+    fn effect_is_declared_or_hinted_and_defaults_to_side_effect() {
+        let schema = json!({"type": "object"});
+        let tools = json!([
+            {"name": "plain", "input_schema": schema},
+            {"name": "look", "input_schema": schema, "effect": "read_only"},
+            {"name": "put", "input_schema": schema, "effect": "idempotent"},
+            {"name": "pay", "input_schema": schema, "effect": "side_effect"},
+            {"name": "nul", "input_schema": schema, "effect": null},
+            {"type": "function", "effect": "read_only",
+             "function": {"name": "oa", "parameters": schema}},
+            {"name": "mcp_ro", "input_schema": schema,
+             "annotations": {"title": "Reads", "readOnlyHint": true, "openWorldHint": false}},
+            {"name": "mcp_idem", "input_schema": schema,
+             "annotations": {"readOnlyHint": false, "idempotentHint": true,
+                             "destructiveHint": true}},
+            // readOnlyHint wins over idempotentHint (MCP: idempotent only matters for writers).
+            {"name": "mcp_both", "input_schema": schema,
+             "annotations": {"readOnlyHint": true, "idempotentHint": true}},
+            {"name": "mcp_none", "input_schema": schema,
+             "annotations": {"readOnlyHint": false, "idempotentHint": null}},
+            {"name": "mcp_empty", "input_schema": schema, "annotations": {}},
+            // An explicit effect wins over the hints, both ways.
+            {"name": "wins_down", "input_schema": schema, "effect": "side_effect",
+             "annotations": {"readOnlyHint": true}},
+            {"name": "wins_up", "input_schema": schema, "effect": "read_only",
+             "annotations": {"idempotentHint": true}},
+        ]);
+        let specs = parse(&tools, Limits::default(), &delegate()).unwrap();
+        let effects: Vec<(&str, Effect)> =
+            specs.iter().map(|s| (s.name.as_str(), s.effect)).collect();
+        assert_eq!(
+            effects,
+            [
+                ("plain", Effect::SideEffect),
+                ("look", Effect::ReadOnly),
+                ("put", Effect::Idempotent),
+                ("pay", Effect::SideEffect),
+                ("nul", Effect::SideEffect),
+                ("oa", Effect::ReadOnly),
+                ("mcp_ro", Effect::ReadOnly),
+                ("mcp_idem", Effect::Idempotent),
+                ("mcp_both", Effect::ReadOnly),
+                ("mcp_none", Effect::SideEffect),
+                ("mcp_empty", Effect::SideEffect),
+                ("wins_down", Effect::SideEffect),
+                ("wins_up", Effect::ReadOnly),
+            ]
+        );
+        // The effect class changes nothing else about the tool.
+        assert!(specs.iter().all(|s| !s.policy.concurrency_safe));
+    }
+
+    #[test]
+    fn a_bad_effect_is_refused_naming_the_tool_and_the_values() {
+        let d = delegate();
+        for bad in [
+            json!("readonly"),
+            json!("READ_ONLY"),
+            json!(""),
+            json!(true),
+            json!(1),
+            json!(["read_only"]),
+        ] {
+            let tools = json!([{"name": "lookup", "input_schema": {}, "effect": bad}]);
+            let Err(ApiError::BadRequest(m)) = parse(&tools, Limits::default(), &d) else {
+                panic!("effect {bad} was accepted");
+            };
+            assert!(
+                m.starts_with("client tool `lookup`: `effect` must be"),
+                "{m}"
+            );
+            for value in ["\"read_only\"", "\"idempotent\"", "\"side_effect\""] {
+                assert!(m.contains(value), "{m} should list {value}");
+            }
+            assert!(m.ends_with(&format!("not {bad}")), "{m} should echo {bad}");
+        }
+        for (annotations, says) in [
+            (json!(true), "must be an object"),
+            (
+                json!({"readOnlyHint": "yes"}),
+                "`readOnlyHint` must be true or false",
+            ),
+            (
+                json!({"idempotentHint": 1}),
+                "`idempotentHint` must be true or false",
+            ),
+            (
+                json!({"destructiveHint": "no"}),
+                "`destructiveHint` must be true or false",
+            ),
+            (json!({"title": 3}), "`title` must be a string"),
+            (json!({"readonlyHint": true}), "unknown key `readonlyHint`"),
+        ] {
+            let tools = json!([{"name": "hinted", "input_schema": {}, "annotations": annotations}]);
+            let Err(ApiError::BadRequest(m)) = parse(&tools, Limits::default(), &d) else {
+                panic!("annotations {annotations} were accepted");
+            };
+            assert!(
+                m.starts_with("client tool `hinted`: `annotations`: "),
+                "{m}"
+            );
+            assert!(m.contains(says), "{m} should say {says}");
+        }
+        // A bad hint is refused even when an explicit effect would win.
+        let tools = json!([{"name": "both", "input_schema": {}, "effect": "read_only",
+                            "annotations": {"readOnlyHint": "true"}}]);
+        assert!(parse(&tools, Limits::default(), &d).is_err());
     }
 
     #[test]

@@ -191,6 +191,7 @@ async fn run(
     };
     let unsubscribe = (app.approvals.clone(), engine_id);
     let format = ask.format;
+    let table = Arc::clone(&app.sessions);
     let task = tokio::spawn(async move {
         let _held = (permit, place, registered);
         let _unsubscribe = Unsubscribe(unsubscribe);
@@ -200,6 +201,7 @@ async fn run(
             Some(sink) => engine_session.dispatch_streaming(calls, cancel, sink).await,
             None => engine_session.dispatch_with_cancel(calls, cancel).await,
         };
+        table.persist_revealed(&session).await;
         encode_document(format, &results?)
     });
 

@@ -128,6 +128,9 @@ pub struct ServeArgs {
     /// MCP servers whose tools every session sees.
     #[command(flatten)]
     pub mcp: crate::mcp::command::McpArgs,
+    /// The call journal.
+    #[command(flatten)]
+    pub journal: crate::command::JournalArgs,
     /// Metrics on an address of their own, and a file written at exit (`/metrics` on the
     /// server's own address is always there).
     #[command(flatten)]
@@ -173,6 +176,8 @@ pub struct ServeConfig {
     pub allow_hard_links: bool,
     /// Limits on client tools.
     pub client_tools: ClientToolLimits,
+    /// The call journal (default: none): sessions and their answers survive a restart.
+    pub journal: crate::command::JournalArgs,
 }
 
 /// Limits on the client tools a session declares.
@@ -215,6 +220,7 @@ impl ServeConfig {
             deferral: crate::registry::DeferralConfig::default(),
             allow_hard_links: false,
             client_tools: ClientToolLimits::default(),
+            journal: crate::command::JournalArgs::default(),
         }
     }
 }
@@ -266,6 +272,7 @@ impl Server {
         if let Some(policy) = policy {
             builder = builder.policy(policy);
         }
+        builder = config.journal.apply(builder);
         let engine = if config.mcp.servers.is_empty() {
             builder.build()?
         } else {
@@ -294,6 +301,11 @@ impl Server {
             )
             .with_policies(config.session_policies.clone()),
         );
+        // With a journal, the sessions of the last run are back under their ids.
+        let restored = sessions.restore().await;
+        if restored > 0 {
+            tracing::info!(sessions = restored, "journal: sessions reopened");
+        }
         let app = Arc::new(App {
             engine,
             sessions,
@@ -463,6 +475,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             max_tools: args.max_client_tools,
             max_schema_bytes: args.max_client_schema_bytes,
         },
+        journal: args.journal,
         ..ServeConfig::new(args.listen, args.workspace_root, auth)
     };
     let server = match Server::bind(config).await {

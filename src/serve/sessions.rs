@@ -51,6 +51,59 @@ pub struct HttpSession {
     in_flight: AtomicUsize,
     /// Milliseconds since the table's start when the last request left.
     last_used_ms: AtomicU64,
+    /// What the journal keeps of it (with a journal).
+    persisted: Option<Mutex<Persisted>>,
+}
+
+/// What the journal keeps of a session, to reopen it under the same id after a restart: what
+/// it was created with, and the deferred tools it has been shown.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Persisted {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workspace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tools: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sandbox: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    allow_network: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<String>,
+    #[serde(default)]
+    revealed: Vec<String>,
+}
+
+impl Persisted {
+    fn of(new: &NewSession) -> Persisted {
+        Persisted {
+            workspace: new.workspace.clone(),
+            tools: new.tools.clone(),
+            sandbox: new.sandbox.map(|m| m.as_str().to_string()),
+            allow_network: new.allow_network,
+            policy: new.policy.clone(),
+            revealed: Vec::new(),
+        }
+    }
+
+    fn to_new(&self) -> Result<NewSession, String> {
+        Ok(NewSession {
+            workspace: self.workspace.clone(),
+            tools: self.tools.clone(),
+            sandbox: match &self.sandbox {
+                None => None,
+                Some(m) => Some(m.parse::<SandboxMode>().map_err(|e| e.to_string())?),
+            },
+            allow_network: self.allow_network,
+            policy: self.policy.clone(),
+        })
+    }
+
+    fn write(&self, id: &str) -> crate::journal::Write {
+        crate::journal::Write::Session {
+            id: id.to_string(),
+            bytes: serde_json::to_vec(self).unwrap_or_default(),
+        }
+    }
 }
 
 impl HttpSession {
@@ -366,6 +419,103 @@ impl SessionTable {
     /// Opens a session in `<root>/<name>` (created if missing), or in a fresh directory named
     /// after the session, with the client tools and the narrower sandbox it asks for.
     pub async fn create(&self, new: NewSession) -> Result<Arc<HttpSession>, ApiError> {
+        let persisted = self.engine.journal().map(|_| Persisted::of(&new));
+        let http = self.create_as(new, None, persisted.clone()).await?;
+        // With a journal, the session is on disk before its id is handed out.
+        if let (Some(journal), Some(p)) = (self.engine.journal(), persisted)
+            && let Err(e) = journal.write(vec![p.write(&http.id)]).await
+        {
+            let _ = self.remove(&http.id);
+            return Err(ApiError::Internal(format!(
+                "the journal cannot record the session: {e}"
+            )));
+        }
+        Ok(http)
+    }
+
+    /// Reopens every session the journal holds, under its id (after a restart); returns how
+    /// many. A session that cannot be reopened (its workspace is gone) is logged and forgotten.
+    pub async fn restore(&self) -> usize {
+        let Some(journal) = self.engine.journal() else {
+            return 0;
+        };
+        let records = match journal.sessions() {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::error!(error = %e, "journal: cannot read the sessions");
+                return 0;
+            }
+        };
+        let mut restored = 0;
+        for (id, bytes) in records {
+            let reopened = match serde_json::from_slice::<Persisted>(&bytes) {
+                Err(e) => Err(format!("its record does not decode: {e}")),
+                Ok(p) => match p.to_new() {
+                    Err(e) => Err(e),
+                    Ok(new) => self
+                        .create_as(new, Some(id.clone()), Some(p.clone()))
+                        .await
+                        .map(|http| (http, p))
+                        .map_err(|e| e.message()),
+                },
+            };
+            match reopened {
+                Ok((http, p)) => {
+                    let names: Vec<Arc<str>> =
+                        p.revealed.iter().map(|n| Arc::from(n.as_str())).collect();
+                    http.session.restore_revealed(&names);
+                    restored += 1;
+                }
+                Err(why) => {
+                    tracing::warn!(session = %id, reason = %why, "journal: a session cannot be reopened; forgotten");
+                    let _ = journal
+                        .write(vec![crate::journal::Write::ForgetSession { id }])
+                        .await;
+                }
+            }
+        }
+        restored
+    }
+
+    /// Records the deferred tools `session` has been shown since it was last recorded (with a
+    /// journal), so a restart keeps its catalog.
+    pub async fn persist_revealed(&self, session: &HttpSession) {
+        let (Some(journal), Some(persisted)) = (self.engine.journal(), &session.persisted) else {
+            return;
+        };
+        let revealed = session.session.revealed();
+        let write = {
+            let mut p = lock(persisted);
+            if revealed.len() <= p.revealed.len() {
+                return;
+            }
+            p.revealed = revealed.iter().map(|n| n.to_string()).collect();
+            p.write(&session.id)
+        };
+        if let Err(e) = journal.write(vec![write]).await {
+            tracing::error!(error = %e, "journal: a session's revealed tools were not recorded");
+        }
+    }
+
+    fn forget(&self, ids: Vec<Arc<str>>) {
+        if let (Some(journal), false) = (self.engine.journal(), ids.is_empty()) {
+            let journal = journal.clone();
+            let writes = ids
+                .iter()
+                .map(|id| crate::journal::Write::ForgetSession { id: id.to_string() })
+                .collect();
+            tokio::spawn(async move {
+                let _ = journal.write(writes).await;
+            });
+        }
+    }
+
+    async fn create_as(
+        &self,
+        new: NewSession,
+        restore: Option<String>,
+        persisted: Option<Persisted>,
+    ) -> Result<Arc<HttpSession>, ApiError> {
         let name = new.workspace.as_deref();
         if let Some(name) = name {
             check_name(name)?;
@@ -382,8 +532,19 @@ impl SessionTable {
         };
         let client_tools = tools.iter().map(|t| t.name.clone()).collect();
         self.full()?;
-        let (id, dir, fresh) = match name {
-            Some(name) => {
+        let (id, dir, fresh) = match (name, restore) {
+            // A restored session without a named workspace had a fresh one, named after it.
+            (None, Some(id)) => {
+                let dir = self.root.join(&id);
+                if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                    return Err(ApiError::BadRequest(format!(
+                        "its workspace {} is gone",
+                        dir.display()
+                    )));
+                }
+                (id, dir, false)
+            }
+            (Some(name), restore) => {
                 let dir = self.root.join(name);
                 match std::fs::create_dir(&dir) {
                     Ok(()) => {}
@@ -398,9 +559,9 @@ impl SessionTable {
                     }
                     Err(e) => return Err(cannot_create(&dir, &e)),
                 }
-                (self.new_id(), dir, false)
+                (restore.unwrap_or_else(|| self.new_id()), dir, false)
             }
-            None => loop {
+            (None, None) => loop {
                 let id = self.new_id();
                 let dir = self.root.join(&id);
                 match std::fs::create_dir(&dir) {
@@ -466,6 +627,7 @@ impl SessionTable {
             calls: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             last_used_ms: AtomicU64::new(self.now_ms()),
+            persisted: persisted.map(Mutex::new),
         });
         let mut sessions = lock(&self.sessions);
         if sessions.len() >= self.max {
@@ -508,6 +670,7 @@ impl SessionTable {
             .remove(id)
             .ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
         session.session.cancel();
+        self.forget(vec![Arc::clone(&session.id)]);
         Ok(session)
     }
 
@@ -517,12 +680,19 @@ impl SessionTable {
         let now = self.now_ms();
         let limit = self.idle_timeout.as_millis() as u64;
         let mut sessions = lock(&self.sessions);
-        let before = sessions.len();
-        sessions.retain(|_, s| {
-            s.in_flight.load(Ordering::Acquire) > 0
-                || now.saturating_sub(s.last_used_ms.load(Ordering::Acquire)) <= limit
+        let mut closed = Vec::new();
+        sessions.retain(|id, s| {
+            let keep = s.in_flight.load(Ordering::Acquire) > 0
+                || now.saturating_sub(s.last_used_ms.load(Ordering::Acquire)) <= limit;
+            if !keep {
+                closed.push(Arc::clone(id));
+            }
+            keep
         });
-        before - sessions.len()
+        drop(sessions);
+        let n = closed.len();
+        self.forget(closed);
+        n
     }
 
     /// The idle timeout.

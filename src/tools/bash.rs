@@ -59,18 +59,17 @@
 //! substring match that any rephrasing defeats, no security boundary.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use serde_json::{Value, json};
 use tokio::process::Command;
-use tokio::sync::OnceCell;
 
 use super::bash_capture::{Capture, NO_OUTPUT, combine};
+use crate::process_tree::{GroupKiller, NAMESPACE_INIT, ProcessTree};
+pub use crate::process_tree::{Isolation, Launcher, probe_launcher};
 
 mod exit;
 mod redirect;
@@ -96,54 +95,12 @@ pub const DANGEROUS_SUBSTRINGS: [&str; 5] = ["rm -rf /", "sudo", "shutdown", "re
 pub use crate::process_env::TOOL_ENV as INHERITED_ENV;
 /// The marker variable naming the call in every process it starts.
 pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
-/// Init of an unconfined call's PID namespace (pid 1; a sandboxed call's init is the trampoline,
-/// see [`crate::sandbox`]): runs the command's shell as its child, so that shell is an ordinary
-/// process (pid 2; `kill $$` works), and exits with its status. The init's own
-/// stderr goes to the notice file named by its first argument, so its job notices ("Killed")
-/// do not mix into the output but tell that the command's shell died by a signal (see
-/// [`death_signal`]); the command's stderr is the real one.
-const NAMESPACE_INIT: &str =
-    r#"n=$1; shift; exec 3>&2 2>/dev/null; { "$@" 2>&3 3>&-; } 2>"$n"; exit $?"#;
-/// Direct mode only: a token unique to one call, used to find its escaped processes.
-const CALL_TOKEN_VAR: &str = "SWITCHBOARD_CALL_TOKEN";
 /// How long the pipes are still read after the shell itself has exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
 /// How long the pipes are still read after the call's processes were killed.
 const DRAIN_AFTER_KILL: Duration = Duration::from_millis(100);
 /// Room left in the output cap for the `timeout (Ns); partial output:` prefix.
 const PARTIAL_CAP: usize = OUTPUT_CAP - 100;
-/// Bound on the one-time namespace probe.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Distinguishes the tokens of concurrent calls in direct mode.
-static TOKEN_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Whether `bash` may isolate its commands in PID and mount namespaces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Isolation {
-    /// Use namespaces when the system allows it (probed once per tool instance), else run bash
-    /// directly and log a warning.
-    #[default]
-    Auto,
-    /// Always run bash directly (the engine's environment is then protected only by
-    /// [`crate::process_guard`] and file permissions, which do not stop a root child).
-    Off,
-}
-
-/// How commands actually run, decided once per tool instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Launcher {
-    /// `<unshare> <flags…> bash -c …`: the command is init of fresh PID and mount namespaces.
-    Namespaces {
-        /// Absolute path of `unshare`.
-        unshare: PathBuf,
-        /// The flags that worked.
-        flags: Vec<&'static str>,
-    },
-    /// `bash -c …` directly.
-    Direct,
-}
-
 /// The `bash` spec: async, not concurrency-safe and **exclusive** (a command may touch anything:
 /// it runs after every earlier call of its turn and before every later one), policy timeout [`MAX_TIMEOUT`] (each call is
 /// bounded by its own `timeout_ms`, default 120 s), 50,000 bytes. Namespaces are used when they
@@ -155,8 +112,7 @@ pub fn spec() -> ToolSpec {
 /// The `bash` spec with an explicit [`Isolation`] choice.
 pub fn spec_with(isolation: Isolation) -> ToolSpec {
     let tool = Arc::new(Bash {
-        isolation,
-        launcher: OnceCell::new(),
+        tree: ProcessTree::new(isolation),
     });
     ToolSpec::new(
         "bash",
@@ -211,70 +167,10 @@ pub fn blocked_by(command: &str) -> Option<&'static str> {
         .or_else(|| redirects_to_device(command).then_some(DEVICE))
 }
 
-/// Finds out whether commands can run in fresh PID and mount namespaces, trying plain `unshare`
-/// and then `unshare --user --map-root-user`. Runs a probe command (bounded by a few seconds)
-/// that checks it is init of its namespace and that `/proc` shows that namespace.
-pub async fn probe_launcher() -> Launcher {
-    let Some(unshare) = find_program("unshare") else {
-        return Launcher::Direct;
-    };
-    let base = ["--pid", "--fork", "--mount-proc", "--kill-child"];
-    let with_user = [
-        "--user",
-        "--map-root-user",
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "--kill-child",
-    ];
-    for flags in [&base[..], &with_user[..]] {
-        let mut cmd = Command::new(&unshare);
-        cmd.args(flags)
-            .arg("bash")
-            .arg("-c")
-            .arg(r#"read -r c < /proc/1/comm && [ "$$" = 1 ] && [ "$c" = bash ] && [ ! -e /proc/2 ]"#)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-        let ok = match cmd.spawn() {
-            Ok(mut child) => matches!(
-                tokio::time::timeout(PROBE_TIMEOUT, child.wait()).await,
-                Ok(Ok(status)) if status.success()
-            ),
-            Err(_) => false,
-        };
-        if ok {
-            return Launcher::Namespaces {
-                unshare,
-                flags: flags.to_vec(),
-            };
-        }
-    }
-    Launcher::Direct
-}
-
-/// The first executable file named `name` on the engine's `PATH`.
-fn find_program(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(name))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
-
-/// One `bash` tool instance: its isolation choice and the launcher, probed on first use. The
+/// One `bash` tool instance: how its commands run ([`ProcessTree`], probed on first use). The
 /// workspace comes with each call.
 struct Bash {
-    isolation: Isolation,
-    launcher: OnceCell<Launcher>,
+    tree: ProcessTree,
 }
 
 /// How the wait for the command ended.
@@ -284,24 +180,6 @@ enum End {
 }
 
 impl Bash {
-    async fn launcher(&self) -> &Launcher {
-        self.launcher
-            .get_or_init(|| async {
-                if self.isolation == Isolation::Off {
-                    return Launcher::Direct;
-                }
-                let launcher = probe_launcher().await;
-                if launcher == Launcher::Direct {
-                    tracing::warn!(
-                        "bash: PID/mount namespaces are unavailable (unshare failed); commands run \
-                         directly and a root command could read the engine's environment"
-                    );
-                }
-                launcher
-            })
-            .await
-    }
-
     async fn run(&self, args: Value, ctx: ToolContext) -> ToolOutcome {
         let command = str_arg(&args, "command")?;
         let timeout = timeout_arg(&args)?;
@@ -313,7 +191,7 @@ impl Bash {
         if ctx.cancel.is_cancelled() {
             return Err(ToolError::new(ErrorCode::Cancelled, "cancelled"));
         }
-        let launcher = self.launcher().await;
+        let launcher = self.tree.launcher("bash").await;
         let started = Instant::now();
         // The call's own limit, unless the engine's deadline comes first.
         let (deadline, budget) = match started.checked_add(timeout) {
@@ -323,14 +201,7 @@ impl Bash {
                 ctx.deadline.saturating_duration_since(started),
             ),
         };
-        let token = match launcher {
-            Launcher::Direct => Some(format!(
-                "{}-{}",
-                std::process::id(),
-                TOKEN_COUNTER.fetch_add(1, Ordering::Relaxed)
-            )),
-            Launcher::Namespaces { .. } => None,
-        };
+        let token = launcher.token();
 
         let root = ctx.workspace()?.root();
         // The OS sandbox of this call (its TMPDIR and cgroups), when the engine has one.
@@ -359,12 +230,7 @@ impl Bash {
         .spawn()
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
         // The first process is the group leader, so its pid is the group id.
-        let group = GroupKiller(
-            child
-                .id()
-                .and_then(|id| i32::try_from(id).ok())
-                .and_then(Pid::from_raw),
-        );
+        let group = GroupKiller::of(&child);
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let mut out = Capture::new(OUTPUT_CAP);
         let mut err = Capture::new(OUTPUT_CAP);
@@ -407,7 +273,7 @@ impl Bash {
         };
         drop(group);
         if let Some(token) = token {
-            sweep(token).await;
+            crate::process_tree::sweep(token).await;
         }
 
         match end {
@@ -509,23 +375,18 @@ fn shell(
         _ => vec!["bash".into()],
     };
     program.extend(["-c".into(), command.into()]);
-    let unshare = match launcher {
-        Launcher::Namespaces { unshare, flags } => Some((unshare.as_path(), flags.as_slice())),
-        Launcher::Direct => None,
-    };
-    let mut cmd = match (sandbox, unshare) {
+    let mut cmd = match sandbox {
         // The trampoline confines itself, then execs `unshare` (if any), then bash.
-        (Some(sandbox), unshare) => sandbox.command(unshare, &program),
-        (None, Some((unshare, flags))) => {
-            let mut cmd = Command::new(unshare);
-            cmd.args(flags).arg("--").args(&program);
-            cmd
+        Some(sandbox) => {
+            let unshare = match launcher {
+                Launcher::Namespaces { unshare, flags } => {
+                    Some((unshare.as_path(), flags.as_slice()))
+                }
+                Launcher::Direct => None,
+            };
+            sandbox.command(unshare, &program)
         }
-        (None, None) => {
-            let mut cmd = Command::new(&program[0]);
-            cmd.args(&program[1..]);
-            cmd
-        }
+        None => launcher.command(&program),
     };
     crate::process_env::inherit_tool_env(&mut cmd);
     if let Some(sandbox) = sandbox {
@@ -534,9 +395,7 @@ fn shell(
     cmd.env("HOME", root)
         .env("PWD", root)
         .env(CALL_ID_VAR, call_id);
-    if let Some(token) = token {
-        cmd.env(CALL_TOKEN_VAR, token);
-    }
+    Launcher::mark(&mut cmd, token);
     cmd.current_dir(root)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -544,71 +403,6 @@ fn shell(
         .process_group(0)
         .kill_on_drop(true);
     cmd
-}
-
-/// Direct mode: kills every process whose environment carries `token` (processes that left the
-/// call's process group). Stops them first, scanning until no new one appears (a few passes at
-/// most), so a forking process cannot outrun the sweep, then kills them all.
-async fn sweep(token: String) {
-    let job = tokio::task::spawn_blocking(move || {
-        let mut needle = CALL_TOKEN_VAR.as_bytes().to_vec();
-        needle.push(b'=');
-        needle.extend_from_slice(token.as_bytes());
-        needle.push(0);
-        let mut found: Vec<Pid> = Vec::new();
-        for _ in 0..8 {
-            let fresh: Vec<Pid> = carrying(&needle)
-                .into_iter()
-                .filter(|p| !found.contains(p))
-                .collect();
-            if fresh.is_empty() {
-                break;
-            }
-            for pid in &fresh {
-                let _ = kill_process(*pid, Signal::STOP);
-            }
-            found.extend(fresh);
-        }
-        for pid in found {
-            let _ = kill_process(pid, Signal::KILL);
-        }
-    });
-    let _ = tokio::time::timeout(Duration::from_secs(2), job).await;
-}
-
-/// Pids of processes (other than this one) whose initial environment contains `needle`.
-fn carrying(needle: &[u8]) -> Vec<Pid> {
-    let own = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != own)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle))
-        })
-        .filter_map(|pid| Pid::from_raw(i32::try_from(pid).ok()?))
-        .collect()
-}
-
-/// Kills a whole process group when dropped (and on [`GroupKiller::kill`]). Errors (typically:
-/// the group is already gone) are ignored: there is nothing left to kill.
-struct GroupKiller(Option<Pid>);
-
-impl GroupKiller {
-    fn kill(&self) {
-        if let Some(pid) = self.0 {
-            let _ = kill_process_group(pid, Signal::KILL);
-        }
-    }
-}
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// `120s`, or `0.3s` for a fraction, rounded to a tenth; under 50 ms, `7ms`.

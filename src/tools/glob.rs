@@ -43,6 +43,7 @@ pub fn spec() -> ToolSpec {
     )
     .concurrency_safe(true)
     .defer(crate::tool::Defer::Never)
+    .effect(crate::tool::Effect::ReadOnly)
     .access(access)
     .output_cap(OUTPUT_CAP)
 }

@@ -50,6 +50,7 @@ pub fn spec() -> ToolSpec {
     .path_subject("path")
     .concurrency_safe(true)
     .defer(crate::tool::Defer::Never)
+    .effect(crate::tool::Effect::ReadOnly)
     .access(access)
     .output_cap(OUTPUT_CAP)
 }

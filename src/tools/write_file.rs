@@ -33,6 +33,7 @@ pub fn spec() -> ToolSpec {
     .path_subject("path")
     .concurrency_safe(false)
     .defer(crate::tool::Defer::Never)
+    .effect(crate::tool::Effect::Idempotent)
     .access(access)
 }
 

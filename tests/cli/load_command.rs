@@ -479,3 +479,104 @@ fn a_policy_runs_the_engine_under_its_rules_and_a_bad_one_is_refused() {
     assert_ne!(out.code, Some(0));
     assert!(out.stderr.contains("bad rule \"noop(\""), "{}", out.stderr);
 }
+
+fn f(doc: &Value, key: &str) -> f64 {
+    doc[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number: {doc}"))
+}
+
+#[test]
+fn compare_journal_runs_both_sides_and_counts_the_journal_flushes() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("jb");
+    let doc = load_json(&[
+        "--journal",
+        dir.to_str().unwrap(),
+        "--compare-journal",
+        "--sessions",
+        "4",
+        "--calls-per-turn",
+        "4",
+        "--turns",
+        "20",
+        "--tool",
+        "noop",
+        "--quiet",
+        "--json",
+    ]);
+    assert_eq!(doc["mode"], "compare_journal");
+    assert_eq!(u(&doc["violations"]), 0);
+    for key in [
+        "journal_on_calls_per_s",
+        "journal_off_calls_per_s",
+        "flushes_per_s",
+        "calls_per_flush",
+        "single_call_p50_ms_on",
+        "single_call_p50_ms_off",
+        "single_call_p99_ms_on",
+        "single_call_p99_ms_off",
+    ] {
+        assert!(f(&doc, key) > 0.0, "{key}: {doc}");
+    }
+    assert!(f(&doc, "calls_per_flush") >= 1.0, "{doc}");
+    for side in ["on", "off"] {
+        assert!(
+            f(&doc, &format!("single_call_p50_ms_{side}"))
+                <= f(&doc, &format!("single_call_p99_ms_{side}"))
+        );
+        assert_eq!(u(&doc[format!("single_call_turns_{side}")]), 20);
+    }
+    let (on, off) = (
+        f(&doc, "journal_on_calls_per_s"),
+        f(&doc, "journal_off_calls_per_s"),
+    );
+    let cost = f(&doc, "journal_cost");
+    assert!((cost - (1.0 - on / off)).abs() < 0.001, "{cost} {on} {off}");
+    for side in ["journal_on", "journal_off"] {
+        assert_eq!(u(&doc[side]["calls"]), 4 * 4 * 20, "{side}");
+        assert_eq!(u(&doc[side]["ok"]), 4 * 4 * 20, "{side}");
+    }
+    // Every noop call is a side-effect call: its intent and its answer are both journaled.
+    let journal = &doc["journal_on"]["journal"];
+    assert_eq!(u(&journal["records"]), 2 * 4 * 4 * 20, "{journal}");
+    assert!(u(&journal["flushes"]) >= 2 * 20, "{journal}");
+    assert!(doc["journal_off"]["journal"].is_null());
+    // The run created the directory, and removed it with every journal it held.
+    assert!(!dir.exists());
+}
+
+#[test]
+fn a_plain_journal_run_journals_every_call_and_leaves_a_found_directory_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = load_json(&[
+        "--journal",
+        dir.path().to_str().unwrap(),
+        "--sessions",
+        "2",
+        "--turns",
+        "5",
+        "--calls-per-turn",
+        "4",
+        "--warmup",
+        "100ms",
+        "--json",
+    ]);
+    assert_eq!(u(&doc["engine"]["ok"]), 40);
+    // An intent and an answer for every measured call: none was answered from the warm-up's
+    // stored answers (the warm-up's turns have ids of their own), so every one ran.
+    assert_eq!(u(&doc["engine"]["journal"]["records"]), 80);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn compare_journal_without_a_journal_directory_is_refused_naming_the_flag() {
+    let out = load(&["--compare-journal", "--turns", "1"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--journal"), "{}", out.stderr);
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = load(&["--journal", file.path().to_str().unwrap(), "--turns", "1"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("not a directory"), "{}", out.stderr);
+}

@@ -340,10 +340,15 @@ fn sigint_and_sigterm_stop_load() {
 fn sigterm_in_lines_mode_answers_the_turn_in_flight_and_exits_143() {
     let ws = tempfile::tempdir().unwrap();
     let first = turn(&[("bash", json!({"command": "echo one"}))]);
-    let slow = turn(&[
+    let mut slow = turn(&[
         ("bash", json!({"command": SLOW})),
         ("glob", json!({"pattern": "*"})),
     ]);
+    // Each turn's calls have ids of their own, as a model's do (one session answers an id it
+    // has seen from its stored answers).
+    for block in slow["content"].as_array_mut().unwrap() {
+        block["id"] = json!(format!("slow-{}", block["id"].as_str().unwrap()));
+    }
     let mut child = spawn(
         &[
             "dispatch",

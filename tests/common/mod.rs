@@ -32,6 +32,16 @@ use switchboard::{
 /// Upper bound for any single turn in these tests: a hang fails the test instead of wedging it.
 pub const TURN_BOUND: Duration = Duration::from_secs(10);
 
+/// A `tool_use_id` never used before in this test process: `<tag>-<n>`. A session answers an
+/// id it has seen from its stored answers, so a test that means a new call needs a new id.
+pub fn fresh(tag: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{tag}-{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 /// A call as the model would send it.
 pub fn call(id: &str, name: &str, args: Value) -> ToolCall {
     ToolCall::new(id, name, args)

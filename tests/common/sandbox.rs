@@ -60,7 +60,11 @@ pub fn bash_call(id: &str, command: &str, timeout: Duration) -> ToolCall {
 /// Runs one bash command in `session` and returns its result.
 pub async fn bash(session: &Session, command: &str) -> ToolDispatchResult {
     let mut results = session
-        .dispatch(vec![bash_call("c1", command, Duration::from_secs(60))])
+        .dispatch(vec![bash_call(
+            &super::fresh("c"),
+            command,
+            Duration::from_secs(60),
+        )])
         .await
         .expect("engine available");
     results.remove(0)

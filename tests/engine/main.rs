@@ -19,6 +19,7 @@ mod many_sessions;
 mod random_turns_proptest;
 mod registry_is_single_source;
 mod results_tell_the_truth;
+mod retried_turns_run_nothing_twice;
 mod safe_calls_overlap;
 mod streamed_results_arrive_as_each_call_finishes;
 mod tool_results_carry_images;

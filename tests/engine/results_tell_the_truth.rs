@@ -58,8 +58,12 @@ async fn is_error_agrees_with_the_file_over_a_thousand_cancels_at_random_moments
             trigger.cancel();
         });
         let calls = vec![
-            ToolCall::new("w", "write_file", json!({"path": name, "content": "v2"})),
-            ToolCall::new("r", "read_file", json!({"path": name})),
+            ToolCall::new(
+                common::fresh("w"),
+                "write_file",
+                json!({"path": name, "content": "v2"}),
+            ),
+            ToolCall::new(common::fresh("r"), "read_file", json!({"path": name})),
         ];
         let results = tokio::time::timeout(
             common::TURN_BOUND,
@@ -105,9 +109,9 @@ async fn editors(ws: &Workspace, sessions: Vec<Session>, turns: usize) -> (Vec<S
                 let results = turn(
                     &session,
                     vec![
-                        ToolCall::new("r", "read_file", json!({"path": "a.txt"})),
+                        ToolCall::new(common::fresh("r"), "read_file", json!({"path": "a.txt"})),
                         ToolCall::new(
-                            "e",
+                            common::fresh("e"),
                             "edit_file",
                             json!({"path": "a.txt", "old_text": "END", "new_text": format!("{token} END")}),
                         ),
@@ -173,7 +177,7 @@ async fn a_write_of_a_file_changed_since_it_was_read_is_refused_until_read_again
     let session = engine.session();
     let path = ws.root().join("notes.md");
     std::fs::write(&path, "mine").unwrap();
-    let read = || ToolCall::new("r", "read_file", json!({"path": "notes.md"}));
+    let read = || ToolCall::new(common::fresh("r"), "read_file", json!({"path": "notes.md"}));
     let write = |id: &str| {
         ToolCall::new(
             id,

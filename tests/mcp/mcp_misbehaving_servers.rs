@@ -269,6 +269,8 @@ async fn a_server_sees_only_the_allowlisted_environment_and_its_own_env() {
         "SHELL",
         "TERM",
         "CONFIGURED",
+        // The marker of a server's process tree where it has no cgroup of its own.
+        "SWITCHBOARD_CALL_TOKEN",
     ];
     for k in &keys {
         // python3 itself may add LC_CTYPE when coercing the locale.

@@ -175,11 +175,12 @@ fn with_order_arrival_a_read_sent_with_an_edit_of_the_same_file_always_sees_the_
     }
 }
 
-/// A PreToolUse hook that holds each call until `$1` calls are inside it at once: a serial run of
+/// A PreToolUse hook that holds each call until `$1` calls are inside it at once (each marks
+/// itself with a file of its own: `$$` is the same in every hook's PID namespace): a serial run of
 /// those calls can never pass it (the first would wait for the others until it gives up and
 /// denies its call).
 const BARRIER_HOOK: &str = r#"cat > /dev/null
-mkdir -p .barrier && touch ".barrier/$$"
+mkdir -p .barrier && mktemp .barrier/XXXXXX > /dev/null
 tries=0
 while [ "$(ls .barrier | wc -l)" -lt "$1" ]; do
   tries=$((tries + 1))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small MCP server over stdio (standard library only) that misbehaves on demand.
 
-Usage: misbehaving.py STATE_DIR
+Usage: misbehaving.py STATE_DIR [OPTIONS_JSON]
 
 Tools (tools/list answers in two pages, to exercise pagination):
   echo          read-only; returns its arguments as JSON
@@ -18,12 +18,33 @@ Tools (tools/list answers in two pages, to exercise pagination):
 
 STATE_DIR/events.log gets one line per tools/call ("call <id> <tool>") and per
 notifications/cancelled ("cancelled <id>").
+
+OPTIONS_JSON, a JSON object, adds behaviour:
+  "named": [raw names]  only these tools are listed (in two pages); each answers
+                        "<label> <raw name>"
+  "label": text         the label of those answers
+  "page_forever": {"tools": N, "bytes": M}
+                        tools/list never ends: every page has N new tools with an input schema of
+                        about M bytes, and a next cursor
+  "bad_tools": true     page 2 also lists deep_schema (an input schema nested 70 levels, 140
+                        levels of JSON) and string_schema (an inputSchema that is a string)
+  "bad_answers": true   page 2 also lists huge (answers a 17 MiB line), surrogate (a lone
+                        surrogate escape in its text) and hologram (a text block, a block of an
+                        unknown type "hologram", an image block)
+  "grandchild": true    page 2 also lists spawn_grandchild: starts `setsid sleep 1000` (its own
+                        session, out of the server's process group) and answers
+                        {"server": its own pid, "grandchild": the sleep's pid}
+  "linger": true        at the end of stdin, does not exit but sleeps (a server that does not
+                        watch its stdin)
 """
 import json
 import os
+import subprocess
 import sys
+import time
 
 STATE = sys.argv[1]
+OPTIONS = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
 EVENTS = os.path.join(STATE, "events.log")
 CRASHED = os.path.join(STATE, "crashed")
 changed = False
@@ -50,13 +71,43 @@ def tool(name, read_only=False):
     return t
 
 
+def deep_schema(levels):
+    schema = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
 def tools():
+    if "named" in OPTIONS:
+        named = [tool(raw) for raw in OPTIONS["named"]]
+        half = len(named) // 2
+        return named[:half], named[half:]
     first = "echo2" if changed else "echo"
     page1 = [tool(first, True), tool("env", True), tool("hang"), tool("crash_once")]
     bad = tool("bad_schema")
     bad["inputSchema"] = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
     page2 = [tool("garbage"), tool("big"), tool("change_tools"), tool("fail"), tool("crash_always"), bad]
+    if OPTIONS.get("bad_tools"):
+        deep = tool("deep_schema")
+        deep["inputSchema"] = deep_schema(70)
+        flat = tool("string_schema")
+        flat["inputSchema"] = "string"
+        page2 += [deep, flat]
+    if OPTIONS.get("bad_answers"):
+        page2 += [tool("huge"), tool("surrogate"), tool("hologram")]
+    if OPTIONS.get("grandchild"):
+        page2.append(tool("spawn_grandchild"))
     return page1, page2
+
+
+def endless_page(n):
+    """Page n of a tools/list that never ends."""
+    spec = OPTIONS["page_forever"]
+    filler = {"type": "string", "description": "x" * spec["bytes"]}
+    page = [{"name": "t%d_%d" % (n, i), "inputSchema": {"type": "object", "properties": {"f": filler}}}
+            for i in range(spec["tools"])]
+    return {"tools": page, "nextCursor": "page%d" % (n + 1)}
 
 
 def text(t, is_error=False):
@@ -66,6 +117,8 @@ def text(t, is_error=False):
 def call(mid, name, args):
     global changed
     log("call %s %s" % (json.dumps(mid), name))
+    if "named" in OPTIONS:
+        return text("%s %s" % (OPTIONS.get("label", ""), name))
     if name in ("echo", "echo2"):
         return text(json.dumps(args, sort_keys=True))
     if name == "env":
@@ -92,6 +145,23 @@ def call(mid, name, args):
         os._exit(4)
     if name == "fail":
         return text("it went wrong", is_error=True)
+    if name == "huge":
+        send({"jsonrpc": "2.0", "id": mid, "result": text("h" * (17 * 1024 * 1024))})
+        return None
+    if name == "surrogate":
+        # json.dumps would escape it as \ud800 too; written by hand to be explicit.
+        sys.stdout.write('{"jsonrpc": "2.0", "id": %s, "result": {"content": '
+                         '[{"type": "text", "text": "a\\ud800b"}]}}\n' % json.dumps(mid))
+        sys.stdout.flush()
+        return None
+    if name == "hologram":
+        return {"content": [{"type": "text", "text": "before"},
+                            {"type": "hologram", "data": "3d"},
+                            {"type": "text", "text": "after"}]}
+    if name == "spawn_grandchild":
+        child = subprocess.Popen(["setsid", "sleep", "1000"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return text(json.dumps({"server": os.getpid(), "grandchild": child.pid}))
     return {"__error__": "unknown tool " + name}
 
 
@@ -111,6 +181,9 @@ for line in sys.stdin:
         }})
     elif method == "notifications/cancelled":
         log("cancelled %s" % json.dumps(params.get("requestId")))
+    elif method == "tools/list" and "page_forever" in OPTIONS:
+        cursor = params.get("cursor") or "page0"
+        send({"jsonrpc": "2.0", "id": mid, "result": endless_page(int(cursor[4:]))})
     elif method == "tools/list":
         page1, page2 = tools()
         if params.get("cursor") == "page2":
@@ -131,3 +204,6 @@ for line in sys.stdin:
     elif mid is not None:
         send({"jsonrpc": "2.0", "id": mid,
               "error": {"code": -32601, "message": "method not found: %s" % method}})
+
+if OPTIONS.get("linger"):
+    time.sleep(1000)

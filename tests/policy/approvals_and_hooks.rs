@@ -335,7 +335,7 @@ async fn external_command_hooks_see_claude_code_input_and_decide() {
     .await;
     assert_eq!(
         results[0].content,
-        format!("Error [permission_denied]: denied by hook:{script}: no forbidden words")
+        "Error [permission_denied]: denied by hook:PreToolUse[0].hooks[0]: no forbidden words"
     );
     assert_eq!(results[1].content, "echo:SHOUT");
 }
@@ -494,7 +494,7 @@ async fn external_post_tool_use_hooks_see_the_result_and_annotate_or_replace_it(
     )
     .await;
     assert_eq!(ids(&results), ["a", "b", "c", "d", "e", "f"]);
-    let label = format!("hook:{script}");
+    let label = "hook:PostToolUse[0].hooks[0]";
     assert_eq!(results[0].content, "echo:context\nformatted by the hook");
     assert_eq!(
         results[1].content,
@@ -551,10 +551,10 @@ async fn a_failing_post_tool_use_hook_keeps_the_result_and_says_so() {
         .await;
         // The call ran: its result and code are kept, with the hook's failure appended.
         assert_eq!(results[0].error, None, "{command}: {}", results[0].content);
-        let note = format!("hook:{command} failed: ");
+        let note = "hook:PostToolUse[0].hooks[0] failed: ";
         let first = results[0].content.strip_prefix("echo:hi\n").unwrap_or("");
         assert!(
-            first.starts_with(&note)
+            first.starts_with(note)
                 && first.contains(needle)
                 && first.ends_with("(the result above is kept)"),
             "{command}: {}",

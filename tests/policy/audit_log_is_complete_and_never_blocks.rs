@@ -1,5 +1,7 @@
-//! The audit log holds one parseable line per call after 64 sessions ran at once, and a log whose
-//! reader never reads (a FIFO) drops and counts lines instead of holding calls back.
+//! The audit log holds one parseable line per call after 64 sessions ran at once — also for calls
+//! refused before the policy saw them (unknown tool, invalid arguments, duplicate ids) — a log
+//! whose reader never reads (a FIFO) drops and counts lines instead of holding calls back, lines a
+//! full disk refuses are counted, and the CLI reopens a rotated log on SIGHUP instead of dying.
 
 use crate::common;
 
@@ -107,4 +109,139 @@ async fn a_log_nobody_reads_drops_and_counts_lines_but_never_holds_a_call() {
     run_sessions(&engine).await;
     assert!(log.dropped() > 0, "a full pipe must drop lines");
     assert!(log.dropped() < (SESSIONS * TURNS * CALLS) as u64);
+}
+
+#[tokio::test]
+async fn calls_refused_before_the_policy_still_get_one_audit_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let log = AuditLog::open(&path, false).unwrap();
+    let engine = engine(&log);
+    let first = engine
+        .dispatch(vec![
+            call("ok", "echo", json!({"text": "x"})),
+            call("nope", "no_such_tool", json!({})),
+            call("bad", "echo", json!({"text": 3})),
+            call("", "echo", json!({"text": "x"})),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        common::outcomes(&first),
+        [
+            "ok",
+            "unknown_tool",
+            "invalid_arguments",
+            "invalid_arguments"
+        ]
+    );
+    let dup = engine
+        .dispatch(vec![
+            call("d", "echo", json!({"text": "x"})),
+            call("d", "echo", json!({"text": "y"})),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        common::outcomes(&dup),
+        ["invalid_arguments", "invalid_arguments"]
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(&str, &str, &str, &str, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["tool_use_id"].as_str().unwrap(),
+                l["tool"].as_str().unwrap(),
+                l["decision"].as_str().unwrap(),
+                l["by"].as_str().unwrap(),
+                l["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("nope", "no_such_tool", "none", "admission", "unknown_tool"),
+            ("bad", "echo", "none", "admission", "invalid_arguments"),
+            ("", "echo", "none", "admission", "invalid_arguments"),
+            ("ok", "echo", "allow", "default", "ok"),
+            ("d", "echo", "none", "admission", "invalid_arguments"),
+            ("d", "echo", "none", "admission", "invalid_arguments"),
+        ]
+    );
+    for l in &lines {
+        assert_eq!(l["args_sha256"].as_str().unwrap().len(), 64);
+    }
+}
+
+#[tokio::test]
+async fn lines_a_full_disk_refuses_are_counted_in_the_dropped_total() {
+    // /dev/full refuses every write with ENOSPC, as a full disk does.
+    let log = AuditLog::open(std::path::Path::new("/dev/full"), false).unwrap();
+    let engine = engine(&log);
+    let results = engine
+        .dispatch(
+            (0..10)
+                .map(|i| call(&format!("t{i}"), "echo", json!({"text": "x"})))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 10);
+    engine.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(log.dropped(), 10, "every lost line is counted");
+}
+
+#[test]
+fn sighup_reopens_a_rotated_audit_log_and_does_not_end_the_command() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let mut child = common::cli::switchboard()
+        .args(["dispatch", "--sandbox", "best-effort", "--workspace"])
+        .arg(&ws)
+        .arg("--audit-log")
+        .arg(&audit)
+        .current_dir(&ws)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The log is opened after SIGHUP is caught: once it exists, the signal is safe to send.
+    let waited = std::time::Instant::now();
+    while !audit.exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "the log was never opened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rotated = dir.path().join("audit.jsonl.1");
+    std::fs::rename(&audit, &rotated).unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let turn = r#"{"role": "assistant", "content": [{"type": "tool_use", "id": "g1", "name": "glob", "input": {"pattern": "*"}}]}"#;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(turn.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", common::cli::describe(&out));
+    assert_eq!(std::fs::read_to_string(&rotated).unwrap(), "");
+    let text = std::fs::read_to_string(&audit).expect("the log was opened again");
+    let line: Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(line["tool_use_id"], "g1");
 }

@@ -10,6 +10,7 @@ mod serve_approvals;
 mod serve_client_tools;
 mod serve_load;
 mod serve_process;
+mod serve_retries;
 mod serve_routes_and_errors;
 mod serve_sessions;
 mod serve_tool_search;

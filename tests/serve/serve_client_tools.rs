@@ -465,8 +465,12 @@ async fn declared_access_orders_a_client_write_before_a_builtin_read_of_the_same
     for round in 0..10 {
         let text = format!("version {round}");
         let body = turn(&[
-            ("w", "save", json!({"path": "f.txt", "text": text})),
-            ("r", "read_file", json!({"path": "f.txt"})),
+            (
+                &*format!("w{round}"),
+                "save",
+                json!({"path": "f.txt", "text": text}),
+            ),
+            (&*format!("r{round}"), "read_file", json!({"path": "f.txt"})),
         ]);
         let dir = ws.clone();
         let answer: Answerer = Arc::new(move |call: &Value| {

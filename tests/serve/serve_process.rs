@@ -4,7 +4,6 @@
 
 use crate::serve_common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -21,24 +20,6 @@ fn serve_cmd(root: &std::path::Path) -> Command {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     cmd
-}
-
-/// Starts the binary on 127.0.0.1:0 and returns it with its base URL (read from its ready
-/// line); the rest of stderr is drained on a thread.
-fn spawn_server(mut cmd: Command) -> (Child, String) {
-    let mut child = cmd.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let mut base = None;
-    for line in lines.by_ref().take(50) {
-        let line = line.unwrap();
-        if let Some(at) = line.find("listening on ") {
-            base = Some(line[at + "listening on ".len()..].trim().to_string());
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    (child, base.expect("the ready line"))
 }
 
 fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {

@@ -81,13 +81,13 @@ async fn a_cancel_that_comes_first_cancels_its_turn_on_arrival_and_nothing_runs(
     )
     .await;
     assert_eq!(other.json()["content"][0]["content"], "ok");
-    // The early cancel was used up: the same id again runs.
+    // The early cancel was used up: the same turn id again runs (its calls new ones).
     let again = dispatch_turn(
         &c,
         &s,
         &id,
         "turn-1",
-        &turn(&[("e", "bash", json!({"command": "echo again"}))]),
+        &turn(&[("e2", "bash", json!({"command": "echo again"}))]),
     )
     .await;
     assert_eq!(again.json()["content"][0]["content"], "again");

@@ -179,3 +179,22 @@ pub fn events(body: &str) -> Vec<(String, String)> {
     }
     out
 }
+
+/// Starts a `switchboard serve` process and returns it with its base URL (read from its ready
+/// line, `listening on …`); the rest of stderr is drained on a thread.
+pub fn spawn_server(mut cmd: std::process::Command) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let mut base = None;
+    for line in lines.by_ref().take(50) {
+        let line = line.unwrap();
+        if let Some(at) = line.find("listening on ") {
+            base = Some(line[at + "listening on ".len()..].trim().to_string());
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    (child, base.expect("the ready line"))
+}

@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Dict, List, Optional, Tuple, Union
 
 from ._async import AsyncClient
-from ._tools import _OPTION_KEYS, check_defer
+from ._tools import _OPTION_KEYS, check_defer, check_effect
 
 URL_ENV = "SWITCHBOARD_URL"
 DEFAULT_URL = "http://127.0.0.1:7420"
@@ -120,6 +120,7 @@ def check_options(name: str, options: Dict[str, Any]) -> None:
         raise ValueError(f"tool {name!r}: unknown switchboard options {sorted(unknown)}")
     try:
         check_defer(options.get("defer"))
+        check_effect(options.get("effect"))
     except ValueError as e:
         raise ValueError(f"tool {name!r}: {e}") from None
 

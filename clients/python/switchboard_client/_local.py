@@ -71,6 +71,8 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "mcp_config": ("--mcp-config", "value"),
     "defer_auto_above": ("--defer-auto-above", "value"),
     "context_budget": ("--context-budget", "value"),
+    "journal": ("--journal", "value"),
+    "journal_retention": ("--journal-retention", "value"),
     "metrics_addr": ("--metrics-addr", "value"),
     "metrics_file": ("--metrics-file", "value"),
 }

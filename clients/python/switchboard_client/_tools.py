@@ -22,11 +22,17 @@ except ImportError:  # pragma: no cover - exercised without pydantic
 
 _UnionType: Any = getattr(types, "UnionType", None)  # X | Y (3.10+)
 
-_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap", "defer")
+_OPTION_KEYS = ("concurrency_safe", "access", "timeout_ms", "output_cap", "defer", "effect")
 #: The values of a client tool's ``defer`` option: ``never`` (always in the model's context),
 #: ``auto`` (the server's default: deferred when the session's catalog is large), ``always``
 #: (left out of the model's context until ``tool_search`` finds it).
 DEFER_VALUES = ("never", "auto", "always")
+#: The values of a client tool's ``effect`` option, what running a call twice would do:
+#: ``read_only`` (changes nothing), ``idempotent`` (a second run leaves the same state as one),
+#: ``side_effect`` (anything else; the server's default). With a call journal, a call cut off by
+#: a crash runs again when re-sent unless it is ``side_effect``: that one is answered
+#: ``outcome_unknown``.
+EFFECT_VALUES = ("read_only", "idempotent", "side_effect")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -273,6 +279,13 @@ def check_defer(defer: Any) -> None:
                          f"default, 'auto'), not {defer!r}")
 
 
+def check_effect(effect: Any) -> None:
+    """Raises ValueError unless ``effect`` is None or one of :data:`EFFECT_VALUES`."""
+    if effect is not None and not (isinstance(effect, str) and effect in EFFECT_VALUES):
+        raise ValueError(f"effect must be 'read_only', 'idempotent' or 'side_effect' (or None "
+                         f"for the server's default, 'side_effect'), not {effect!r}")
+
+
 def _defer_loading_conflict(spec: Mapping[str, Any], defer: str) -> bool:
     """Whether a tool dict's own ``defer_loading`` says otherwise than ``defer`` (the server
     refuses a tool whose two marks disagree)."""
@@ -284,8 +297,9 @@ def _defer_loading_conflict(spec: Mapping[str, Any], defer: str) -> bool:
 
 def with_options(spec: Dict[str, Any], concurrency_safe: Optional[bool], access: Any,
                  timeout_ms: Optional[int], output_cap: Optional[int],
-                 defer: Optional[str] = None) -> Dict[str, Any]:
+                 defer: Optional[str] = None, effect: Optional[str] = None) -> Dict[str, Any]:
     check_defer(defer)
+    check_effect(effect)
     if defer is not None and _defer_loading_conflict(spec, defer):
         raise ValueError(f"tool {spec_name(spec)!r}: defer={defer!r} disagrees with its "
                          f"defer_loading={spec['defer_loading']!r} (defer_loading true is "
@@ -300,6 +314,8 @@ def with_options(spec: Dict[str, Any], concurrency_safe: Optional[bool], access:
         spec["output_cap"] = int(output_cap)
     if defer is not None:
         spec["defer"] = defer
+    if effect is not None:
+        spec["effect"] = effect
     return spec
 
 
@@ -322,13 +338,15 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
                *, name: Optional[str] = None, description: Optional[str] = None,
                concurrency_safe: bool = False, access: Any = None,
                timeout_ms: Optional[int] = None, output_cap: Optional[int] = None,
-               defer: Optional[str] = None) -> ToolEntry:
+               defer: Optional[str] = None, effect: Optional[str] = None) -> ToolEntry:
     """The declaration of a client tool. ``schema`` is the input JSON schema or a complete tool
     dict (Anthropic or OpenAI shape, kept as it is, ``defer_loading`` included, but for the
     options given); without it the schema comes from ``fn``'s type hints and the description
     from its docstring. ``defer`` is ``"never"``, ``"auto"`` or ``"always"`` (None: not sent,
-    the server's ``auto``)."""
+    the server's ``auto``); ``effect`` is ``"read_only"``, ``"idempotent"`` or
+    ``"side_effect"`` (None: not sent, the server's ``side_effect``)."""
     check_defer(defer)
+    check_effect(effect)
     if fn is None and schema is None:
         raise ValueError("a client tool needs a function or a schema")
     if fn is not None and not callable(fn):
@@ -347,7 +365,8 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
                 spec["name"] = name
             if description is not None:
                 spec["description"] = description
-        spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap, defer)
+        spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap, defer,
+                            effect)
         return ToolEntry(spec_name(spec), spec, fn)
     tool_name = name or (getattr(fn, "__name__", None) if fn is not None else None)
     if not tool_name or tool_name == "<lambda>":
@@ -365,7 +384,7 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
     spec = {"name": tool_name, "description": description if description is not None
             else (doc_description or tool_name),
             "input_schema": input_schema}
-    spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap, defer)
+    spec = with_options(spec, concurrency_safe, access, timeout_ms, output_cap, defer, effect)
     return ToolEntry(tool_name, spec, fn, model, converters)
 
 
@@ -426,12 +445,12 @@ def tool_spec(fn: Callable[..., Any], schema: Optional[Mapping[str, Any]] = None
               name: Optional[str] = None, description: Optional[str] = None,
               concurrency_safe: bool = False, access: Any = None,
               timeout_ms: Optional[int] = None, output_cap: Optional[int] = None,
-              defer: Optional[str] = None) -> Dict[str, Any]:
+              defer: Optional[str] = None, effect: Optional[str] = None) -> Dict[str, Any]:
     """The tool declaration (Anthropic shape, with the client-tool options) that
     ``session.register`` would send for ``fn``."""
     return tool_entry(fn, schema, name=name, description=description,
                       concurrency_safe=concurrency_safe, access=access, timeout_ms=timeout_ms,
-                      output_cap=output_cap, defer=defer).spec
+                      output_cap=output_cap, defer=defer, effect=effect).spec
 
 
 class ToolRegistry:
@@ -503,21 +522,24 @@ class SessionTools:
     def tool(self, fn: None = None, *, name: Optional[str] = None,
              description: Optional[str] = None, concurrency_safe: bool = False,
              access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None,
-             defer: Optional[str] = None) -> Callable[[F], F]: ...
+             output_cap: Optional[int] = None, defer: Optional[str] = None,
+             effect: Optional[str] = None) -> Callable[[F], F]: ...
 
     def tool(self, fn: Any = None, *, name: Optional[str] = None,
              description: Optional[str] = None, concurrency_safe: bool = False,
              access: Any = None, timeout_ms: Optional[int] = None,
-             output_cap: Optional[int] = None, defer: Optional[str] = None) -> Any:
+             output_cap: Optional[int] = None, defer: Optional[str] = None,
+             effect: Optional[str] = None) -> Any:
         """Decorator: ``@session.tool`` or ``@session.tool(name=..., ...)`` registers the
         function as a client tool and returns it unchanged."""
         check_defer(defer)
+        check_effect(effect)
 
         def decorate(f: F) -> F:
             self.register(f, name=name, description=description,
                           concurrency_safe=concurrency_safe, access=access,
-                          timeout_ms=timeout_ms, output_cap=output_cap, defer=defer)
+                          timeout_ms=timeout_ms, output_cap=output_cap, defer=defer,
+                          effect=effect)
             return f
         return decorate(fn) if fn is not None else decorate
 
@@ -525,7 +547,7 @@ class SessionTools:
                  *, name: Optional[str] = None, description: Optional[str] = None,
                  concurrency_safe: bool = False, access: Any = None,
                  timeout_ms: Optional[int] = None, output_cap: Optional[int] = None,
-                 defer: Optional[str] = None) -> Dict[str, Any]:
+                 defer: Optional[str] = None, effect: Optional[str] = None) -> Dict[str, Any]:
         """Registers a client tool: ``fn`` is called with the call's arguments as keywords.
         With :class:`Session`, in a worker thread (a coroutine function on an event loop of
         its own thread); with :class:`AsyncSession`, a coroutine function runs as a task on
@@ -534,11 +556,15 @@ class SessionTools:
         from the docstring. ``defer``: ``"always"`` leaves the tool out of the model's context
         until the engine's ``tool_search`` finds it, ``"never"`` keeps it in, ``"auto"`` (the
         server's default when not given) defers it when the session's catalog is large.
-        Returns the declaration."""
+        ``effect``: what running a call twice would do — ``"read_only"``, ``"idempotent"`` or
+        ``"side_effect"`` (the server's default when not given); with a call journal, a call
+        cut off by a crash runs again when re-sent unless it is ``"side_effect"``, which is
+        answered ``outcome_unknown``. Returns the declaration."""
         self._check_open_for_tools()
         entry = tool_entry(fn, schema, name=name, description=description,
                            concurrency_safe=concurrency_safe, access=access,
-                           timeout_ms=timeout_ms, output_cap=output_cap, defer=defer)
+                           timeout_ms=timeout_ms, output_cap=output_cap, defer=defer,
+                           effect=effect)
         self._registry.add(entry)
         return entry.spec
 

@@ -333,7 +333,9 @@ def switchboard_tools(
         workspace, sandbox: for the new session (a named workspace, a narrower sandbox).
         tool_options: per tool name: ``concurrency_safe``, ``access``, ``timeout_ms``,
             ``output_cap`` (a tool without them runs alone in its turn), ``defer`` (marks the
-            tool in the session's catalog only: the ``Agent`` still sends every tool it has).
+            tool in the session's catalog only: the ``Agent`` still sends every tool it has),
+            ``effect`` (``read_only``, ``idempotent`` or ``side_effect``: what a retry after
+            a crash gets).
 
     Returns ``(function_tools, hooks)``: give the tools to the ``Agent`` and the hooks to
     ``Runner.run(..., hooks=hooks)``.

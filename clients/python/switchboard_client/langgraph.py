@@ -199,7 +199,7 @@ class ToolNode(_LangGraphToolNode):
             fresh directory per session.
         sandbox: a narrower sandbox for the sessions (``"read-only"``, ...).
         tool_options: per tool name, engine options: ``concurrency_safe``, ``access``,
-            ``timeout_ms``, ``output_cap``, ``defer`` (also read from a tool's
+            ``timeout_ms``, ``output_cap``, ``defer``, ``effect`` (also read from a tool's
             ``metadata["switchboard"]``). A client tool without them runs alone in its turn.
             ``defer`` marks the tool in the session's catalog only: the model binding still
             carries every tool the node has.
@@ -260,6 +260,10 @@ class ToolNode(_LangGraphToolNode):
         self._conversations: Dict[Any, _Conversation] = {}
         self._creating: Dict[Any, asyncio.Future] = {}
         self._turns: Dict[Any, _Turn] = {}
+        # Calls an interrupt stopped: the session answers a tool_use_id it has seen from its
+        # stored answers, so when LangGraph resumes one it is sent under a fresh id.
+        self._interrupted: set = set()
+        self._resumes = 0
         self._loop.close_at_exit(self, ToolNode._close)   # deletes its sessions at exit
 
     # ---- LangGraph entry points ------------------------------------------------------------
@@ -367,6 +371,7 @@ class ToolNode(_LangGraphToolNode):
                 continue
             blocks.append({"type": "tool_use", "id": call["id"], "name": name,
                            "input": call.get("args") or {}})
+        wire = [dict(b, id=self._wire_id(b["id"])) for b in blocks]
         if blocks:
             for attempt in (1, 2):
                 conv = await self._conversation(key, thread)
@@ -374,7 +379,7 @@ class ToolNode(_LangGraphToolNode):
                     conv.turn = ctx
                     try:
                         answer = await run_cancellable(
-                            conv.session, {"role": "assistant", "content": blocks})
+                            conv.session, {"role": "assistant", "content": wire})
                         break
                     except SwitchboardError as e:
                         # The server closed the session (idle timeout, restart): nothing of
@@ -388,9 +393,19 @@ class ToolNode(_LangGraphToolNode):
                         conv.turn = None
             results = {r["tool_use_id"]: r for r in (answer or {}).get("content", [])
                        if isinstance(r, dict) and r.get("type") == "tool_result"}
-            for block in blocks:
-                outcomes[block["id"]] = self._message_for(block, results.get(block["id"]), ctx)
+            for block, sent in zip(blocks, wire):
+                outcomes[block["id"]] = self._message_for(block, results.get(sent["id"]), ctx)
+                if isinstance(ctx.local.get(block["id"]), GraphBubbleUp):
+                    self._interrupted.add(block["id"])
         return outcomes
+
+    def _wire_id(self, call_id: str) -> str:
+        """The id a call is sent under: its own, or a fresh one when it resumes an interrupt."""
+        if call_id not in self._interrupted:
+            return call_id
+        self._interrupted.discard(call_id)
+        self._resumes += 1
+        return f"{call_id}-resume{self._resumes}"
 
     def _message_for(self, block: Dict[str, Any], result: Optional[Dict[str, Any]],
                      ctx: _TurnContext) -> Any:

@@ -254,7 +254,7 @@ def test_an_unknown_tool_is_an_error_result_not_a_crash(client):
         seen = outputs(model)
         assert "not found" in seen["c0_0"] and seen["c0_1"] == "value-of-k"
         # ...and by default its ModelBehaviorError, before any tool runs.
-        model = scripted(turn(("no_such_tool", {}), ("lookup", {"key": "k"})))
+        model = scripted(turn(("no_such_tool", {}), ("lookup", {"key": "k"}), k=1))
         with pytest.raises(ModelBehaviorError):
             asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
                                    hooks=hooks))

@@ -157,7 +157,8 @@ def test_the_async_client_does_the_same(server, token):
                     tool_use("w", "write_file", {"path": "a.txt", "content": "async"}),
                     tool_use("r", "read_file", {"path": "a.txt"})))
                 assert answer["content"][1]["content"] == "async"
-                stream = session.stream(assistant(tool_use("r", "read_file", {"path": "a.txt"})))
+                # A new call, a new id (a session answers an id it has seen from its answers).
+                stream = session.stream(assistant(tool_use("r2", "read_file", {"path": "a.txt"})))
                 seen = [(i, r["content"]) async for i, r in stream]
                 assert seen == [(0, "async")]
                 assert stream.answer["content"][0]["content"] == "async"

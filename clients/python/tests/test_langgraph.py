@@ -40,7 +40,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been move
 
 class ScriptedChat(BaseChatModel):
     """Its human message is JSON: a list of model turns, each a list of [name, args] calls.
-    Turn k is answered when the conversation holds k AI messages; after the last, "done"."""
+    Turn k is answered when the conversation holds k AI messages; after the last, "done".
+    Call i of turn k has the id ``{prefix}_{k}_{i}``, the prefix the human message's name
+    (``call`` if it has none): a session answers a tool_use_id it has seen from its answers, so
+    a conversation sent to a session that already ran another names its own prefix."""
 
     bound: List[str] = []
 
@@ -55,9 +58,10 @@ class ScriptedChat(BaseChatModel):
                   **kwargs: Any) -> ChatResult:
         human = next(m for m in messages if isinstance(m, HumanMessage))
         turns = json.loads(human.content)
+        prefix = human.name or "call"
         k = sum(1 for m in messages if isinstance(m, AIMessage))
         if k < len(turns):
-            calls = [{"name": n, "args": a, "id": f"call_{k}_{i}", "type": "tool_call"}
+            calls = [{"name": n, "args": a, "id": f"{prefix}_{k}_{i}", "type": "tool_call"}
                      for i, (n, a) in enumerate(turns[k])]
             message = AIMessage(content="", tool_calls=calls)
         else:
@@ -65,8 +69,10 @@ class ScriptedChat(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def ask(*turns: Any) -> dict:
-    return {"messages": [HumanMessage(json.dumps([list(map(list, t)) for t in turns]))]}
+def ask(*turns: Any, prefix: Any = None) -> dict:
+    """The conversation's input; ``prefix`` names its calls' ids (``ScriptedChat``)."""
+    return {"messages": [HumanMessage(json.dumps([list(map(list, t)) for t in turns]),
+                                      name=prefix)]}
 
 
 def tool_messages(result: dict) -> List[ToolMessage]:
@@ -346,7 +352,8 @@ def test_one_session_per_thread(client):
     try:
         a, b = thread("a"), thread("b")
         graph.invoke(ask([("write_file", {"path": "mine.txt", "content": "A's"})]), a)
-        seen_a = tool_messages(graph.invoke(ask([("read_file", {"path": "mine.txt"})]), a))
+        seen_a = tool_messages(graph.invoke(ask([("read_file", {"path": "mine.txt"})],
+                                                prefix="again"), a))
         seen_b = tool_messages(graph.invoke(ask([("read_file", {"path": "mine.txt"})]), b))
         assert seen_a[0].status == "success" and "A's" in seen_a[0].content
         assert seen_b[0].status == "error"
@@ -376,7 +383,7 @@ def test_a_given_session_serves_every_thread(client):
     graph = create_react_agent(ScriptedChat(), tools=node)
     graph.invoke(ask([("write_file", {"path": "shared.txt", "content": "one"})]), thread("x"))
     msgs = tool_messages(graph.invoke(ask([("read_file", {"path": "shared.txt"}),
-                                           ("lookup", {"key": "y"})]), thread("y")))
+                                           ("lookup", {"key": "y"})], prefix="y"), thread("y")))
     assert "one" in msgs[0].content and msgs[1].content == "value-of-y"
     node.close()                       # a given session is the caller's to close
     sb_langgraph._LoopThread.get().run(session.close())
@@ -391,11 +398,12 @@ def test_ainvoke_and_no_thread_id_share_the_nodes_session(server, token, monkeyp
     async def main():
         await graph.ainvoke(ask([("write_file", {"path": "n.txt", "content": "node"})]))
         return await graph.ainvoke(ask([("read_file", {"path": "n.txt"}),
-                                        ("alookup", {"key": "q"})]))
+                                        ("alookup", {"key": "q"})], prefix="second"))
     try:
         msgs = tool_messages(asyncio.run(main()))     # a loop of its own, then another one
         assert "node" in msgs[0].content and msgs[1].content == "async-q"
-        msgs = tool_messages(asyncio.run(graph.ainvoke(ask([("read_file", {"path": "n.txt"})]))))
+        msgs = tool_messages(asyncio.run(graph.ainvoke(ask([("read_file", {"path": "n.txt"})],
+                                                           prefix="third"))))
         assert "node" in msgs[0].content
         assert list(node._conversations) == [None]
     finally:

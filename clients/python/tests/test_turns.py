@@ -27,7 +27,9 @@ def wait_for(path, seconds=20.0):
 
 
 def sleeper(marker="started"):
-    return assistant(tool_use("s", "bash", {"command": f"touch {marker}; sleep 5; echo done"}))
+    # A session answers a tool_use_id it has seen from its answers: each marker, a fresh id.
+    return assistant(tool_use(f"s-{marker}", "bash",
+                              {"command": f"touch {marker}; sleep 5; echo done"}))
 
 
 def assert_cancelled(answer):

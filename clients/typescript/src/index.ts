@@ -21,10 +21,11 @@ export {
   newTurnId,
 } from "./common.js";
 export type { ApprovalRequest, ClientCall, Format, StreamResult } from "./common.js";
-export { DEFER_MODES, defineTool, isZodSchema, zodToJsonSchema } from "./tools.js";
+export { DEFER_MODES, EFFECT_CLASSES, defineTool, isZodSchema, zodToJsonSchema } from "./tools.js";
 export type {
   ClientTool,
   DeferMode,
+  EffectClass,
   InferInput,
   JsonSchema,
   ToolAccess,

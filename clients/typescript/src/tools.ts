@@ -42,6 +42,15 @@ export type DeferMode = "never" | "auto" | "always";
 /** The accepted values of `defer`. */
 export const DEFER_MODES: readonly DeferMode[] = ["never", "auto", "always"];
 
+/** What running a call of a client tool twice would do: `"read_only"` (changes nothing),
+ * `"idempotent"` (a second run leaves the same state as one) or `"side_effect"` (anything else;
+ * the server's default). With a call journal, a call cut off by a crash runs again when re-sent
+ * unless it is `"side_effect"`: that one is answered `outcome_unknown`. */
+export type EffectClass = "read_only" | "idempotent" | "side_effect";
+
+/** The accepted values of `effect`. */
+export const EFFECT_CLASSES: readonly EffectClass[] = ["read_only", "idempotent", "side_effect"];
+
 export interface ToolOptions {
   /** `true`: may overlap with the turn's neighbouring concurrency-safe calls. */
   concurrencySafe?: boolean;
@@ -54,6 +63,9 @@ export interface ToolOptions {
   /** `"always"`: out of the model's context until `tool_search` finds it; `"never"`: always
    * in it; `"auto"` (the server's default when not given): deferred when the catalog is large. */
   defer?: DeferMode;
+  /** What running a call twice would do (`"side_effect"`, the server's default, when not
+   * given): decides what a call re-sent after a crash gets when the server keeps a journal. */
+  effect?: EffectClass;
 }
 
 /** A client tool: its name, description, input schema and the function that runs it. */
@@ -184,11 +196,18 @@ function withOptions(spec: ToolSpec, o: ToolOptions): ToolSpec {
         `server's default, "auto"), not ${JSON.stringify(o.defer) ?? String(o.defer)}`,
     );
   }
+  if (o.effect !== undefined && !EFFECT_CLASSES.includes(o.effect)) {
+    throw new TypeError(
+      `client tool ${String(spec.name)}: effect must be "read_only", "idempotent" or "side_effect" (or left ` +
+        `out for the server's default, "side_effect"), not ${JSON.stringify(o.effect) ?? String(o.effect)}`,
+    );
+  }
   if (o.concurrencySafe) spec.concurrency_safe = true;
   if (o.access !== undefined) spec.access = o.access;
   if (o.timeoutMs !== undefined) spec.timeout_ms = Math.trunc(o.timeoutMs);
   if (o.outputCap !== undefined) spec.output_cap = Math.trunc(o.outputCap);
   if (o.defer !== undefined) spec.defer = o.defer;
+  if (o.effect !== undefined) spec.effect = o.effect;
   return spec;
 }
 

@@ -25,8 +25,10 @@ const usage = {
   outputTokens: { total: 1, text: 1, reasoning: 0 },
 };
 
-/** A model answering with `steps[i]` (tool calls `[name, input]`, or text) at its i-th call. */
-function scripted(steps) {
+/** A model answering with `steps[i]` (tool calls `[name, input]`, or text) at its i-th call; its
+ * tool call ids are `${prefix}_${i}_${j}` (a session answers an id it has seen from its answers:
+ * a second run in one session needs another prefix). */
+function scripted(steps, prefix = "call") {
   const prompts = [];
   const model = new MockLanguageModelV3({
     doGenerate: async (options) => {
@@ -38,7 +40,7 @@ function scripted(steps) {
       return {
         content: step.map(([toolName, input], i) => ({
           type: "tool-call",
-          toolCallId: `call_${prompts.length}_${i}`,
+          toolCallId: `${prefix}_${prompts.length}_${i}`,
           toolName,
           input: JSON.stringify(input),
         })),
@@ -103,7 +105,7 @@ test("failures: the engine's error text as the output, or thrown with errors: 't
   assert.match(String(res.output.value), /^Error \[/);
 
   const throwing = await switchboardTools(session, { only: ["read_file"], errors: "throw" });
-  const b = scripted([[["read_file", { path: "missing.txt" }]], "done"]);
+  const b = scripted([[["read_file", { path: "missing.txt" }]], "done"], "again");
   await generateText({ model: b.model, tools: throwing, prompt: "go", stopWhen: stepCountIs(3) });
   const [err] = toolResults(b.prompts[1]);
   assert.equal(err.output.type, "error-text");

@@ -24,16 +24,17 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-const write = (path) => assistant(toolUse("w", "write_file", { path, content: "hi" }));
+// Each call a fresh tool_use_id: a session answers an id it has seen from its answers.
+const write = (path, id) => assistant(toolUse(id, "write_file", { path, content: "hi" }));
 
 test("onApproval decides each asked call", async () => {
   const session = await client.session().create();
   const seen = [];
-  const stream = session.stream(write("notes/a.md"), { onApproval: (req) => (seen.push(req), true) });
+  const stream = session.stream(write("notes/a.md", "w1"), { onApproval: (req) => (seen.push(req), true) });
   for await (const _ of stream);
   assert.deepEqual(
     seen.map((r) => r.tool_use_id),
-    ["w"],
+    ["w1"],
   );
   assert.equal(seen[0].rule, "write_file(notes/**)");
   assert.equal(stream.approvals.length, 1);
@@ -41,15 +42,15 @@ test("onApproval decides each asked call", async () => {
   assert.ok(existsSync(join(session.workspace, "notes", "a.md")));
 
   // An async callback refusing; and dispatch takes onApproval too.
-  const refused = await session.dispatch(write("notes/b.md"), { onApproval: async () => false });
+  const refused = await session.dispatch(write("notes/b.md", "w2"), { onApproval: async () => false });
   assert.match(refused.content[0].content, /^Error \[permission_denied\]/);
   assert.equal(existsSync(join(session.workspace, "notes", "b.md")), false);
 
   // Without a callback the call is denied at once; a call not asked runs.
-  const denied = session.stream(write("notes/c.md"));
+  const denied = session.stream(write("notes/c.md", "w3"));
   for await (const _ of denied);
   assert.match(denied.answer.content[0].content, /^Error \[permission_denied\]/);
-  assert.equal((await session.dispatch(write("free.md"))).content[0].is_error, undefined);
+  assert.equal((await session.dispatch(write("free.md", "w4"))).content[0].is_error, undefined);
   await assert.rejects(session.approve("a999999", true), (e) => e instanceof SwitchboardError && e.code === "unknown_approval");
   await session.close();
 });

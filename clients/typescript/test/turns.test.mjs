@@ -18,7 +18,8 @@ after(async () => {
   assert.equal(await server.stop(), 0);
 });
 
-const sleeper = (marker = "started") => assistant(toolUse("s", "bash", { command: `touch ${marker}; sleep 5; echo done` }));
+// Each marker a fresh tool_use_id: a session answers an id it has seen from its answers.
+const sleeper = (marker = "started") => assistant(toolUse(`s-${marker}`, "bash", { command: `touch ${marker}; sleep 5; echo done` }));
 
 test("aborting the signal cancels the running turn; dispatch resolves with the cancelled results", async () => {
   const session = await client.session().create();

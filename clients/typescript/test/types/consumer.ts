@@ -4,11 +4,13 @@ import { z } from "zod";
 import {
   Client,
   DEFER_MODES,
+  EFFECT_CLASSES,
   SwitchboardError,
   ToolError,
   defineTool,
   type CancelAnswer,
   type DeferMode,
+  type EffectClass,
   type StreamResult,
   type ToolOptions,
 } from "switchboard-client";
@@ -35,6 +37,13 @@ export async function use(): Promise<void> {
   session.tool(defineTool({ name: "bad_defer", defer: "sometimes", execute: () => "" }));
   // @ts-expect-error: the same in a ToolOptions
   const options: ToolOptions = { defer: true };
+  const effect: EffectClass = EFFECT_CLASSES[0];
+  session.tool(defineTool({ name: "reader", effect, execute: () => "read" }));
+  session.tool({ name: "writer", effect: "idempotent", defer: "never", execute: () => "written" });
+  // @ts-expect-error: effect is "read_only", "idempotent" or "side_effect"
+  session.tool(defineTool({ name: "bad_effect", effect: "readonly", execute: () => "" }));
+  // @ts-expect-error: the same in a ToolOptions
+  const effectOptions: ToolOptions = { effect: true };
   const answer = await session.dispatch({ role: "assistant", content: [] }, { signal: AbortSignal.abort(), turnId: "x" });
   if (answer !== null) console.log(answer.content);
   const stream = session.stream({}, { onApproval: async (r) => r.tool_name === "bash" });
@@ -51,5 +60,5 @@ export async function use(): Promise<void> {
     if (e instanceof SwitchboardError) console.log(e.code, e.status, e.retryAfter, e.detail);
   }
   const tools = await switchboardTools(session, { only: ["bash"], errors: "throw" });
-  console.log(Object.keys(tools), options);
+  console.log(Object.keys(tools), options, effectOptions);
 }

@@ -1,0 +1,602 @@
+//! A session's answers: every call it answered, by `tool_use_id`, so that a turn sent again (a
+//! client's retry after a timeout or a broken stream) is answered from them — the same result,
+//! byte for byte, and nothing runs twice.
+//!
+//! For each call of a turn, in order:
+//!
+//! * answered before with the same tool and arguments → the stored answer;
+//! * still running (an earlier copy of the turn) → waits for that run's answer;
+//! * used before with another tool or other arguments → `invalid_arguments`, nothing runs;
+//! * answered so long ago that the answer was dropped (retention) → `invalid_arguments` saying
+//!   so, nothing runs;
+//! * with a journal, unknown here but found in it → its stored answer, or, when only the intent
+//!   is there (the engine stopped while the call ran), a run again for a read-only or idempotent
+//!   tool and `outcome_unknown` for a side-effect tool;
+//! * otherwise a new call: it runs, and its answer is remembered (and journaled).
+//!
+//! A turn the engine refuses whole (a duplicate or empty `tool_use_id`) is not remembered.
+//! Retention is per session, bounded by answers and bytes ([`Retention`]); the ids of dropped
+//! answers are kept (as 64-bit hashes, up to [`FORGOTTEN_IDS`]) so a late retry is refused rather
+//! than run again.
+
+use std::collections::hash_map::Entry as MapEntry;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+
+use serde_json::Value;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sha2::{Digest as _, Sha256};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::journal::{CallRecord, Journal, StoredAnswer, Write};
+use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
+use crate::registry::Snapshot;
+use crate::tool::Effect;
+
+/// How many ids of dropped answers a session still recognises.
+pub const FORGOTTEN_IDS: usize = 16_384;
+
+/// How many answers a session keeps in memory for retries (the journal, when there is one, keeps
+/// them for its own retention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// At most this many answers per session (default 1,024).
+    pub answers: usize,
+    /// At most this many bytes of answer content per session (default 8 MiB).
+    pub bytes: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            answers: 1024,
+            bytes: 8 << 20,
+        }
+    }
+}
+
+/// What identifies a call's content: a fast hash (compared in memory), and with a journal the
+/// SHA-256 the journal records (stable across processes and versions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Digest {
+    fast: u64,
+    sha: Option<[u8; 32]>,
+}
+
+impl Digest {
+    /// The digest of `call`: its tool name and arguments (object keys in sorted order, so a
+    /// client that reorders keys sends the same call); the SHA-256 only if `durable`.
+    pub(crate) fn of(call: &ToolCall, durable: bool) -> Digest {
+        let mut fast = foldhash::quality::FixedState::with_seed(0x5eed).build_hasher();
+        feed_call(call, &mut fast);
+        let sha = durable.then(|| {
+            let mut sha = ShaHasher(Sha256::new());
+            feed_call(call, &mut sha);
+            sha.0.finalize().into()
+        });
+        Digest {
+            fast: fast.finish(),
+            sha,
+        }
+    }
+
+    fn same(&self, other: &Digest) -> bool {
+        self.fast == other.fast
+    }
+
+    /// The journal's form (hex SHA-256); empty without one.
+    fn hex(&self) -> String {
+        self.sha
+            .map(|d| d.iter().map(|b| format!("{b:02x}")).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn feed_call(call: &ToolCall, h: &mut impl Hasher) {
+    h.write(call.name.as_bytes());
+    h.write_u8(0xff);
+    match &call.malformed {
+        Some(detail) => {
+            h.write_u8(1);
+            h.write(detail.as_bytes());
+        }
+        None => {
+            h.write_u8(0);
+            feed_value(&call.arguments, h);
+        }
+    }
+}
+
+fn feed_str(text: &str, h: &mut impl Hasher) {
+    h.write_u64(text.len() as u64);
+    h.write(text.as_bytes());
+}
+
+fn feed_value(value: &Value, h: &mut impl Hasher) {
+    match value {
+        Value::Null => h.write_u8(0),
+        Value::Bool(b) => {
+            h.write_u8(1);
+            h.write_u8(u8::from(*b));
+        }
+        Value::Number(n) => {
+            h.write_u8(2);
+            feed_str(&n.to_string(), h);
+        }
+        Value::String(text) => {
+            h.write_u8(3);
+            feed_str(text, h);
+        }
+        Value::Array(items) => {
+            h.write_u8(4);
+            h.write_u64(items.len() as u64);
+            for item in items {
+                feed_value(item, h);
+            }
+        }
+        Value::Object(map) => {
+            h.write_u8(5);
+            h.write_u64(map.len() as u64);
+            if map.keys().is_sorted() {
+                for (k, v) in map {
+                    feed_str(k, h);
+                    feed_value(v, h);
+                }
+            } else {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                for (k, v) in entries {
+                    feed_str(k, h);
+                    feed_value(v, h);
+                }
+            }
+        }
+    }
+}
+
+/// SHA-256 as a `Hasher` (only `write` is used; `finish` is never read).
+struct ShaHasher(Sha256);
+
+impl Hasher for ShaHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
+#[derive(Debug)]
+enum Entry {
+    Running {
+        digest: Digest,
+    },
+    /// Its turn was dropped by its caller before the answer was known: it may have run.
+    Abandoned {
+        digest: Digest,
+    },
+    Answered {
+        digest: Digest,
+        result: Arc<ToolDispatchResult>,
+    },
+}
+
+/// The hasher of the session's maps (the ids are the client's: seeded per process).
+type Ids = foldhash::quality::RandomState;
+
+#[derive(Debug, Default)]
+struct State {
+    map: HashMap<Arc<str>, Entry, Ids>,
+    /// Answered ids, oldest first.
+    order: VecDeque<Arc<str>>,
+    bytes: usize,
+    forgotten: HashSet<u64, Ids>,
+    forgotten_order: VecDeque<u64>,
+}
+
+/// One session's answers.
+#[derive(Debug)]
+pub(crate) struct Answers {
+    session: Arc<str>,
+    state: Mutex<State>,
+    retention: Retention,
+    journal: Option<Journal>,
+    hasher: Ids,
+    /// Wakes the turns waiting for a running copy of their call (only when there are some).
+    changed: tokio::sync::Notify,
+    waiters: AtomicUsize,
+}
+
+/// What a call of a turn gets.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Runs now; its answer is finished with [`Answers::finish`].
+    Run {
+        digest: Digest,
+        effect: Option<Effect>,
+    },
+    /// Answered already (stored, or refused now and not stored).
+    Answer(ToolDispatchResult, Hit),
+    /// Decided now without running (`outcome_unknown`), remembered and journaled like a run.
+    Decided {
+        digest: Digest,
+        effect: Option<Effect>,
+        result: ToolDispatchResult,
+    },
+    /// Waits for an earlier copy of the call.
+    Wait(Digest),
+}
+
+/// Whether an immediate answer was a stored one (a dedup hit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hit {
+    Stored,
+    Refused,
+}
+
+fn size_of(result: &ToolDispatchResult) -> usize {
+    let blocks: usize = result.blocks.as_ref().map_or(0, |b| {
+        b.iter()
+            .map(|b| match b {
+                crate::protocol::Block::Text(t) => t.len(),
+                crate::protocol::Block::Image(i) => i.data.len() + i.media_type.len(),
+                crate::protocol::Block::ToolReference(r) => r.definition.len() + r.tool_name.len(),
+            })
+            .sum()
+    });
+    result.content.len() + blocks + result.tool_use_id.len() + result.tool_name.len() + 64
+}
+
+fn refusal(call: &ToolCall, detail: String) -> ToolDispatchResult {
+    ToolDispatchResult::error(
+        Arc::clone(&call.id),
+        Arc::clone(&call.name),
+        ErrorCode::InvalidArguments,
+        &detail,
+        Timing::default(),
+    )
+}
+
+/// The `outcome_unknown` answer of a call whose run was interrupted.
+pub(crate) fn outcome_unknown(call: &ToolCall, why: &str) -> ToolDispatchResult {
+    ToolDispatchResult::error(
+        Arc::clone(&call.id),
+        Arc::clone(&call.name),
+        ErrorCode::OutcomeUnknown,
+        &format!(
+            "{why} while this call was running; it may or may not have taken effect — check \
+             before retrying it (with a new tool_use_id)"
+        ),
+        Timing::default(),
+    )
+}
+
+impl Answers {
+    pub(crate) fn new(session: Arc<str>, retention: Retention, journal: Option<Journal>) -> Self {
+        Answers {
+            session,
+            state: Mutex::new(State::default()),
+            retention,
+            journal,
+            hasher: Default::default(),
+            changed: tokio::sync::Notify::new(),
+            waiters: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn id_hash(&self, id: &str) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    /// True when the engine would answer the turn as a whole (a duplicate or empty id): such a
+    /// turn is dispatched as it is and not remembered.
+    pub(crate) fn refused_whole(calls: &[ToolCall]) -> bool {
+        if calls.iter().any(|c| c.id.is_empty()) {
+            return true;
+        }
+        if calls.len() < 2 {
+            return false;
+        }
+        let mut seen = HashSet::with_capacity(calls.len());
+        !calls.iter().all(|c| seen.insert(&*c.id))
+    }
+
+    /// Decides what each call of a turn gets; calls that run are registered as running.
+    pub(crate) fn plan(&self, calls: &[ToolCall], view: &Snapshot) -> Vec<Plan> {
+        let durable = self.journal.is_some();
+        let digests: Vec<Digest> = calls.iter().map(|c| Digest::of(c, durable)).collect();
+        let mut state = self.lock();
+        // The journal is read only for ids this session does not know (after a restart, or
+        // beyond the memory retention), in one read.
+        let misses: Vec<usize> = (0..calls.len())
+            .filter(|&i| !state.map.contains_key(&calls[i].id))
+            .collect();
+        let mut records: Vec<Option<CallRecord>> = Vec::new();
+        if let (Some(journal), false) = (&self.journal, misses.is_empty()) {
+            let ids: Vec<&str> = misses.iter().map(|&i| &*calls[i].id).collect();
+            match journal.lookup(&self.session, &ids) {
+                Ok(found) => records = found,
+                Err(e) => {
+                    tracing::error!(error = %e, "journal lookup failed; treating the calls as new")
+                }
+            }
+        }
+        let mut records = misses
+            .iter()
+            .copied()
+            .zip(records)
+            .collect::<HashMap<_, _>>();
+        calls
+            .iter()
+            .zip(digests)
+            .enumerate()
+            .map(|(i, (call, digest))| {
+                let effect = view.get(&call.name).map(|t| t.effect);
+                match state.map.get(&call.id) {
+                    Some(Entry::Answered { digest: d, result }) => {
+                        if d.same(&digest) {
+                            Plan::Answer((**result).clone(), Hit::Stored)
+                        } else {
+                            Plan::Answer(other_arguments(call), Hit::Refused)
+                        }
+                    }
+                    Some(Entry::Running { digest: d }) => {
+                        if d.same(&digest) {
+                            Plan::Wait(digest)
+                        } else {
+                            Plan::Answer(other_arguments(call), Hit::Refused)
+                        }
+                    }
+                    Some(Entry::Abandoned { digest: d }) => {
+                        if d.same(&digest) {
+                            state
+                                .map
+                                .insert(Arc::clone(&call.id), Entry::Running { digest });
+                            Plan::Decided {
+                                digest,
+                                effect,
+                                result: outcome_unknown(call, ABANDONED),
+                            }
+                        } else {
+                            Plan::Answer(other_arguments(call), Hit::Refused)
+                        }
+                    }
+                    None => {
+                        if let Some(record) = records.remove(&i).flatten() {
+                            if record.digest != digest.hex() {
+                                return Plan::Answer(other_arguments(call), Hit::Refused);
+                            }
+                            if let Some(answer) = &record.answer {
+                                let result = answer.to_result();
+                                state.remember(&call.id, digest, Arc::new(result.clone()), self);
+                                return Plan::Answer(result, Hit::Stored);
+                            }
+                            let recorded = Effect::parse(&record.effect).unwrap_or_default();
+                            if recorded == Effect::SideEffect {
+                                state
+                                    .map
+                                    .insert(Arc::clone(&call.id), Entry::Running { digest });
+                                return Plan::Decided {
+                                    digest,
+                                    effect,
+                                    result: outcome_unknown(call, "the engine stopped"),
+                                };
+                            }
+                        } else if state.forgotten.contains(&self.id_hash(&call.id)) {
+                            return Plan::Answer(
+                                refusal(
+                                    call,
+                                    format!(
+                                        "tool_use_id {} was answered earlier in this session and \
+                                         its answer is no longer kept (a session keeps its last \
+                                         {} answers, {} MiB); it is not run again — send the call \
+                                         with a new tool_use_id",
+                                        call.id,
+                                        self.retention.answers,
+                                        self.retention.bytes >> 20
+                                    ),
+                                ),
+                                Hit::Refused,
+                            );
+                        }
+                        state
+                            .map
+                            .insert(Arc::clone(&call.id), Entry::Running { digest });
+                        Plan::Run { digest, effect }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The journal's intent records of the calls about to run (read-only tools and unknown
+    /// names need none).
+    pub(crate) fn intents(&self, calls: &[ToolCall], plans: &[Plan]) -> Vec<Write> {
+        let at_ms = crate::journal::now_ms();
+        calls
+            .iter()
+            .zip(plans)
+            .filter_map(|(call, plan)| match plan {
+                Plan::Run {
+                    digest,
+                    effect: Some(effect @ (Effect::Idempotent | Effect::SideEffect)),
+                    ..
+                } => Some(Write::Call {
+                    session: Arc::clone(&self.session),
+                    id: Arc::clone(&call.id),
+                    record: Box::new(CallRecord {
+                        tool: call.name.to_string(),
+                        digest: digest.hex(),
+                        effect: effect.as_str().to_string(),
+                        at_ms,
+                        answer: None,
+                    }),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The journal record of `result`, the answer of a call planned with `digest` and `effect`.
+    pub(crate) fn answer_record(
+        &self,
+        result: &ToolDispatchResult,
+        digest: &Digest,
+        effect: Option<Effect>,
+    ) -> Write {
+        Write::Call {
+            session: Arc::clone(&self.session),
+            id: Arc::clone(&result.tool_use_id),
+            record: Box::new(CallRecord {
+                tool: result.tool_name.to_string(),
+                digest: digest.hex(),
+                effect: effect.unwrap_or_default().as_str().to_string(),
+                at_ms: crate::journal::now_ms(),
+                answer: Some(StoredAnswer::of(result)),
+            }),
+        }
+    }
+
+    /// Remembers the answer of a call that ran (or was decided) and wakes its waiters.
+    pub(crate) fn finish(&self, digest: Digest, result: &ToolDispatchResult) {
+        let id = Arc::clone(&result.tool_use_id);
+        self.lock()
+            .remember(&id, digest, Arc::new(result.clone()), self);
+        self.wake();
+    }
+
+    /// Calls registered as running that will get no answer from their turn: the engine refused
+    /// it (nothing ran: forgotten), or its caller dropped it (they may have run: abandoned).
+    pub(crate) fn unfinished(&self, ids: &[Arc<str>], ran: bool) {
+        {
+            let mut state = self.lock();
+            for id in ids {
+                if let Some(Entry::Running { digest }) = state.map.get(id) {
+                    let digest = *digest;
+                    if ran {
+                        state
+                            .map
+                            .insert(Arc::clone(id), Entry::Abandoned { digest });
+                    } else {
+                        state.map.remove(id);
+                    }
+                }
+            }
+        }
+        self.wake();
+    }
+
+    fn wake(&self) {
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Waits for the answer of an earlier copy of `call` (planned with `digest`); `None` when
+    /// it did not run (the engine refused its turn).
+    pub(crate) async fn wait(&self, call: &ToolCall, digest: Digest) -> Option<ToolDispatchResult> {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let _count = Waiting(&self.waiters);
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.lock().map.get(&call.id) {
+                Some(Entry::Answered { digest: d, result }) if d.same(&digest) => {
+                    return Some((**result).clone());
+                }
+                Some(Entry::Abandoned { .. }) => return Some(outcome_unknown(call, ABANDONED)),
+                Some(Entry::Running { .. }) => {}
+                // Forgotten (its turn was refused), or evicted and replaced.
+                _ => return None,
+            }
+            notified.await;
+        }
+    }
+
+    /// How many answers are kept now.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().order.len()
+    }
+}
+
+const ABANDONED: &str = "the turn running it was abandoned by its caller";
+
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn other_arguments(call: &ToolCall) -> ToolDispatchResult {
+    refusal(
+        call,
+        format!(
+            "tool_use_id {} was used with other arguments (or another tool) earlier in this \
+             session; not run — a retry must send the same call, a new call a new tool_use_id",
+            call.id
+        ),
+    )
+}
+
+impl State {
+    fn remember(
+        &mut self,
+        id: &Arc<str>,
+        digest: Digest,
+        result: Arc<ToolDispatchResult>,
+        answers: &Answers,
+    ) {
+        let size = size_of(&result);
+        match self.map.entry(Arc::clone(id)) {
+            MapEntry::Occupied(mut o) => {
+                if let Entry::Answered { result: old, .. } = o.get() {
+                    self.bytes -= size_of(old);
+                    self.order.retain(|x| x != id);
+                }
+                o.insert(Entry::Answered { digest, result });
+            }
+            MapEntry::Vacant(v) => {
+                v.insert(Entry::Answered { digest, result });
+            }
+        }
+        self.order.push_back(Arc::clone(id));
+        self.bytes += size;
+        while self.order.len() > answers.retention.answers
+            || (self.bytes > answers.retention.bytes && self.order.len() > 1)
+        {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(Entry::Answered { result, .. }) = self.map.remove(&old) {
+                self.bytes -= size_of(&result);
+            }
+            // With a journal the answer is still there; without, the id is remembered as
+            // answered so a late retry is refused instead of run again.
+            if answers.journal.is_none() {
+                let h = answers.id_hash(&old);
+                if self.forgotten.insert(h) {
+                    self.forgotten_order.push_back(h);
+                }
+                while self.forgotten_order.len() > FORGOTTEN_IDS {
+                    if let Some(h) = self.forgotten_order.pop_front() {
+                        self.forgotten.remove(&h);
+                    }
+                }
+            }
+        }
+    }
+}

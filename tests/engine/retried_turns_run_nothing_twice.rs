@@ -1,0 +1,396 @@
+//! A session remembers its answers: a turn sent again gets the same answers without running
+//! anything; a copy of a call still running waits for that run; an id reused with other
+//! arguments is refused; and with a journal, all of this survives a restart — a side-effect call
+//! that was running when the engine stopped is answered `outcome_unknown`, never run twice.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use switchboard::journal::{CallRecord, Journal, Write};
+use switchboard::{
+    Effect, Engine, ErrorCode, Handler, Retention, SessionOptions, ToolDispatchResult, ToolSpec,
+};
+
+/// A tool that counts its runs and answers `ran <text> #<n>`; async, sleeping `ms` first.
+fn counting(name: &str, effect: Effect, ms: u64, runs: &Arc<AtomicUsize>) -> ToolSpec {
+    let runs = Arc::clone(runs);
+    ToolSpec::new(
+        name,
+        "Counts its runs.",
+        text_schema(),
+        Handler::future(move |args, _ctx| {
+            let runs = Arc::clone(&runs);
+            async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(format!("ran {} #{n}", text_arg(&args)))
+            }
+        }),
+    )
+    .effect(effect)
+}
+
+fn sandbox_off() -> switchboard::sandbox::SandboxConfig {
+    switchboard::sandbox::SandboxConfig::off()
+}
+
+fn engine_with(tools: Vec<ToolSpec>, journal: Option<&std::path::Path>) -> Engine {
+    let mut b = Engine::builder().tools(tools).sandbox(sandbox_off());
+    if let Some(dir) = journal {
+        b = b.journal(dir);
+    }
+    b.build().expect("engine builds")
+}
+
+fn wire(results: &[ToolDispatchResult]) -> String {
+    serde_json::to_string(
+        &results
+            .iter()
+            .map(|r| r.to_anthropic_block())
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_sent_again_gets_the_same_answers_and_runs_nothing() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = engine_with(vec![counting("push", Effect::SideEffect, 1, &runs)], None);
+    let session = engine.session();
+    let turn = vec![
+        call("a", "push", json!({"text": "x"})),
+        call("b", "nope", json!({})),
+        call("c", "push", json!({"text": "y"})),
+    ];
+    let first = session.dispatch(turn.clone()).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let again = session.dispatch(turn).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "nothing ran a second time");
+    assert_eq!(wire(&first), wire(&again), "the same bytes on the wire");
+    assert_eq!(again[1].error, Some(ErrorCode::UnknownTool));
+
+    // A turn mixing a re-sent call with a new one runs only the new one.
+    let mixed = session
+        .dispatch(vec![
+            call("c", "push", json!({"text": "y"})),
+            call("d", "push", json!({"text": "z"})),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(mixed[0].content, first[2].content);
+    assert_eq!(mixed[1].content, "ran z #3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_reused_with_other_arguments_is_refused_and_runs_nothing() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = engine_with(vec![counting("push", Effect::SideEffect, 1, &runs)], None);
+    let session = engine.session();
+    session
+        .dispatch(vec![call("a", "push", json!({"text": "x"}))])
+        .await
+        .unwrap();
+    let other = session
+        .dispatch(vec![call("a", "push", json!({"text": "CHANGED"}))])
+        .await
+        .unwrap();
+    assert_eq!(other[0].error, Some(ErrorCode::InvalidArguments));
+    assert!(
+        other[0].content.contains("was used with other arguments"),
+        "{}",
+        other[0].content
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The original answer is still the one a faithful retry gets.
+    let retry = session
+        .dispatch(vec![call("a", "push", json!({"text": "x"}))])
+        .await
+        .unwrap();
+    assert_eq!(retry[0].content, "ran x #1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_running_call_waits_for_that_same_run() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = engine_with(vec![counting("slow", Effect::SideEffect, 300, &runs)], None);
+    let session = engine.session();
+    let turn = vec![call("a", "slow", json!({"text": "x"}))];
+    let (one, two) = tokio::join!(session.dispatch(turn.clone()), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        session.dispatch(turn.clone()).await
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one run for both copies");
+    assert_eq!(wire(&one.unwrap()), wire(&two.unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_do_not_share_answers_and_refused_turns_are_not_remembered() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = engine_with(vec![counting("push", Effect::SideEffect, 1, &runs)], None);
+    let (s1, s2) = (engine.session(), engine.session());
+    let turn = vec![call("a", "push", json!({"text": "x"}))];
+    s1.dispatch(turn.clone()).await.unwrap();
+    s2.dispatch(turn.clone()).await.unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "another session's id is its own"
+    );
+
+    // A turn with a duplicate id is refused whole; the same ids sent properly then run.
+    let dup = vec![
+        call("d", "push", json!({"text": "1"})),
+        call("d", "push", json!({"text": "1"})),
+    ];
+    let refused = s1.dispatch(dup).await.unwrap();
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.error == Some(ErrorCode::InvalidArguments))
+    );
+    let ran = s1
+        .dispatch(vec![call("d", "push", json!({"text": "1"}))])
+        .await
+        .unwrap();
+    assert!(ran[0].is_ok(), "{}", ran[0].content);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_past_the_retention_is_refused_not_run_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = Engine::builder()
+        .tool(counting("push", Effect::SideEffect, 0, &runs))
+        .sandbox(sandbox_off())
+        .answer_retention(Retention {
+            answers: 2,
+            bytes: 1 << 20,
+        })
+        .build()
+        .unwrap();
+    let session = engine.session();
+    for id in ["a", "b", "c"] {
+        session
+            .dispatch(vec![call(id, "push", json!({"text": id}))])
+            .await
+            .unwrap();
+    }
+    assert_eq!(session.answers_kept(), 2);
+    let late = session
+        .dispatch(vec![call("a", "push", json!({"text": "a"}))])
+        .await
+        .unwrap();
+    assert_eq!(late[0].error, Some(ErrorCode::InvalidArguments));
+    assert!(
+        late[0].content.contains("no longer kept"),
+        "{}",
+        late[0].content
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // Recent ones are still answered from memory.
+    let recent = session
+        .dispatch(vec![call("c", "push", json!({"text": "c"}))])
+        .await
+        .unwrap();
+    assert_eq!(recent[0].content, "ran c #3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_retry_streams_the_stored_answers() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = engine_with(vec![counting("push", Effect::SideEffect, 1, &runs)], None);
+    let session = engine.session();
+    let turn = vec![
+        call("a", "push", json!({"text": "x"})),
+        call("b", "push", json!({"text": "y"})),
+    ];
+    let first = session.dispatch(turn.clone()).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let again = session
+        .dispatch_streaming(
+            vec![
+                turn[1].clone(),
+                call("n", "push", json!({"text": "new"})),
+                turn[0].clone(),
+            ],
+            session.turn_token(),
+            tx,
+        )
+        .await
+        .unwrap();
+    let mut streamed = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        streamed.push(item);
+    }
+    streamed.sort_by_key(|(i, _)| *i);
+    let indices: Vec<usize> = streamed.iter().map(|(i, _)| *i).collect();
+    assert_eq!(indices, [0, 1, 2], "each call streamed once");
+    assert_eq!(streamed[0].1.content, first[1].content);
+    assert_eq!(streamed[2].1.content, first[0].content);
+    assert_eq!(again[1].content, "ran new #3");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_journal_answers_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let turn = vec![call("a", "push", json!({"text": "x"}))];
+    let first = {
+        let engine = engine_with(
+            vec![counting("push", Effect::SideEffect, 1, &runs)],
+            Some(dir.path()),
+        );
+        let session = engine
+            .session_with(SessionOptions::new().id("conv-1"))
+            .await
+            .unwrap();
+        let first = session.dispatch(turn.clone()).await.unwrap();
+        engine.shutdown(Duration::from_secs(1)).await;
+        first
+    };
+    let engine = engine_with(
+        vec![counting("push", Effect::SideEffect, 1, &runs)],
+        Some(dir.path()),
+    );
+    let session = engine
+        .session_with(SessionOptions::new().id("conv-1"))
+        .await
+        .unwrap();
+    let again = session.dispatch(turn).await.unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "not run again after the restart"
+    );
+    assert_eq!(wire(&first), wire(&again));
+    let other = session
+        .dispatch(vec![call("a", "push", json!({"text": "other"}))])
+        .await
+        .unwrap();
+    assert_eq!(other[0].error, Some(ErrorCode::InvalidArguments));
+}
+
+/// Writes an intent for call `id` of session `conv-1`, as the engine does before running it, and
+/// no answer: what the journal holds after a crash during the call.
+async fn intent_only(
+    dir: &std::path::Path,
+    id: &str,
+    tool: &str,
+    effect: Effect,
+    args: serde_json::Value,
+) {
+    // The digest is the engine's own: learn it from a journal written by a real run.
+    let probe = tempfile::tempdir().unwrap();
+    {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let engine = engine_with(
+            vec![counting(tool, Effect::SideEffect, 0, &runs)],
+            Some(probe.path()),
+        );
+        let s = engine
+            .session_with(SessionOptions::new().id("conv-1"))
+            .await
+            .unwrap();
+        s.dispatch(vec![call(id, tool, args)]).await.unwrap();
+        engine.shutdown(Duration::from_secs(1)).await;
+    }
+    let digest = {
+        let j = Journal::open(probe.path(), Duration::from_secs(3600)).unwrap();
+        j.lookup("conv-1", &[id]).unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .digest
+            .clone()
+    };
+    let j = Journal::open(dir, Duration::from_secs(3600)).unwrap();
+    j.write(vec![Write::Call {
+        session: "conv-1".into(),
+        id: id.into(),
+        record: Box::new(CallRecord {
+            tool: tool.into(),
+            digest,
+            effect: effect.as_str().into(),
+            at_ms: switchboard::journal::now_ms(),
+            answer: None,
+        }),
+    }])
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_a_side_effect_call_is_outcome_unknown_and_an_idempotent_one_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    intent_only(
+        dir.path(),
+        "pay-1",
+        "pay",
+        Effect::SideEffect,
+        json!({"text": "10 EUR"}),
+    )
+    .await;
+    intent_only(
+        dir.path(),
+        "put-1",
+        "put",
+        Effect::Idempotent,
+        json!({"text": "v"}),
+    )
+    .await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = engine_with(
+        vec![
+            counting("pay", Effect::SideEffect, 0, &runs),
+            counting("put", Effect::Idempotent, 0, &runs),
+        ],
+        Some(dir.path()),
+    );
+    let session = engine
+        .session_with(SessionOptions::new().id("conv-1"))
+        .await
+        .unwrap();
+    let turn = vec![
+        call("pay-1", "pay", json!({"text": "10 EUR"})),
+        call("put-1", "put", json!({"text": "v"})),
+    ];
+    let answers = session.dispatch(turn.clone()).await.unwrap();
+    assert_eq!(answers[0].error, Some(ErrorCode::OutcomeUnknown));
+    assert!(
+        answers[0]
+            .content
+            .contains("may or may not have taken effect"),
+        "{}",
+        answers[0].content
+    );
+    assert!(answers[1].is_ok(), "{}", answers[1].content);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "only the idempotent call ran"
+    );
+    // The outcome is final: asked again, the same answers.
+    let again = session.dispatch(turn).await.unwrap();
+    assert_eq!(wire(&answers), wire(&again));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_built_in_tools_declare_their_effect() {
+    let effects: Vec<(String, Effect)> = switchboard::tools::builtin_tools()
+        .into_iter()
+        .map(|t| (t.name, t.effect))
+        .collect();
+    let of = |n: &str| effects.iter().find(|(name, _)| name == n).unwrap().1;
+    assert_eq!(of("read_file"), Effect::ReadOnly);
+    assert_eq!(of("glob"), Effect::ReadOnly);
+    assert_eq!(of("write_file"), Effect::Idempotent);
+    assert_eq!(of("edit_file"), Effect::SideEffect);
+    assert_eq!(of("bash"), Effect::SideEffect);
+}
