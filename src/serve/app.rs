@@ -30,8 +30,10 @@ pub struct App {
     pub auth: Auth,
     /// Largest request body, in bytes.
     pub max_body: usize,
-    /// One permit per dispatch request in flight; none left → `overloaded`.
+    /// One permit per turn running (a session runs one at a time); none left → `overloaded`.
     pub requests: Arc<Semaphore>,
+    /// How long a request's body may take to arrive (`request_timeout` beyond).
+    pub read_timeout: std::time::Duration,
     /// Cancelled when the server starts shutting down: new work is refused `shutting_down`.
     pub stopping: CancellationToken,
     /// The Prometheus recorder's handle, if one is installed (`/metrics`).
@@ -49,6 +51,19 @@ impl App {
             return Err(ApiError::ShuttingDown);
         }
         Ok(())
+    }
+
+    /// Reads a request's body: at most `--max-body` bytes (`payload_too_large`), all of it within
+    /// `--read-timeout` (`request_timeout`), so a stalled upload holds its request for a bounded
+    /// time.
+    pub async fn read_body(
+        &self,
+        headers: &axum::http::HeaderMap,
+        body: Body,
+    ) -> Result<String, ApiError> {
+        tokio::time::timeout(self.read_timeout, read_body(headers, body, self.max_body))
+            .await
+            .map_err(|_| ApiError::RequestTimeout(self.read_timeout))?
     }
 }
 

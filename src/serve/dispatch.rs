@@ -9,11 +9,15 @@
 //! waiting for an answer are answered `cancelled` at once (nobody is left to answer them).
 //!
 //! Order of checks, so that a refused request has run nothing: shutting down → session known →
-//! a request permit (`overloaded`, 503 with `Retry-After`, when none is left) → the turn id
+//! a place in the session's share (`overloaded`, 503 with `Retry-After`, when the session has
+//! `--max-session-turns` turns running or waiting already) → the turn id
 //! (registered now, with the turn's cancellation token, so a turn-addressed or session cancel
 //! reaches it while it waits, and a cancel that came first cancels it here) → body size and
 //! encoding → decode (`bad_request`; also for a client-tool call in a turn that is not streamed)
-//! → the session's turn lock → dispatch. Every answer names its turn in `Switchboard-Turn-Id`.
+//! → the session's turn lock → one of the server's places for running turns (`overloaded` when
+//! `--max-requests` turns run already) → dispatch. Every answer names its turn in
+//! `Switchboard-Turn-Id`. A turn accepted before shutdown began is answered call by call, each
+//! call `cancelled` if the engine stopped before it ran.
 
 use std::sync::Arc;
 
@@ -24,7 +28,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
-use super::app::{App, json_response, query_param, read_body, session_id};
+use super::app::{App, json_response, query_param, session_id};
 use super::errors::ApiError;
 use super::sse;
 use crate::document::{DocumentError, decode_document, encode_document};
@@ -149,14 +153,12 @@ async fn run(
     let ask = ask(query, headers)?;
     let chosen = client_turn_id(query, headers)?;
     let session = app.sessions.enter(&id)?;
-    let permit = Arc::clone(&app.requests)
-        .try_acquire_owned()
-        .map_err(|_| ApiError::Overloaded)?;
+    let share = session.admit()?;
     let turn: Arc<str> = Arc::from(chosen.unwrap_or_else(|| app.sessions.new_turn_id()));
     *turn_id = Some(Arc::clone(&turn));
     let cancel = session.turn_token();
     let mut registered = session.turn_ids().arrive(turn, cancel.clone())?;
-    let text = read_body(headers, body, app.max_body).await;
+    let text = app.read_body(headers, body).await;
     *body_read = text.is_ok();
     let text = text?;
     let calls = decode_document(ask.format, &text)
@@ -172,6 +174,12 @@ async fn run(
         )));
     }
     let place = session.turn_lock().lock_owned().await;
+    // Only a running turn holds one of the server's places: turns waiting behind their own
+    // session's running turn hold that session's share alone, so a session flooded with turns
+    // keeps no other session from being served.
+    let permit = Arc::clone(&app.requests)
+        .try_acquire_owned()
+        .map_err(|_| ApiError::Overloaded)?;
     registered.running();
 
     let (sink, results) = if ask.stream {
@@ -193,16 +201,27 @@ async fn run(
     let format = ask.format;
     let table = Arc::clone(&app.sessions);
     let task = tokio::spawn(async move {
-        let _held = (permit, place, registered);
+        let _held = (permit, place, registered, share);
         let _unsubscribe = Unsubscribe(unsubscribe);
         session.count_turn(calls.len());
         let engine_session = session.session();
+        let names: Vec<_> = calls
+            .iter()
+            .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
+            .collect();
         let results = match sink {
             Some(sink) => engine_session.dispatch_streaming(calls, cancel, sink).await,
             None => engine_session.dispatch_with_cancel(calls, cancel).await,
         };
+        // The turn was accepted before the server began to stop: it is answered call by call
+        // even when the engine stopped before the turn reached it (it waited behind its
+        // session's running turn), each call `cancelled` as it never ran.
+        let results = match results {
+            Err(crate::engine::EngineError::ShutDown) => never_ran(names),
+            other => other?,
+        };
         table.persist_revealed(&session).await;
-        encode_document(format, &results?)
+        encode_document(format, &results)
     });
 
     if ask.stream {
@@ -215,6 +234,22 @@ async fn run(
         Ok(Err(reason)) => Err(ApiError::BadRequest(reason.to_string())),
         Err(e) => Err(ApiError::Internal(format!("the turn's task failed: {e}"))),
     }
+}
+
+/// The answers of a turn the engine stopped before running: every call `cancelled`.
+fn never_ran(calls: Vec<(Arc<str>, Arc<str>)>) -> Vec<crate::protocol::ToolDispatchResult> {
+    calls
+        .into_iter()
+        .map(|(id, name)| {
+            crate::protocol::ToolDispatchResult::error(
+                id,
+                name,
+                crate::protocol::ErrorCode::Cancelled,
+                "the server shut down before this call ran",
+                crate::protocol::Timing::default(),
+            )
+        })
+        .collect()
 }
 
 /// Stops routing the session's approval requests to this turn's stream when the turn ends.
@@ -239,7 +274,7 @@ pub async fn approve(
     let Path((id, approval_id)) =
         ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
     let session = app.sessions.get(&id)?;
-    let text = read_body(&headers, body, app.max_body).await?;
+    let text = app.read_body(&headers, body).await?;
     let allow = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("allow").and_then(serde_json::Value::as_bool))
@@ -268,7 +303,7 @@ pub async fn answer_call(
     let Path((id, call_id)) =
         ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
     let session = app.sessions.get(&id)?;
-    let text = read_body(&headers, body, app.max_body).await?;
+    let text = app.read_body(&headers, body).await?;
     let outcome = super::client_tools::parse_answer(&text)?;
     let delegate = session
         .delegate()

@@ -34,10 +34,16 @@ pub enum ApiError {
     BadRequest(String),
     /// The body is bigger than `--max-body` (413).
     PayloadTooLarge(usize),
-    /// `--max-sessions` sessions are open already (429).
-    TooManySessions(usize),
-    /// Too many requests in flight; nothing ran (503 with `Retry-After`).
+    /// As many sessions are open as the server allows (429): the number, and what set it
+    /// (`--max-sessions`, or the open-file limit).
+    TooManySessions(usize, &'static str),
+    /// Too many turns running across sessions; nothing ran (503 with `Retry-After`).
     Overloaded,
+    /// This session has as many turns running or waiting as one session may have
+    /// (`--max-session-turns`); nothing ran (503 `overloaded` with `Retry-After`).
+    SessionBusy(usize),
+    /// The request's body did not arrive within `--read-timeout` (408).
+    RequestTimeout(std::time::Duration),
     /// The server is stopping (503).
     ShuttingDown,
     /// No such route (404).
@@ -108,8 +114,9 @@ impl ApiError {
             ApiError::TurnInProgress(_) => "turn_in_progress",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
-            ApiError::TooManySessions(_) => "too_many_sessions",
-            ApiError::Overloaded => "overloaded",
+            ApiError::TooManySessions(..) => "too_many_sessions",
+            ApiError::Overloaded | ApiError::SessionBusy(_) => "overloaded",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::ShuttingDown => "shutting_down",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
@@ -130,8 +137,11 @@ impl ApiError {
             | ApiError::TurnInProgress(_) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::TooManySessions(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Overloaded | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TooManySessions(..) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Overloaded | ApiError::SessionBusy(_) | ApiError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -163,11 +173,18 @@ impl ApiError {
             ApiError::PayloadTooLarge(limit) => {
                 format!("the request body is larger than {limit} bytes (--max-body)")
             }
-            ApiError::TooManySessions(max) => {
-                format!("{max} sessions are open already (--max-sessions); delete one first")
+            ApiError::TooManySessions(max, by) => {
+                format!("{max} sessions are open already ({by}); delete one first")
             }
             ApiError::Overloaded => format!(
-                "too many requests in flight; nothing ran, retry in {RETRY_AFTER_SECONDS} s"
+                "too many turns running (--max-requests); nothing ran, retry in {RETRY_AFTER_SECONDS} s"
+            ),
+            ApiError::SessionBusy(max) => format!(
+                "this session has {max} turns running or waiting already (--max-session-turns); nothing ran, retry in {RETRY_AFTER_SECONDS} s"
+            ),
+            ApiError::RequestTimeout(limit) => format!(
+                "the request did not arrive within {} s (--read-timeout)",
+                limit.as_secs_f64()
             ),
             ApiError::ShuttingDown => "the server is shutting down".into(),
             ApiError::NotFound => "no such route (see GET /v1/openapi.json)".into(),
@@ -190,7 +207,7 @@ impl IntoResponse for ApiError {
             .into_response();
         let headers = response.headers_mut();
         match self {
-            ApiError::Overloaded => {
+            ApiError::Overloaded | ApiError::SessionBusy(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
             }
             ApiError::Unauthorized => {
@@ -218,8 +235,10 @@ mod tests {
             ApiError::TurnInProgress("t1".into()),
             ApiError::BadRequest("x".into()),
             ApiError::PayloadTooLarge(1),
-            ApiError::TooManySessions(1),
+            ApiError::TooManySessions(1, "--max-sessions"),
             ApiError::Overloaded,
+            ApiError::SessionBusy(1),
+            ApiError::RequestTimeout(std::time::Duration::from_secs(1)),
             ApiError::ShuttingDown,
             ApiError::NotFound,
             ApiError::MethodNotAllowed,
@@ -235,8 +254,11 @@ mod tests {
 
     #[test]
     fn overloaded_says_when_to_retry() {
-        let r = ApiError::Overloaded.into_response();
-        assert_eq!(r.status(), 503);
-        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        for e in [ApiError::Overloaded, ApiError::SessionBusy(4)] {
+            assert_eq!(e.code(), "overloaded");
+            let r = e.into_response();
+            assert_eq!(r.status(), 503);
+            assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        }
     }
 }

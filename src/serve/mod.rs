@@ -37,7 +37,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use clap::builder::TypedValueParser;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -62,8 +61,15 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_MAX_BODY: usize = 8 * 1024 * 1024;
 /// Default `--grace`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
-/// Default `--max-requests`: dispatch requests in flight at once.
+/// Default `--max-requests`: turns running at once, across sessions.
 pub const DEFAULT_MAX_REQUESTS: usize = 1_024;
+/// Default `--read-timeout`: how long a request's headers, and then its body, may take to arrive.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Open files kept for everything but sessions (listener, journal, logs, MCP servers, hooks).
+const RESERVED_FILES: u64 = 256;
+/// Open files budgeted per session: its workspace directory, its client's connection, and the
+/// pipes of a running call.
+const FILES_PER_SESSION: u64 = 4;
 /// How long connections may take to write their last answers after the engine has stopped.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// How long each load tool `sleep` call sleeps with `--with-load-tools`.
@@ -96,9 +102,18 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long turns in flight may finish before they are cancelled.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
-    /// Most dispatch requests in flight at once (beyond: overloaded, 503, nothing runs).
+    /// Most turns running at once across sessions; a session runs one turn at a time (beyond:
+    /// overloaded, 503, nothing runs).
     #[arg(long, default_value_t = DEFAULT_MAX_REQUESTS, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|n| n as usize))]
     pub max_requests: usize,
+    /// Most turns one session may have running or waiting (beyond: overloaded, 503, nothing
+    /// runs): a session flooded with turns cannot crowd out the others.
+    #[arg(long, default_value_t = sessions::DEFAULT_TURN_SHARE, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|n| n as usize))]
+    pub max_session_turns: usize,
+    /// How long a request's headers may take to arrive, and then its body (beyond: the
+    /// connection is closed, or request_timeout, 408).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub read_timeout: Duration,
     /// Also register the load generator's workload tools (noop, sleep, cpu and their serial
     /// variants), for benchmarks.
     #[arg(long)]
@@ -154,8 +169,12 @@ pub struct ServeConfig {
     pub max_body: usize,
     /// Grace period of shutdown.
     pub grace: Duration,
-    /// Most dispatch requests in flight at once.
+    /// Most turns running at once across sessions.
     pub max_requests: usize,
+    /// Most turns one session may have running or waiting.
+    pub max_session_turns: usize,
+    /// How long a request's headers, and then its body, may take to arrive.
+    pub read_timeout: Duration,
     /// Register the load workload tools too.
     pub load_tools: bool,
     /// Engine workers (default: the engine's own).
@@ -210,6 +229,8 @@ impl ServeConfig {
             max_body: DEFAULT_MAX_BODY,
             grace: DEFAULT_GRACE,
             max_requests: DEFAULT_MAX_REQUESTS,
+            max_session_turns: sessions::DEFAULT_TURN_SHARE,
+            read_timeout: DEFAULT_READ_TIMEOUT,
             load_tools: false,
             workers: None,
             prometheus: None,
@@ -231,6 +252,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     app: Arc<App>,
     grace: Duration,
+    read_timeout: Duration,
     local_addr: SocketAddr,
 }
 
@@ -246,6 +268,8 @@ impl Server {
         std::fs::create_dir_all(&config.workspace_root).map_err(|e| root_error("create", e))?;
         let root =
             std::fs::canonicalize(&config.workspace_root).map_err(|e| root_error("resolve", e))?;
+        std::fs::create_dir_all(root.join(sessions::FRESH_DIR))
+            .map_err(|e| root_error("create", e))?;
         let mut tools = builtin_tools();
         if config.load_tools {
             tools.extend(crate::load::load_tools(LOAD_SLEEP));
@@ -286,11 +310,18 @@ impl Server {
             .await
             .map_err(listen_error)?;
         let local_addr = listener.local_addr().map_err(listen_error)?;
+        let (max_sessions, max_by) = session_cap(config.max_sessions.max(1), open_file_limit());
+        if max_by != "--max-sessions" {
+            tracing::warn!(
+                sessions = max_sessions,
+                "serve: the open-file limit allows fewer sessions than --max-sessions"
+            );
+        }
         let sessions = Arc::new(
             SessionTable::new(
                 engine.clone(),
                 root,
-                config.max_sessions.max(1),
+                max_sessions,
                 config.idle_timeout,
                 config.sandbox.clone(),
                 client_tools::Limits {
@@ -299,7 +330,9 @@ impl Server {
                 },
                 config.allow_hard_links,
             )
-            .with_policies(config.session_policies.clone()),
+            .with_policies(config.session_policies.clone())
+            .with_max(max_sessions, max_by)
+            .with_turn_share(config.max_session_turns),
         );
         // With a journal, the sessions of the last run are back under their ids.
         let restored = sessions.restore().await;
@@ -312,6 +345,7 @@ impl Server {
             auth: config.auth,
             max_body: config.max_body,
             requests: Arc::new(Semaphore::new(config.max_requests.max(1))),
+            read_timeout: config.read_timeout,
             stopping: CancellationToken::new(),
             prometheus: config.prometheus,
             http_metrics: HttpMetrics::new(&routes::route_templates()),
@@ -321,6 +355,7 @@ impl Server {
             listener,
             app,
             grace: config.grace,
+            read_timeout: config.read_timeout,
             local_addr,
         })
     }
@@ -345,23 +380,24 @@ impl Server {
             listener,
             app,
             grace,
+            read_timeout,
             ..
         } = self;
         let stop_accepting = CancellationToken::new();
         let reaper = tokio::spawn(reap_idle(Arc::clone(&app.sessions), stop_accepting.clone()));
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(listener, routes::router(Arc::clone(&app)))
-            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
-        let mut serving = tokio::spawn(serve.into_future());
+        let router = routes::router(Arc::clone(&app));
+        let mut serving = tokio::spawn(serve_connections(
+            listener,
+            router,
+            read_timeout,
+            stop_accepting.clone(),
+        ));
         tokio::select! {
             () = shutdown => {}
             ended = &mut serving => {
                 reaper.abort();
                 return match ended {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(ServeError::Stopped(e.to_string())),
+                    Ok(()) => Ok(()),
                     Err(e) => Err(ServeError::Stopped(e.to_string())),
                 };
             }
@@ -381,6 +417,85 @@ impl Server {
                 tracing::warn!("connections still open {DRAIN_LIMIT:?} after shutdown; closed");
                 Ok(())
             }
+        }
+    }
+}
+
+/// Accepts connections until `stop`, serving each with HTTP/1.1 whose request headers must
+/// arrive within `read_timeout` (else the connection is closed), then lets every open connection
+/// finish the request it is on and returns.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    read_timeout: Duration,
+    stop: CancellationToken,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(read_timeout);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors or memory for a moment: wait rather than spin; the
+                    // connections already open are served meanwhile.
+                    tracing::warn!(error = %e, "serve: cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let connection =
+            builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// The most sessions the server may hold: `--max-sessions`, or fewer when the open-file limit
+/// (`limit`, `None` for none) cannot give each session its budget of descriptors — with what set
+/// it.
+fn session_cap(max_sessions: usize, limit: Option<u64>) -> (usize, &'static str) {
+    let Some(limit) = limit else {
+        return (max_sessions, "--max-sessions");
+    };
+    let by_files = (limit.saturating_sub(RESERVED_FILES) / FILES_PER_SESSION).max(1);
+    if by_files < max_sessions as u64 {
+        (by_files as usize, "the open-file limit, ulimit -n")
+    } else {
+        (max_sessions, "--max-sessions")
+    }
+}
+
+/// The process's soft open-file limit (`None`: unlimited).
+fn open_file_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// Raises the soft open-file limit to the hard one (systemd's soft default of 1,024 would hold
+/// only a few hundred sessions); a failure leaves the limit as it was, and the session cap
+/// follows whatever it is.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "serve: cannot raise the open-file limit");
         }
     }
 }
@@ -422,6 +537,7 @@ fn termination() -> Result<impl Future<Output = ()> + Send + 'static, String> {
 /// cannot be bound, 1 if the server fails.
 pub async fn run(args: ServeArgs) -> ExitCode {
     let fail = |code, message: &str| crate::command::fail(code, format!("serve: {message}"));
+    raise_open_file_limit();
     let auth = match Auth::resolve(
         args.listen,
         args.token_file.as_deref(),
@@ -463,6 +579,8 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         max_body: args.max_body,
         grace: args.grace,
         max_requests: args.max_requests,
+        max_session_turns: args.max_session_turns,
+        read_timeout: args.read_timeout,
         load_tools: args.with_load_tools,
         prometheus: Some(prometheus),
         policy: args.policy,
@@ -502,5 +620,23 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         (Ok(()), Ok(())) => ExitCode::SUCCESS,
         (Err(e), _) => fail(1, &e.to_string()),
         (Ok(()), Err(e)) => fail(1, &e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_cap;
+
+    #[test]
+    fn sessions_are_capped_by_the_open_file_limit() {
+        assert_eq!(session_cap(10_000, None), (10_000, "--max-sessions"));
+        assert_eq!(
+            session_cap(10_000, Some(1 << 20)),
+            (10_000, "--max-sessions")
+        );
+        let (n, by) = session_cap(10_000, Some(1024));
+        assert_eq!(n, (1024 - 256) / 4);
+        assert!(by.contains("open-file"), "{by}");
+        assert_eq!(session_cap(10_000, Some(10)).0, 1);
     }
 }

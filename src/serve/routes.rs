@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
 use serde_json::{Value, json};
 
-use super::app::{App, json_response, query_param, read_body, session_id};
+use super::app::{App, json_response, query_param, session_id};
 use super::dispatch;
 use super::errors::ApiError;
 use super::sessions::NewSession;
@@ -156,7 +156,7 @@ async fn create_session(
     body: Body,
 ) -> Result<Response, ApiError> {
     app.refuse_if_stopping()?;
-    let text = read_body(&headers, body, app.max_body).await?;
+    let text = app.read_body(&headers, body).await?;
     let new = new_session(&text)?;
     let session = app.sessions.create(new).await?;
     let answer = json!({

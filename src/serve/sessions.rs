@@ -29,6 +29,11 @@ use crate::workspace::Workspace;
 
 /// Longest workspace name.
 pub const MAX_NAME_LEN: usize = 128;
+/// Default `--max-session-turns`: turns one session may have running or waiting.
+pub const DEFAULT_TURN_SHARE: usize = 16;
+/// The directory under the root where sessions created without a workspace name get theirs:
+/// its name is not a valid workspace name, so no session can name its way into another's.
+pub const FRESH_DIR: &str = "@sessions";
 
 /// One HTTP session.
 #[derive(Debug)]
@@ -40,6 +45,10 @@ pub struct HttpSession {
     epoch: Mutex<CancellationToken>,
     /// Held by the turn running; waiting turns queue on it in arrival order.
     turn_lock: Arc<tokio::sync::Mutex<()>>,
+    /// One permit per turn of this session running or waiting (`--max-session-turns`).
+    share: Arc<tokio::sync::Semaphore>,
+    /// The share's size.
+    share_size: usize,
     /// Its turns by id (turn-addressed cancel).
     turn_ids: Arc<TurnTable>,
     /// Its client tools' calls, if it declared any.
@@ -153,6 +162,14 @@ impl HttpSession {
     /// The lock a turn holds while it runs (fair: turns get it in arrival order).
     pub fn turn_lock(&self) -> Arc<tokio::sync::Mutex<()>> {
         Arc::clone(&self.turn_lock)
+    }
+
+    /// A place in this session's share of turns running or waiting, held until the turn ends;
+    /// `overloaded` when the session has as many as it may.
+    pub fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        Arc::clone(&self.share)
+            .try_acquire_owned()
+            .map_err(|_| ApiError::SessionBusy(self.share_size))
     }
 
     /// Counts a dispatched turn of `calls` calls.
@@ -327,6 +344,10 @@ pub struct SessionTable {
     /// The stricter policies sessions may choose.
     policies: SessionPolicies,
     max: usize,
+    /// What set `max`: `--max-sessions` or the open-file limit.
+    max_by: &'static str,
+    /// Most turns one session may have running or waiting.
+    turn_share: usize,
     idle_timeout: Duration,
     start: Instant,
     ids: RandomState,
@@ -372,11 +393,26 @@ impl SessionTable {
             allow_hard_links,
             policies: SessionPolicies::default(),
             max,
+            max_by: "--max-sessions",
+            turn_share: DEFAULT_TURN_SHARE,
             idle_timeout,
             start: Instant::now(),
             ids: RandomState::new(),
             next: AtomicU64::new(0),
         }
+    }
+
+    /// The same table, holding at most `max` sessions because of `by` (the open-file limit).
+    pub fn with_max(mut self, max: usize, by: &'static str) -> Self {
+        self.max = max.max(1);
+        self.max_by = by;
+        self
+    }
+
+    /// The same table, each session with at most `share` turns running or waiting.
+    pub fn with_turn_share(mut self, share: usize) -> Self {
+        self.turn_share = share.max(1);
+        self
     }
 
     /// The same table, offering `policies` to its sessions.
@@ -411,7 +447,7 @@ impl SessionTable {
 
     fn full(&self) -> Result<(), ApiError> {
         if lock(&self.sessions).len() >= self.max {
-            return Err(ApiError::TooManySessions(self.max));
+            return Err(ApiError::TooManySessions(self.max, self.max_by));
         }
         Ok(())
     }
@@ -535,7 +571,7 @@ impl SessionTable {
         let (id, dir, fresh) = match (name, restore) {
             // A restored session without a named workspace had a fresh one, named after it.
             (None, Some(id)) => {
-                let dir = self.root.join(&id);
+                let dir = self.root.join(FRESH_DIR).join(&id);
                 if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
                     return Err(ApiError::BadRequest(format!(
                         "its workspace {} is gone",
@@ -563,7 +599,7 @@ impl SessionTable {
             }
             (None, None) => loop {
                 let id = self.new_id();
-                let dir = self.root.join(&id);
+                let dir = self.root.join(FRESH_DIR).join(&id);
                 match std::fs::create_dir(&dir) {
                     Ok(()) => break (id, dir, true),
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -620,6 +656,8 @@ impl SessionTable {
             epoch: Mutex::new(session.turn_token()),
             session,
             turn_lock: Arc::new(tokio::sync::Mutex::new(())),
+            share: Arc::new(tokio::sync::Semaphore::new(self.turn_share)),
+            share_size: self.turn_share,
             turn_ids: Arc::new(TurnTable::default()),
             delegate,
             client_tools,
@@ -633,7 +671,7 @@ impl SessionTable {
         if sessions.len() >= self.max {
             drop(sessions);
             cleanup(&dir);
-            return Err(ApiError::TooManySessions(self.max));
+            return Err(ApiError::TooManySessions(self.max, self.max_by));
         }
         sessions.insert(Arc::clone(&http.id), Arc::clone(&http));
         Ok(http)
@@ -739,6 +777,7 @@ mod tests {
         }
         for bad in [
             "",
+            FRESH_DIR,
             ".",
             "..",
             "a/b",

@@ -8,6 +8,7 @@ mod serve_common;
 
 mod serve_approvals;
 mod serve_client_tools;
+mod serve_is_fair_and_bounded;
 mod serve_load;
 mod serve_process;
 mod serve_retries;

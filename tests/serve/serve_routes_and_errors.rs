@@ -36,10 +36,7 @@ async fn v1_needs_the_right_bearer_token_and_health_does_not() {
     // Refused before anything else: no session is created without the token.
     let create = send(c.post(s.url("/v1/sessions")).body("{}")).await;
     assert_eq!(create.status, 401);
-    assert_eq!(
-        std::fs::read_dir(s.root.path().join("ws")).unwrap().count(),
-        0
-    );
+    assert_eq!(workspace_count(&s.root.path().join("ws")), 0);
     let health = send(c.get(s.url("/healthz"))).await;
     assert_eq!(health.status, 200);
     let health = health.json();

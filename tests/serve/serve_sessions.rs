@@ -38,10 +38,7 @@ async fn bad_workspace_names_are_refused_and_create_nothing() {
             a.text
         );
     }
-    assert_eq!(
-        std::fs::read_dir(s.root.path().join("ws")).unwrap().count(),
-        0
-    );
+    assert_eq!(workspace_count(&s.root.path().join("ws")), 0);
     assert!(!s.root.path().join("escape").exists());
     // A name that exists as a symlink (planted to lead out of the root) or a file is refused.
     let outside = tempfile::tempdir().unwrap();

@@ -198,3 +198,12 @@ pub fn spawn_server(mut cmd: std::process::Command) -> (std::process::Child, Str
     std::thread::spawn(move || for _ in lines {});
     (child, base.expect("the ready line"))
 }
+
+/// How many workspaces exist under `root`: named ones, and the fresh ones under `@sessions`.
+pub fn workspace_count(root: &std::path::Path) -> usize {
+    let named = std::fs::read_dir(root)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() != "@sessions")
+        .count();
+    named + std::fs::read_dir(root.join("@sessions")).unwrap().count()
+}
