@@ -23,6 +23,7 @@
 mod approval;
 mod audit;
 mod hooks;
+mod links;
 pub(crate) mod rules;
 
 use std::path::{Component, Path};
@@ -444,6 +445,14 @@ impl Policy {
         ticket.subject = subject
             .as_ref()
             .map(|s| audit::truncate(s.text(), audit::SUBJECT_CAP));
+        if let Some(Confined::Path(path)) = &subject
+            && let Some(ws) = scope.workspace()
+            && let Some(detail) = self.denied_by_another_name(tool, ws, path)
+        {
+            ticket.by = By::Rule;
+            let t = std::mem::replace(ticket, Ticket::placeholder());
+            return Err(self.refuse(t, ToolError::permission(detail), "deny"));
+        }
         if let Some(narrowing) = &self.narrowing
             && let verdict = narrowing.rules.decide(&tool.name, subject.as_ref())
             && verdict.action != Action::Allow
@@ -526,6 +535,49 @@ impl Policy {
                 Err(self.refuse(t, ToolError::permission(detail), "deny"))
             }
         }
+    }
+
+    /// With hard links allowed in the workspace, a deny rule on a path holds for every name of
+    /// that file in the workspace: when `path` is a regular file with more than one link and a
+    /// deny rule of this tool's has a path pattern, the workspace is searched for the file's other
+    /// names and the call is denied if a rule denies one of them (or if the search cannot finish).
+    fn denied_by_another_name(
+        &self,
+        tool: &RegisteredTool,
+        ws: &Workspace,
+        path: &str,
+    ) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        if !ws.hard_links_allowed() {
+            return None; // the readers refuse multiply-linked files themselves
+        }
+        let sets: Vec<&Rules> = std::iter::once(&*self.rules)
+            .chain(self.narrowing.as_ref().map(|n| &n.rules))
+            .filter(|r| r.denies_paths_of(&tool.name))
+            .collect();
+        if sets.is_empty() {
+            return None;
+        }
+        let meta = std::fs::metadata(ws.root().join(path)).ok()?;
+        if !meta.is_file() || meta.nlink() < 2 {
+            return None;
+        }
+        let names = match links::other_names(ws.root(), meta.dev(), meta.ino()) {
+            Ok(names) => names,
+            Err(why) => {
+                return Some(format!(
+                    "{path} is a hard-linked file and deny rules hold for every name of a file,                      but its other names cannot be found ({why})"
+                ));
+            }
+        };
+        sets.iter().find_map(|rules| {
+            rules.denies_any(&tool.name, &names).map(|(rule, name)| {
+                format!(
+                    "denied by rule \"{}\": {path} is another name (a hard link) of {name}",
+                    rule.text()
+                )
+            })
+        })
     }
 
     fn refuse(&self, mut ticket: Ticket, error: ToolError, decision: &'static str) -> Box<Refused> {

@@ -548,6 +548,32 @@ impl Rules {
         first
     }
 
+    /// The first deny rule naming `tool` with a path pattern that matches one of `names`, with
+    /// that name (used for the other names of a hard-linked file).
+    pub fn denies_any<'r, 'n>(
+        &'r self,
+        tool: &str,
+        names: &'n [String],
+    ) -> Option<(&'r Rule, &'n str)> {
+        self.deny
+            .iter()
+            .filter(|r| r.names(tool) && r.pattern.as_ref().is_some_and(|p| p.path.is_some()))
+            .find_map(|r| {
+                let pattern = r.pattern.as_ref()?;
+                names
+                    .iter()
+                    .find(|n| pattern.matches_path(n))
+                    .map(|n| (r, n.as_str()))
+            })
+    }
+
+    /// Whether a deny rule naming `tool` has a path pattern.
+    pub fn denies_paths_of(&self, tool: &str) -> bool {
+        self.deny
+            .iter()
+            .any(|r| r.names(tool) && r.pattern.as_ref().is_some_and(|p| p.path.is_some()))
+    }
+
     /// The decision for a call of `tool` about `subject`: deny over ask over allow over the
     /// default. Walks every rule (it builds the tool's index first); calls of a registered tool go
     /// through its kept index instead ([`Rules::decide_among`]).

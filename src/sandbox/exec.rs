@@ -105,6 +105,8 @@ struct Plan {
     status: Option<PathBuf>,
     /// More paths to keep visible and readable.
     read: Vec<PathBuf>,
+    /// Root-only system files to cover (a root engine's calls).
+    hide: Vec<PathBuf>,
     landlock_tcp: bool,
     parent: Option<i32>,
     cgroups: Vec<PathBuf>,
@@ -171,10 +173,14 @@ impl Plan {
                     plan.inner_args.extend([arg.clone(), v.clone()]);
                     plan.status = Some(v.into());
                 }
-                "--read" => {
+                "--read" | "--hide" => {
                     let v = value(&mut it)?;
                     plan.inner_args.extend([arg.clone(), v.clone()]);
-                    plan.read.push(v.into());
+                    if flag == "--read" {
+                        plan.read.push(v.into());
+                    } else {
+                        plan.hide.push(v.into());
+                    }
                 }
                 "--landlock-tcp" => {
                     plan.landlock_tcp = true;
@@ -354,7 +360,9 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
             path: tmp,
             size: plan.tmp_size,
         };
-        match super::mounts::hide_host_dirs(&keep, &scratch) {
+        let hidden = super::mounts::hide_host_dirs(&keep, &scratch)
+            .and_then(|()| super::mounts::hide_secrets(&plan.hide));
+        match hidden {
             Ok(()) => {}
             Err(_) if plan.best_effort => {}
             Err(e) => return Err(e),

@@ -115,6 +115,9 @@ impl CallSandbox {
         for path in &config.read_paths {
             args.extend(["--read".into(), path.into()]);
         }
+        for path in super::mounts::root_secrets() {
+            args.extend(["--hide".into(), path.into()]);
+        }
         for procs in cgroup.procs_files() {
             args.extend(["--cgroup".into(), procs.into()]);
         }

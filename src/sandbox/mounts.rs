@@ -11,6 +11,12 @@
 //! fails with `ENOSPC`), and it vanishes with the namespace. The host's mounts are untouched
 //! (nothing propagates out of a private namespace); the command sees the same paths for
 //! everything it is allowed to use.
+//!
+//! A command of an engine running as root runs as uid 0 (without capabilities): it is the owner
+//! of the host's root-owned files, so a `0640 root` file such as `/etc/shadow` would be readable
+//! wherever Landlock lets it read. For such engines [`root_secrets`] lists what in [`SECRET_TREES`]
+//! no other user may read, and the trampoline covers each of those in the call's namespace (a
+//! file by `/dev/null`, a directory by an empty tmpfs): a root command reads what any user reads.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +30,87 @@ use rustix::mount::{
 pub const HIDDEN: [&str; 7] = [
     "/tmp", "/var/tmp", "/run", "/var/run", "/root", "/home", "/dev/shm",
 ];
+
+/// System trees whose entries that other users may not read are hidden from a root command
+/// (the rest of the readable system trees is what packages install world-readable).
+pub const SECRET_TREES: [&str; 1] = ["/etc"];
+
+/// Entries walked in [`SECRET_TREES`] at most (a tree beyond is walked no further, and said).
+const MAX_WALKED: usize = 100_000;
+
+/// The entries of [`SECRET_TREES`] other users may not read (a file without `o+r`, a directory
+/// without `o+r` or `o+x`, not descended into), when this process runs as root; empty otherwise.
+/// Walked once per process.
+pub fn root_secrets() -> &'static [PathBuf] {
+    static SECRETS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    SECRETS.get_or_init(|| {
+        if !rustix::process::geteuid().is_root() {
+            return Vec::new();
+        }
+        let mut found = Vec::new();
+        let mut walked = 0usize;
+        for tree in SECRET_TREES {
+            walk_secrets(Path::new(tree), &mut found, &mut walked);
+        }
+        if walked >= MAX_WALKED {
+            tracing::warn!(
+                walked,
+                "sandbox: the system trees are too large to list every root-only file; some stay readable to root commands"
+            );
+        }
+        found
+    })
+}
+
+fn walk_secrets(dir: &Path, found: &mut Vec<PathBuf>, walked: &mut usize) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        *walked += 1;
+        if *walked >= MAX_WALKED {
+            return;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        let mode = meta.permissions().mode();
+        let path = entry.path();
+        if meta.is_dir() {
+            if mode & 0o005 != 0o005 {
+                found.push(path);
+            } else {
+                walk_secrets(&path, found, walked);
+            }
+        } else if !meta.file_type().is_symlink() && mode & 0o004 == 0 {
+            found.push(path);
+        }
+    }
+}
+
+/// Covers each of `secrets` (see [`root_secrets`]): a directory by an empty tmpfs, anything else
+/// by `/dev/null`. Call it in a private mount namespace, before Landlock.
+pub fn hide_secrets(secrets: &[PathBuf]) -> Result<(), String> {
+    for path in secrets {
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            continue; // gone since it was listed
+        };
+        let done = if meta.is_dir() {
+            mount(
+                "tmpfs",
+                path,
+                "tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RDONLY,
+                c"mode=700,size=4k",
+            )
+        } else if meta.file_type().is_symlink() {
+            continue;
+        } else {
+            rustix::mount::mount_bind("/dev/null", path)
+        };
+        done.map_err(|e| format!("cannot hide {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
 
 /// The call's private `TMPDIR`: a tmpfs mounted at `path`, of `size` bytes (`None`: tmpfs's
 /// own default, half the machine's memory).

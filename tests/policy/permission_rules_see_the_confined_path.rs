@@ -191,3 +191,52 @@ fn a_bad_policy_file_is_an_error_naming_the_rule() {
     assert!(err.contains("bad rule \"read_file(src/[)\""), "{err}");
     assert!(err.contains("policy.json"), "{err}");
 }
+
+/// With hard links allowed, a deny rule on a file holds for its other names in the workspace: a
+/// hard link to a denied file is denied too (naming the rule and the denied name), while a hard
+/// link to a file no rule denies reads normally.
+#[tokio::test]
+async fn a_hard_link_does_not_dodge_a_deny_rule_when_hard_links_are_allowed() {
+    let c = Confined::new(
+        &["ws/keys"],
+        &[
+            ("ws/keys/id.pem", "PRIVATE-KEY-9"),
+            ("ws/notes.md", "notes"),
+        ],
+    );
+    std::fs::hard_link(c.ws_path("keys/id.pem"), c.ws_path("innocent.txt")).unwrap();
+    std::fs::hard_link(c.ws_path("notes.md"), c.ws_path("notes-link.md")).unwrap();
+    let ws = c.ws.clone().allow_hard_links(true);
+    let e = engine(
+        &ws,
+        json!({"permissions": {"deny": ["read_file(keys/*.pem)"], "default": "allow"}}),
+        vec![],
+    );
+    let results = run_turn(
+        &e,
+        vec![
+            call("a", "read_file", json!({"path": "innocent.txt"})),
+            call("b", "read_file", json!({"path": "notes-link.md"})),
+        ],
+    )
+    .await;
+    assert_eq!(
+        results[0].error,
+        Some(ErrorCode::PermissionDenied),
+        "{}",
+        results[0].content
+    );
+    assert!(
+        !results[0].content.contains("PRIVATE-KEY"),
+        "{}",
+        results[0].content
+    );
+    assert!(
+        results[0].content.contains("read_file(keys/*.pem)")
+            && results[0].content.contains("keys/id.pem"),
+        "{}",
+        results[0].content
+    );
+    assert_eq!(results[1].error, None, "{}", results[1].content);
+    assert!(results[1].content.contains("notes"));
+}

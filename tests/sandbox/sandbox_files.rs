@@ -214,3 +214,68 @@ async fn read_only_keeps_the_workspace_unwritten_by_bash_and_the_file_tools() {
     );
     assert!(!ws.root().join("b.txt").exists() && !ws.root().join("new").exists());
 }
+
+/// A command of an engine running as root runs as uid 0, the owner of `/etc/shadow` and the
+/// other root-only files under `/etc`: the sandbox hides each of them (a file reads empty, a
+/// directory is empty), while what every user may read stays readable. As another user the
+/// files are unreadable anyway; the test then checks that much.
+#[tokio::test]
+async fn root_only_system_files_are_not_readable_by_a_root_command() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, ws) = temp_workspace();
+    let Some(engine) = engine(Some(&ws), config(SandboxMode::WorkspaceWrite)) else {
+        return;
+    };
+    let session = engine.session();
+    // Root-only files of this machine, and one file anybody may read.
+    let secrets: Vec<String> = ["/etc/shadow", "/etc/gshadow", "/etc/ssl/private"]
+        .into_iter()
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o004 == 0))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !secrets.is_empty() || std::fs::metadata("/etc/shadow").is_err(),
+        "this machine's /etc/shadow is world-readable?"
+    );
+    for secret in &secrets {
+        let r = bash(
+            &session,
+            &format!("cat {secret} 2>/dev/null | wc -c; ls -A {secret} 2>/dev/null | wc -l"),
+        )
+        .await;
+        let text = ok_text(&r).to_string();
+        let mut counts = text.split_whitespace();
+        assert_eq!(counts.next(), Some("0"), "{secret} read: {text}");
+        if std::fs::metadata(secret).unwrap().is_dir() {
+            assert_eq!(counts.next(), Some("0"), "{secret} listed: {text}");
+        }
+    }
+    let r = bash(&session, "head -c 4 /etc/passwd").await;
+    assert_eq!(ok_text(&r), "root", "{}", r.content);
+}
+
+/// A command cannot make a new name inside the workspace for a file outside it (the way a
+/// hard link would lead writes outside): Landlock refuses linking across its rules.
+#[tokio::test]
+async fn a_command_cannot_hard_link_an_outside_file_into_the_workspace() {
+    // Both below the build's own temporary directory: one filesystem (a link is possible at all)
+    // and not below a directory the sandbox hides (Landlock alone must refuse).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::create_dir(dir.path().join("ws")).unwrap();
+    let ws = Workspace::open(dir.path().join("ws")).unwrap();
+    let outside = dir.path().join("outside.txt");
+    std::fs::write(&outside, "keep").unwrap();
+    let Some(engine) = engine(Some(&ws), config(SandboxMode::WorkspaceWrite)) else {
+        return;
+    };
+    let session = engine.session();
+    let r = bash(
+        &session,
+        &format!("ln {} hl && echo linked; ls", outside.display()),
+    )
+    .await;
+    let text = ok_text(&r).to_string();
+    assert!(!text.contains("linked") && !text.contains("hl\n"), "{text}");
+    assert!(!ws.root().join("hl").exists(), "{text}");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
+}
