@@ -2,14 +2,17 @@
 //! kept around one marker, long lines clamped). Used by the engine for every result and by tools
 //! that bound their own output.
 
-/// Bounds a tool's output: at most `cap` bytes, and no line longer than 2,000 bytes.
+/// Bounds a tool's output: at most `cap` bytes, and no line longer than 2,000 bytes among others.
 ///
-/// * Text longer than `cap` keeps its head and its tail around one
-///   `\n… N bytes truncated …\n` marker line (N counts the bytes left out of `text`); the
-///   result, marker included, is at most `cap` bytes (for any `cap` of 40 bytes or more).
-/// * Any single line longer than 2,000 bytes is then clamped to its first and last 900 bytes
-///   around an inline ` … N bytes truncated … ` marker, so one minified file or one endless
-///   progress line cannot crowd out everything else.
+/// * When the text has other lines, any line longer than 2,000 bytes is first clamped to its
+///   first and last 900 bytes around an inline ` … N bytes truncated … ` marker, so one minified
+///   file or one endless progress line cannot crowd out everything else. A lone line has nothing
+///   to crowd out and is not clamped, nor are the two pieces of a line the cut went through (the
+///   lines just before and after a cut's marker line).
+/// * Text still longer than `cap` keeps its head and its tail around one
+///   `\n… N bytes truncated …\n` marker line (N counts the bytes it leaves out); the result,
+///   marker included, is at most `cap` bytes (for any `cap` of 40 bytes or more). A 10 MB
+///   single-line output comes back as about `cap` bytes with that one marker.
 ///
 /// Every cut falls on a UTF-8 character boundary. The function is idempotent: output it
 /// produced passes through it unchanged.
@@ -31,15 +34,33 @@ pub fn cap_output(text: String, cap: usize) -> String {
         }
         i
     }
+    fn is_cut_marker(line: &str) -> bool {
+        line.strip_prefix("… ")
+            .and_then(|l| l.strip_suffix(" bytes truncated …"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    }
+    /// Whether a line must be clamped: long, among other lines, and not a piece of a cut line.
+    fn clamps(s: &str) -> Vec<bool> {
+        let lines: Vec<&str> = s.split('\n').collect();
+        let others = lines.iter().filter(|l| !l.trim().is_empty()).count() > 1;
+        (0..lines.len())
+            .map(|i| {
+                let beside_cut = (i > 0 && is_cut_marker(lines[i - 1]))
+                    || lines.get(i + 1).is_some_and(|l| is_cut_marker(l));
+                others && lines[i].len() > LINE_CAP && !beside_cut
+            })
+            .collect()
+    }
     fn has_long_line(s: &str) -> bool {
-        s.split('\n').any(|line| line.len() > LINE_CAP)
+        s.split('\n').any(|line| line.len() > LINE_CAP) && clamps(s).contains(&true)
     }
     fn clamp_lines(s: &str, out: &mut String) {
+        let clamp = clamps(s);
         for (i, line) in s.split('\n').enumerate() {
             if i > 0 {
                 out.push('\n');
             }
-            if line.len() <= LINE_CAP {
+            if !clamp[i] {
                 out.push_str(line);
                 continue;
             }
@@ -51,13 +72,16 @@ pub fn cap_output(text: String, cap: usize) -> String {
         }
     }
 
-    if text.len() <= cap {
-        if !has_long_line(&text) {
-            return text;
-        }
-        let mut out = String::with_capacity(text.len().min(cap));
+    // Long lines first, so the cut below keeps as many other lines as fit.
+    let text = if has_long_line(&text) {
+        let mut out = String::with_capacity(text.len().min(cap.saturating_mul(2)));
         clamp_lines(&text, &mut out);
-        return out;
+        out
+    } else {
+        text
+    };
+    if text.len() <= cap {
+        return text;
     }
     // Room for the marker, sized for the largest count it could show.
     let widest = format!("\n… {} bytes truncated …\n", text.len()).len();
@@ -67,11 +91,11 @@ pub fn cap_output(text: String, cap: usize) -> String {
     let head_end = floor(&text, keep_head);
     let tail_start = ceil(&text, text.len() - keep_tail);
     let dropped = tail_start - head_end;
-    let mut out = String::with_capacity(cap);
-    clamp_lines(&text[..head_end], &mut out);
-    out.push_str(&format!("\n… {dropped} bytes truncated …\n"));
-    clamp_lines(&text[tail_start..], &mut out);
-    out
+    format!(
+        "{}\n… {dropped} bytes truncated …\n{}",
+        &text[..head_end],
+        &text[tail_start..]
+    )
 }
 
 #[cfg(test)]
@@ -144,11 +168,27 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_long_line_keeps_the_whole_cap_with_one_marker() {
+        let line = "0123456789".repeat(1_000_000); // 10 MB, one line
+        let capped = cap_output(line.clone(), 50_000);
+        assert!(
+            capped.len() <= 50_000 && capped.len() > 49_000,
+            "{}",
+            capped.len()
+        );
+        assert_eq!(capped.matches("bytes truncated").count(), 1, "one marker");
+        let (head, dropped, tail) = parts(&capped);
+        assert_eq!(head.len() + dropped + tail.len(), line.len());
+        assert_eq!(cap_output("✓".repeat(1_000), 100_000), "✓".repeat(1_000));
+    }
+
+    #[test]
     fn clamped_lines_are_cut_on_char_boundaries() {
-        let line = "✓".repeat(1_000); // 3,000 bytes
+        let line = format!("{}\nend", "✓".repeat(1_000)); // 3,000 bytes, then another line
         let capped = cap_output(line, 100_000);
         let (head, rest) = capped.split_once(" … ").unwrap();
         let (_, tail) = rest.split_once(" … ").unwrap();
+        let tail = tail.strip_suffix("\nend").unwrap();
         assert!(head.chars().all(|c| c == '✓') && tail.chars().all(|c| c == '✓'));
         assert!(head.len() <= 900 && tail.len() <= 900);
     }
@@ -160,6 +200,8 @@ mod tests {
             "y\n".repeat(100_000),
             "q".repeat(300_000),
             format!("{}\n{}", "é".repeat(5_000), "w".repeat(10)),
+            format!("a\n{}\nb\n{}", "x".repeat(90_000), "é".repeat(3_000)),
+            "z".repeat(10_000_000),
         ];
         for text in samples {
             for cap in [64usize, 2_500, 50_000] {

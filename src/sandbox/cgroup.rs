@@ -190,10 +190,24 @@ impl CallCgroup {
         if let Some(dir) = &self.memory
             && counter(&dir.join("memory.oom_control"), "oom_kill") > 0
         {
-            return Some(format!(
-                "killed: out of memory (limit {})",
-                human_bytes(self.limits.max_memory)
-            ));
+            // The call's own limit applied when its usage reached it; otherwise a limit above it
+            // (the engine's cgroup, the machine) made the kernel kill in this call.
+            let peak = std::fs::read_to_string(dir.join("memory.max_usage_in_bytes"))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            let own = peak.is_none_or(|p| p.saturating_add(1 << 20) >= self.limits.max_memory);
+            return Some(if own {
+                format!(
+                    "killed: out of memory (limit {})",
+                    human_bytes(self.limits.max_memory)
+                )
+            } else {
+                format!(
+                    "killed: out of memory, by a limit above the call's (it used at most {} of its {})",
+                    human_bytes(peak.unwrap_or(0)),
+                    human_bytes(self.limits.max_memory)
+                )
+            });
         }
         if let Some(dir) = &self.pids
             && counter(&dir.join("pids.events"), "max") > 0

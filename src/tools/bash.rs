@@ -45,7 +45,7 @@
 //! final line `[exit code: N]` is appended so the model can see it (a non-zero status is how
 //! `grep`, `diff` and `test` answer, and tests that fail are output the model needs to read, not
 //! a failure of the tool); a command whose shell died by a signal is an `execution_error` naming
-//! the signal (`killed by SIGKILL (possibly out of memory)`, see `death_signal` for how that is
+//! the signal (`killed by SIGKILL`, see `death_signal` for how that is
 //! told apart from an exit status of 128 + N); a blocked or timed-out command is a real error
 //! (`permission_denied`, `timeout`), not text.
 //!

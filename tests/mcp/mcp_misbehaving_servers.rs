@@ -189,7 +189,22 @@ async fn a_ten_megabyte_result_is_capped_like_any_output() {
         "{}",
         results[0].content.len()
     );
-    assert!(results[0].content.contains("bytes truncated"));
+    // About the cap, head and tail around one marker that counts every byte cut.
+    assert!(
+        results[0].content.len() > 49_000,
+        "{}",
+        results[0].content.len()
+    );
+    assert_eq!(results[0].content.matches("bytes truncated").count(), 1);
+    let kept = results[0].content.bytes().filter(|b| *b == b'x').count();
+    let cut: usize = results[0]
+        .content
+        .split("… ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert_eq!(kept + cut, 10 * 1024 * 1024);
     assert_eq!(results[1].error, Some(ErrorCode::ExecutionError));
     assert_eq!(results[1].content, "Error [execution_error]: it went wrong");
     engine.shutdown(Duration::from_secs(1)).await;

@@ -94,6 +94,24 @@ async fn a_memory_bomb_is_killed_with_the_limit_named() {
     assert_eq!(ok_text(&bash(&session, "echo ok").await), "ok");
 }
 
+/// A command killed by SIGKILL that the OOM killer did not kill is just that: no guessed
+/// "out of memory", whether the memory cgroup is in force or not.
+#[tokio::test]
+async fn a_kill_9_is_not_reported_as_out_of_memory() {
+    let (_dir, ws) = temp_workspace();
+    let Some(engine) = engine(
+        Some(&ws),
+        config(SandboxMode::WorkspaceWrite).limits(limits()),
+    ) else {
+        return;
+    };
+    let session = engine.session();
+    let r = bash(&session, "echo started; kill -9 $$").await;
+    let text = error_text(&r, ErrorCode::ExecutionError);
+    assert!(text.contains("killed by SIGKILL"), "{text}");
+    assert!(!text.contains("memory"), "{text}");
+}
+
 #[tokio::test]
 async fn a_file_past_the_size_limit_is_an_execution_error_naming_it() {
     let (_dir, ws) = temp_workspace();

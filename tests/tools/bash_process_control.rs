@@ -142,10 +142,7 @@ async fn as_root_commands_run_in_their_own_pid_and_mount_namespaces() {
         "/proc shows only the call's processes: {visible}"
     );
     // The shell is no init: it can be killed like any process, and says so.
-    assert_eq!(
-        lines[0], "killed by SIGKILL (possibly out of memory); output:",
-        "{out}"
-    );
+    assert_eq!(lines[0], "killed by SIGKILL; output:", "{out}");
     assert_eq!(
         lines.len(),
         3,
@@ -223,11 +220,9 @@ async fn partial_output_of_a_flood_is_capped() {
         err.detail.len()
     );
     assert!(err.detail.starts_with("timeout (1.5s); partial output:\n"));
-    assert!(err.detail.contains("bytes truncated"));
-    assert!(
-        err.detail.lines().all(|l| l.len() <= 2_000),
-        "long lines clamped"
-    );
+    // One line of 3 MB: head and tail of it around one marker.
+    assert_eq!(err.detail.matches("bytes truncated").count(), 1, "one marker");
+    assert!(err.detail.len() > bash::OUTPUT_CAP - 2_000, "{}", err.detail.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

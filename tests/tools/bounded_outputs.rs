@@ -224,16 +224,18 @@ fn read_file_output_is_capped_and_long_lines_are_clamped() {
     std::fs::write(t.root.join("minified.js"), format!("start\n{long}\nend\n")).unwrap();
     let out = t.read("minified.js").unwrap();
     assert!(out.len() <= 50_000, "{}", out.len());
-    // Head and tail of the whole text, and each of the two halves of the long line clamped.
+    // The long line among others is clamped first, so every other line is kept.
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 5, "{}", out.len());
-    assert_eq!((lines[0], lines[4]), ("start", "end"));
-    assert!(lines[2].starts_with("… ") && lines[2].ends_with(" bytes truncated …"));
-    for clamped in [lines[1], lines[3]] {
-        assert!(clamped.len() <= 2_000, "{}", clamped.len());
-        assert!(clamped.contains(" bytes truncated "), "{clamped}");
-    }
-    assert!(lines[1].starts_with("<<<<") && lines[3].ends_with(">>>>"));
+    assert_eq!(lines.len(), 3, "{}", out.len());
+    assert_eq!((lines[0], lines[2]), ("start", "end"));
+    assert!(lines[1].len() <= 2_000, "{}", lines[1].len());
+    assert!(lines[1].starts_with("<<<<") && lines[1].ends_with(">>>>"));
+    assert_eq!(
+        lines[1].matches(" … 998200 bytes truncated … ").count(),
+        1,
+        "{}",
+        &lines[1][890..930]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,11 +254,28 @@ async fn bash_floods_are_capped_with_head_tail_and_clamped_lines() {
         )
         .await
         .unwrap();
+    // The flood was never held whole: head and tail of what was, around one marker; the line
+    // after it is kept.
     assert!(line.len() <= 50_000, "{}", line.len());
+    assert_eq!(line.matches("bytes truncated").count(), 1, "one marker");
     let lines: Vec<&str> = line.lines().collect();
-    assert!(lines.iter().all(|l| l.len() <= 2_000), "long lines clamped");
-    assert!(lines[0].starts_with("xxxx") && lines[0].contains(" bytes truncated "));
+    assert!(lines[0].starts_with("xxxx") && lines[1].starts_with("… "));
     assert_eq!(lines.last(), Some(&"after"));
+
+    // A 10 MB single line comes back as about the cap: head and tail, one marker.
+    let single = t
+        .bash("head -c 10000000 /dev/zero | tr '\\0' y", 60_000)
+        .await
+        .unwrap();
+    assert!(
+        single.len() <= 50_000 && single.len() > 49_000,
+        "{}",
+        single.len()
+    );
+    assert_eq!(single.matches("bytes truncated").count(), 1, "one marker");
+    let (head, cut, tail) = parts(&single);
+    assert_eq!(head.len() + cut + tail.len(), 10_000_000);
+    assert!(head.bytes().chain(tail.bytes()).all(|b| b == b'y'));
 
     // An endless flood is cut by its timeout and still capped.
     let err = t.bash("yes flood", 1_000).await.unwrap_err();
@@ -303,12 +322,16 @@ async fn through_the_engine_every_tool_output_is_capped_by_its_policy() {
         results[0].content.len()
     );
     let (head, dropped, tail) = parts(&results[0].content);
-    assert!(head.len() <= 2_000, "the one long line is clamped");
+    let first = head.lines().next().unwrap();
     assert!(
-        head.starts_with("hhhh") && tail.ends_with("t\nt\n"),
+        first.len() <= 2_000 && first.contains(" bytes truncated "),
+        "the long line among others is clamped"
+    );
+    assert!(
+        head.starts_with("hhhh") && head.ends_with("t") && tail.ends_with("t\nt\n"),
         "{head:?} {tail:?}"
     );
-    assert!(dropped > 9_000_000);
+    assert!(dropped > 4_900_000, "{dropped}");
     assert_eq!(results[1].error, Some(ErrorCode::ExecutionError));
     assert!(results[1].content.len() <= 10_000 + "Error [execution_error]: ".len());
 }
