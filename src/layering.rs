@@ -124,14 +124,15 @@ impl Table {
     }
 }
 
-/// The module of a source file (`src/a/b.rs` and `src/a/b/mod.rs` → `a::b`; `lib.rs` → root).
+/// The module of a source file (`src/a/b.rs` and `src/a/b/mod.rs` → `a::b`; `lib.rs`, and the
+/// binaries' roots `main.rs` and `bin/*.rs`, which use the library from outside → root).
 fn module_of(src: &Path, file: &Path) -> ModPath {
     let rel = file.strip_prefix(src).unwrap_or(file).with_extension("");
     let mut parts: ModPath = rel
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    if parts == ["lib"] || parts == ["main"] {
+    if parts == ["lib"] || parts == ["main"] || (parts.len() == 2 && parts[0] == "bin") {
         return Vec::new();
     }
     if parts.last().is_some_and(|p| p == "mod") {

@@ -24,6 +24,10 @@ pub enum WorkloadSet {
     /// `tool_search`: top-1 and top-5 recall over the benchmark catalog and queries
     /// (--search-catalog, --search-queries), and p50/p99 per search over 10,000 tools.
     ToolSearch,
+    /// What a sandboxed command costs: a bare fork-exec of `bash -c true` from this process,
+    /// then the engine's `bash true` with the sandbox off, workspace-write and read-only, at 1
+    /// and 16 sessions; p50/p99 per call and calls/s, one JSON line per row.
+    Sandbox,
 }
 
 /// Flags of `switchboard load`.

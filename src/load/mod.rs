@@ -18,7 +18,8 @@
 //! durable call journal, and `--compare-journal` runs the workload with and without it,
 //! alternating rounds, and reports the cost, the journal's flushes and the latency of a lone
 //! one-call turn (see `compare_journal.rs`, `journal_dir.rs`); `--workload-set tool-search` measures
-//! `tool_search`'s recall and latency (see `search_set.rs`). Bad flags exit 2.
+//! `tool_search`'s recall and latency (see `search_set.rs`); `--workload-set sandbox` measures a
+//! sandboxed `bash true` against a bare process start (see `sandbox_set.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
 mod args;
@@ -34,6 +35,7 @@ mod numbers;
 mod peers;
 mod report;
 mod rss;
+mod sandbox_set;
 mod search_set;
 mod serve_set;
 mod stats;
@@ -88,6 +90,8 @@ pub async fn run(args: LoadArgs) -> ExitCode {
         run_serve_set(&args).await
     } else if args.workload_set == Some(WorkloadSet::ToolSearch) {
         run_search_set(&args).await
+    } else if args.workload_set == Some(WorkloadSet::Sandbox) {
+        run_sandbox_set(&args).await
     } else if args.workload_set.is_some() {
         run_peers(&args).await
     } else if args.idle {
@@ -169,8 +173,6 @@ fn set_config(args: &LoadArgs) -> peers::PeersConfig {
     }
 }
 
-/// The end of a workload set: its JSON lines into `--report DIR/<file>`, and a failure if any
-/// turn was not answered exactly once, in order.
 /// The end of a comparison run (`--compare-metrics`, `--compare-journal`): its JSON into the
 /// report directory, if any, and a failure if any turn was not answered exactly once, in order.
 fn finish_comparison(
@@ -199,6 +201,8 @@ fn finish_comparison(
     ExitCode::SUCCESS
 }
 
+/// The end of a workload set: its JSON lines into `--report DIR/<file>`, and a failure if any
+/// turn was not answered exactly once, in order.
 fn finish_set(args: &LoadArgs, lines: &[String], violations: u64, file: &str) -> ExitCode {
     if let Some(dir) = &args.report {
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
@@ -224,6 +228,19 @@ async fn run_serve_set(args: &LoadArgs) -> ExitCode {
         Err(e) => return fail(1, &e),
     };
     finish_set(args, &lines, violations, "serve.jsonl")
+}
+
+async fn run_sandbox_set(args: &LoadArgs) -> ExitCode {
+    let bounds = sandbox_set::Bounds {
+        calls: args.turns,
+        duration: args.duration.unwrap_or(sandbox_set::DEFAULT_DURATION),
+        max_time: args.max_time,
+    };
+    let lines = match sandbox_set::run(bounds, !args.quiet).await {
+        Ok(lines) => lines,
+        Err(e) => return fail(1, &e),
+    };
+    finish_set(args, &lines, 0, "sandbox.jsonl")
 }
 
 async fn run_search_set(args: &LoadArgs) -> ExitCode {

@@ -95,6 +95,8 @@ struct Plan {
     inner: bool,
     /// The inner stage runs in its own mount namespace (started by `unshare --mount-proc`).
     private_mounts: bool,
+    /// The inner stage mounts the fresh `/proc` itself (the outer stage made the namespaces).
+    mount_proc: bool,
     best_effort: bool,
     workspace_writable: bool,
     workspace: Option<PathBuf>,
@@ -144,6 +146,7 @@ impl Plan {
                 "--contain" => plan.contain = true,
                 "--inner" => plan.inner = true,
                 "--private-mounts" => plan.private_mounts = true,
+                "--mount-proc" => plan.mount_proc = true,
                 "--mode" => {
                     let mode = value(&mut it)?;
                     plan.inner_args.extend([arg, mode.clone()]);
@@ -220,6 +223,14 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
         outer(&plan)?;
         if let Some(unshare) = &plan.unshare {
             let me = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
+            // The namespaces made here, then this binary again as their init: one program start
+            // fewer than `unshare` would take. Where that is refused (a user namespace is
+            // needed: not root), `unshare` does it.
+            if let Some(flags) = namespace_flags(&plan.ns_flags)
+                && own_namespaces(flags).is_ok()
+            {
+                return run_init_child(&me, &plan);
+            }
             let err = Command::new(unshare)
                 .args(&plan.ns_flags)
                 .arg("--")
@@ -242,6 +253,67 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
     }
     let err = command.exec();
     Err(format!("cannot run {:?}: {err}", plan.program[0]))
+}
+
+/// The namespaces `unshare` would make for `ns_flags` (`--pid --fork --mount-proc --kill-child`
+/// and the per-call ones), or `None` when they ask for something only `unshare` does (a user
+/// namespace and its mappings).
+fn namespace_flags(ns_flags: &[OsString]) -> Option<rustix::thread::UnshareFlags> {
+    use rustix::thread::UnshareFlags;
+    let mut flags = UnshareFlags::empty();
+    for flag in ns_flags {
+        flags |= match flag.to_str()? {
+            "--pid" => UnshareFlags::NEWPID,
+            "--mount-proc" | "--mount" => UnshareFlags::NEWNS,
+            "--net" => UnshareFlags::NEWNET,
+            "--ipc" => UnshareFlags::NEWIPC,
+            "--uts" => UnshareFlags::NEWUTS,
+            "--cgroup" => UnshareFlags::NEWCGROUP,
+            "--fork" | "--kill-child" => UnshareFlags::empty(),
+            _ => return None,
+        };
+    }
+    flags
+        .contains(UnshareFlags::NEWPID | UnshareFlags::NEWNS)
+        .then_some(flags)
+}
+
+/// Moves this process into fresh namespaces (its next child is pid 1 of the PID namespace).
+#[allow(deprecated)]
+fn own_namespaces(flags: rustix::thread::UnshareFlags) -> Result<(), String> {
+    // `unshare` is sound here: the trampoline is single-threaded and the flags never include
+    // `FILES` (the reason rustix deprecated the safe function in favour of an unsafe one).
+    debug_assert!(!flags.contains(rustix::thread::UnshareFlags::FILES));
+    rustix::thread::unshare(flags).map_err(|e| format!("cannot make the call's namespaces: {e}"))
+}
+
+/// Starts this binary as the init of the namespaces just made (it mounts `/proc` itself), waits
+/// for it and exits as it did: its code, or `128 + N` if signal N killed it — as `unshare
+/// --fork` does. The init has its own parent-death signal, so killing this process ends it.
+fn run_init_child(me: &Path, plan: &Plan) -> Result<ExitCode, String> {
+    let mut child = Command::new(me)
+        .arg(SUBCOMMAND)
+        .arg("--inner")
+        .arg("--private-mounts")
+        .arg("--mount-proc")
+        .args(&plan.inner_args)
+        .arg("--")
+        .args(&plan.program)
+        .spawn()
+        .map_err(|e| format!("cannot start the call's init: {e}"))?;
+    let status = loop {
+        match child.wait() {
+            Ok(status) => break status,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("waiting for the call's init: {e}")),
+        }
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(128);
+    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(u8::MAX)))
 }
 
 /// Pid 1 of the call's namespaces: runs `command` as its child, reaps every process orphaned
@@ -344,6 +416,16 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
     let (Some(workspace), Some(tmp)) = (&plan.workspace, &plan.tmp) else {
         return Err("--workspace and --tmp are required".into());
     };
+    if plan.mount_proc {
+        // Started by the outer stage itself (not by `unshare`): die with it, and mount the
+        // namespace's own `/proc` as `unshare --mount-proc` would.
+        // (Its parent is outside the PID namespace, so `getppid` cannot tell whether it is still
+        // there; should it have died just before this line, the call's process group and
+        // cgroups, which the engine kills when the call ends, still hold this process.)
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+            .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+        super::mounts::mount_proc()?;
+    }
     let status = match &plan.status {
         Some(path) => Some(
             std::fs::OpenOptions::new()

@@ -128,6 +128,25 @@ fn scratch_inodes(size: u64) -> u64 {
     (size / 4096).max(1024)
 }
 
+/// Makes every mount private (nothing done here reaches the parent namespace) and mounts a
+/// fresh `/proc` for the call's PID namespace, as `unshare --mount-proc` does. Call it as pid 1
+/// of fresh PID and mount namespaces.
+pub fn mount_proc() -> Result<(), String> {
+    mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(|e| format!("cannot make the mounts private: {e}"))?;
+    mount(
+        "proc",
+        "/proc",
+        "proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        c"",
+    )
+    .map_err(|e| format!("cannot mount /proc: {e}"))
+}
+
 /// Covers [`HIDDEN`], keeping `keep` (the workspace, the read paths) visible where it was, and
 /// mounts `scratch`. Call it only in a private mount namespace, before Landlock (which forbids
 /// mounting).

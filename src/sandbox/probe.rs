@@ -134,26 +134,33 @@ pub fn this_binary_is_the_trampoline() {
     THIS_BINARY_IS_THE_TRAMPOLINE.store(true, Ordering::Relaxed);
 }
 
-/// The trampoline binary: `$SWITCHBOARD_TRAMPOLINE`; this process's own binary when it is the
-/// `switchboard` CLI (whatever its name) or is named `switchboard`; else a `switchboard` binary
-/// beside this process's binary or one directory up (how `cargo test` lays out test binaries).
-/// `None` if there is none.
+/// The name of the small trampoline-only binary, preferred beside the `switchboard` one.
+pub const SMALL_TRAMPOLINE: &str = "switchboard-sandbox";
+
+/// The trampoline binary: `$SWITCHBOARD_TRAMPOLINE`; else the `switchboard` binary — this
+/// process's own when it is the `switchboard` CLI (whatever its name) or is named `switchboard`,
+/// else one beside this process's binary or one directory up (how `cargo test` lays out test
+/// binaries) — or rather the small `switchboard-sandbox` beside it, when there is one (the same
+/// trampoline, cheaper to start). `None` if there is none.
 pub fn find_trampoline() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(TRAMPOLINE_VAR) {
         return Some(PathBuf::from(path)).filter(|p| executable(p));
     }
     let me = std::env::current_exe().ok()?;
-    if THIS_BINARY_IS_THE_TRAMPOLINE.load(Ordering::Relaxed)
+    let full = if THIS_BINARY_IS_THE_TRAMPOLINE.load(Ordering::Relaxed)
         || me.file_name().is_some_and(|n| n == "switchboard")
     {
-        return Some(me);
-    }
-    let dir = me.parent()?;
-    [Some(dir), dir.parent()]
-        .into_iter()
-        .flatten()
-        .map(|d| d.join("switchboard"))
-        .find(|p| executable(p))
+        me
+    } else {
+        let dir = me.parent()?;
+        [Some(dir), dir.parent()]
+            .into_iter()
+            .flatten()
+            .map(|d| d.join("switchboard"))
+            .find(|p| executable(p))?
+    };
+    let small = full.parent().map(|d| d.join(SMALL_TRAMPOLINE));
+    Some(small.filter(|p| executable(p)).unwrap_or(full))
 }
 
 fn executable(path: &Path) -> bool {

@@ -11,8 +11,14 @@ use switchboard::sandbox::{SandboxConfig, SandboxMode};
 use switchboard::tools::builtin_tools;
 use switchboard::{Engine, ErrorCode, Session, ToolCall, ToolDispatchResult, Workspace};
 
-/// This build's `switchboard` binary, the trampoline of every engine here.
-pub const TRAMPOLINE: &str = env!("CARGO_BIN_EXE_switchboard");
+/// This build's small trampoline, `switchboard-sandbox` (what the engine finds beside
+/// `switchboard` and starts for every sandboxed command), the trampoline of every engine here.
+/// `switchboard sandbox-exec` itself is the trampoline of the CLI tests that copy the binary
+/// elsewhere (`sandbox_modes`).
+pub const TRAMPOLINE: &str = env!("CARGO_BIN_EXE_switchboard-sandbox");
+
+/// This build's `switchboard` CLI (which finds `switchboard-sandbox` beside it).
+pub const CLI: &str = env!("CARGO_BIN_EXE_switchboard");
 
 /// A config in `mode` with this build's trampoline.
 pub fn config(mode: SandboxMode) -> SandboxConfig {

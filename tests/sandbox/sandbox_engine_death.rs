@@ -38,7 +38,7 @@ fn kill_9_of_dispatch_leaves_no_process_of_its_command_alive() {
     let turn = serde_json::json!({"role": "assistant", "content": [
         {"type": "tool_use", "id": id, "name": "bash", "input": {"command": command}}
     ]});
-    let mut engine = Command::new(TRAMPOLINE)
+    let mut engine = Command::new(CLI)
         .args(["dispatch", "--workspace"])
         .arg(ws.root())
         .stdin(Stdio::piped())

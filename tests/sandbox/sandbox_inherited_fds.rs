@@ -77,7 +77,7 @@ impl Outside {
             .arg(&self.secret)
             .arg(&self.log)
             .arg(self.port.to_string())
-            .arg(TRAMPOLINE)
+            .arg(CLI)
             .args(args)
             .current_dir(cwd)
             .env_remove("RUST_LOG")

@@ -14,7 +14,7 @@ use switchboard::sandbox::{SandboxConfig, SandboxMode};
 use switchboard::tools::builtin_tools;
 
 fn switchboard(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(TRAMPOLINE);
+    let mut cmd = Command::new(CLI);
     cmd.args(args).stdin(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
@@ -48,6 +48,8 @@ fn tools_json_shows_the_mode_in_force() {
     assert_eq!(sandbox["max_file_size_bytes"], 1u64 << 30);
     assert_eq!(sandbox["max_tmp_size_bytes"], 512u64 << 20);
     assert!(sandbox["network"].as_str().unwrap().starts_with("none"));
+    // The small trampoline beside the CLI is the one it starts for each command.
+    assert_eq!(sandbox["trampoline"], TRAMPOLINE);
     let sandbox = sandbox_of(&switchboard(
         &[
             "tools",
@@ -117,7 +119,7 @@ async fn the_library_refuses_an_unenforceable_mode_at_build() {
 fn the_mode_is_exported_as_a_metric() {
     let (dir, ws) = temp_workspace();
     let metrics = dir.path().join("metrics.prom");
-    let mut child = Command::new(TRAMPOLINE)
+    let mut child = Command::new(CLI)
         .args(["dispatch", "--workspace"])
         .arg(ws.root())
         .arg("--metrics-file")
@@ -151,8 +153,8 @@ fn the_mode_is_exported_as_a_metric() {
 fn the_binary_under_another_name_is_still_its_own_trampoline() {
     let dir = tempfile::tempdir().unwrap();
     let renamed = dir.path().join("sb");
-    if std::fs::hard_link(TRAMPOLINE, &renamed).is_err() {
-        std::fs::copy(TRAMPOLINE, &renamed).unwrap();
+    if std::fs::hard_link(CLI, &renamed).is_err() {
+        std::fs::copy(CLI, &renamed).unwrap();
     }
     let out = Command::new(&renamed)
         .args(["tools", "--json"])

@@ -221,8 +221,16 @@ async fn partial_output_of_a_flood_is_capped() {
     );
     assert!(err.detail.starts_with("timeout (1.5s); partial output:\n"));
     // One line of 3 MB: head and tail of it around one marker.
-    assert_eq!(err.detail.matches("bytes truncated").count(), 1, "one marker");
-    assert!(err.detail.len() > bash::OUTPUT_CAP - 2_000, "{}", err.detail.len());
+    assert_eq!(
+        err.detail.matches("bytes truncated").count(),
+        1,
+        "one marker"
+    );
+    assert!(
+        err.detail.len() > bash::OUTPUT_CAP - 2_000,
+        "{}",
+        err.detail.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
