@@ -566,7 +566,8 @@ impl Policy {
             Ok(names) => names,
             Err(why) => {
                 return Some(format!(
-                    "{path} is a hard-linked file and deny rules hold for every name of a file,                      but its other names cannot be found ({why})"
+                    "{path} is a hard-linked file and deny rules hold for every name of a file, \
+                     but its other names cannot be found ({why})"
                 ));
             }
         };

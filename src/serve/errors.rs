@@ -183,7 +183,7 @@ impl ApiError {
                 "this session has {max} turns running or waiting already (--max-session-turns); nothing ran, retry in {RETRY_AFTER_SECONDS} s"
             ),
             ApiError::RequestTimeout(limit) => format!(
-                "the request did not arrive within {} s (--read-timeout)",
+                "the request body did not arrive within {} s (--read-timeout)",
                 limit.as_secs_f64()
             ),
             ApiError::ShuttingDown => "the server is shutting down".into(),

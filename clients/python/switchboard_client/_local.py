@@ -51,6 +51,8 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "max_body": ("--max-body", "value"),
     "grace": ("--grace", "duration"),
     "max_requests": ("--max-requests", "value"),
+    "max_session_turns": ("--max-session-turns", "value"),
+    "read_timeout": ("--read-timeout", "duration"),
     "with_load_tools": ("--with-load-tools", "flag"),
     "allow_hard_links": ("--allow-hard-links", "flag"),
     "max_client_tools": ("--max-client-tools", "value"),

@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextvars
 import json
+import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 try:
@@ -300,9 +301,12 @@ class ToolNode(_LangGraphToolNode):
                     caller_loop: Optional[asyncio.AbstractEventLoop]) -> Any:
         tool_calls, input_type = self._parse_input(input)
         tool_calls = [dict(c) for c in tool_calls]
-        for i, call in enumerate(tool_calls):     # the engine needs an id for every call
+        # The engine needs an id for every call, unique in the session: a session answers an id
+        # it has seen with its stored answer, so a per-turn counter would replay the last turn.
+        fresh = uuid.uuid4().hex[:12]
+        for i, call in enumerate(tool_calls):
             if not call.get("id"):
-                call["id"] = f"switchboard_call_{i}"
+                call["id"] = f"switchboard_call_{fresh}_{i}"
         state = self._extract_state(input, config)
         thread = ((config or {}).get("configurable") or {}).get("thread_id")
         key = None if self._fixed_session is not None else thread

@@ -495,3 +495,23 @@ def test_write_then_read_through_langgraphs_own_toolnode(tmp_path):
     print(f"\nwrite-then-read, Python tools through LangGraph's own ToolNode: "
           f"{fresh}/{TRIALS} reads saw the write")
     assert fresh < TRIALS
+
+
+def test_calls_without_ids_are_not_answered_from_an_earlier_turn(client):
+    """A call the model sent without an id gets one unique in the session: two turns of one
+    thread, each with an id-less call, both run (a per-turn counter would make the second an
+    already-answered id of the first)."""
+    node = ToolNode([lookup], client=client, builtins=["bash"])
+    cfg = thread()
+    try:
+        outputs = []
+        for n in range(2):
+            msg = AIMessage(content="", tool_calls=[
+                {"name": "bash", "args": {"command": f"echo run{n}"}, "id": None,
+                 "type": "tool_call"}])
+            result = node.invoke([msg], cfg)
+            messages = result["messages"] if isinstance(result, dict) else result
+            outputs.append(messages[0].content.strip())
+        assert outputs == ["run0", "run1"]
+    finally:
+        node.close()
