@@ -43,7 +43,8 @@ class ScriptedChat(BaseChatModel):
     Turn k is answered when the conversation holds k AI messages; after the last, "done".
     Call i of turn k has the id ``{prefix}_{k}_{i}``, the prefix the human message's name
     (``call`` if it has none): a session answers a tool_use_id it has seen from its answers, so
-    a conversation sent to a session that already ran another names its own prefix."""
+    a conversation sent to a session that already ran another names its own prefix. The prefix
+    ``no-ids`` sends the calls without ids."""
 
     bound: List[str] = []
 
@@ -61,7 +62,8 @@ class ScriptedChat(BaseChatModel):
         prefix = human.name or "call"
         k = sum(1 for m in messages if isinstance(m, AIMessage))
         if k < len(turns):
-            calls = [{"name": n, "args": a, "id": f"{prefix}_{k}_{i}", "type": "tool_call"}
+            calls = [{"name": n, "args": a, "type": "tool_call",
+                      "id": None if prefix == "no-ids" else f"{prefix}_{k}_{i}"}
                      for i, (n, a) in enumerate(turns[k])]
             message = AIMessage(content="", tool_calls=calls)
         else:
@@ -499,19 +501,17 @@ def test_write_then_read_through_langgraphs_own_toolnode(tmp_path):
 
 def test_calls_without_ids_are_not_answered_from_an_earlier_turn(client):
     """A call the model sent without an id gets one unique in the session: two turns of one
-    thread, each with an id-less call, both run (a per-turn counter would make the second an
-    already-answered id of the first)."""
+    thread, each with an id-less call, both run (a per-turn counter would make the second turn's
+    call an already-answered id of the first)."""
     node = ToolNode([lookup], client=client, builtins=["bash"])
-    cfg = thread()
+    graph = hand_built(ScriptedChat(), node)
     try:
-        outputs = []
-        for n in range(2):
-            msg = AIMessage(content="", tool_calls=[
-                {"name": "bash", "args": {"command": f"echo run{n}"}, "id": None,
-                 "type": "tool_call"}])
-            result = node.invoke([msg], cfg)
-            messages = result["messages"] if isinstance(result, dict) else result
-            outputs.append(messages[0].content.strip())
-        assert outputs == ["run0", "run1"]
+        result = graph.invoke(ask([("bash", {"command": "echo run0"})],
+                                  [("bash", {"command": "echo run1"})], prefix="no-ids"),
+                              thread())
+        msgs = tool_messages(result)
+        assert [m.content.strip() for m in msgs] == ["run0", "run1"]
+        assert all(m.status == "success" for m in msgs), msgs
+        assert len({m.tool_call_id for m in msgs}) == 2
     finally:
         node.close()
