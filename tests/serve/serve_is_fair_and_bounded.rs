@@ -217,8 +217,8 @@ async fn slow_clients_are_cut_off_after_the_read_timeout_and_hold_nothing() {
         body.write_all(head.as_bytes()).unwrap();
         stalled_bodies.push(body);
     }
-    // The other session is served while the uploads stall (they hold no place of the server's).
-    let started = Instant::now();
+    // The other session is served while the uploads stall: they hold no place of the server's
+    // (its only one, `max_requests = 1`; before, they held it and this was `overloaded`).
     let served = dispatch(
         &c,
         &s,
@@ -227,11 +227,6 @@ async fn slow_clients_are_cut_off_after_the_read_timeout_and_hold_nothing() {
     )
     .await;
     assert_eq!(served.status, 200, "{}", served.text);
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "the other session waited {took:?}"
-    );
 
     let (answer, waited) = read_until_closed(&mut half_headers);
     assert!(
