@@ -13,6 +13,14 @@ use switchboard::sandbox::{SandboxLimits, SandboxMode};
 
 const MIB: u64 = 1 << 20;
 
+/// An engine under the default sandbox with [`limits`], or `None` (skipped) where it cannot run.
+fn limited_engine(ws: &switchboard::Workspace) -> Option<switchboard::Engine> {
+    engine(
+        Some(ws),
+        config(SandboxMode::WorkspaceWrite).limits(limits()),
+    )
+}
+
 fn limits() -> SandboxLimits {
     SandboxLimits {
         max_processes: 64,
@@ -25,10 +33,7 @@ fn limits() -> SandboxLimits {
 #[tokio::test]
 async fn a_fork_bomb_ends_and_the_next_call_of_the_turn_runs() {
     let (_dir, ws) = temp_workspace();
-    let Some(engine) = engine(
-        Some(&ws),
-        config(SandboxMode::WorkspaceWrite).limits(limits()),
-    ) else {
+    let Some(engine) = limited_engine(&ws) else {
         return;
     };
     if !available(
@@ -66,10 +71,7 @@ async fn a_fork_bomb_ends_and_the_next_call_of_the_turn_runs() {
 #[tokio::test]
 async fn a_memory_bomb_is_killed_with_the_limit_named() {
     let (_dir, ws) = temp_workspace();
-    let Some(engine) = engine(
-        Some(&ws),
-        config(SandboxMode::WorkspaceWrite).limits(limits()),
-    ) else {
+    let Some(engine) = limited_engine(&ws) else {
         return;
     };
     if !available(
@@ -99,10 +101,7 @@ async fn a_memory_bomb_is_killed_with_the_limit_named() {
 #[tokio::test]
 async fn a_kill_9_is_not_reported_as_out_of_memory() {
     let (_dir, ws) = temp_workspace();
-    let Some(engine) = engine(
-        Some(&ws),
-        config(SandboxMode::WorkspaceWrite).limits(limits()),
-    ) else {
+    let Some(engine) = limited_engine(&ws) else {
         return;
     };
     let session = engine.session();
@@ -115,10 +114,7 @@ async fn a_kill_9_is_not_reported_as_out_of_memory() {
 #[tokio::test]
 async fn a_file_past_the_size_limit_is_an_execution_error_naming_it() {
     let (_dir, ws) = temp_workspace();
-    let Some(engine) = engine(
-        Some(&ws),
-        config(SandboxMode::WorkspaceWrite).limits(limits()),
-    ) else {
+    let Some(engine) = limited_engine(&ws) else {
         return;
     };
     let session = engine.session();

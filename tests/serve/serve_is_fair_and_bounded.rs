@@ -93,13 +93,7 @@ async fn a_turn_waiting_at_shutdown_gets_a_result_per_call() {
         tokio::spawn(async move { post(&c, &url, &body).await })
     };
     let started = std::path::PathBuf::from(format!("{ws}/started"));
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let p = started.clone();
-            async move { p.exists() }
-        })
-        .await
-    );
+    assert!(appears(&started, Duration::from_secs(20)).await);
     let waiting = {
         let (c, url) = (c.clone(), url.clone());
         let body = turn(&[

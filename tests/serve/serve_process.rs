@@ -137,13 +137,7 @@ fn sigterm_during_a_running_call_answers_it_fully_and_exits_zero() {
             tokio::spawn(async move { send(c.post(url).body(body)).await })
         };
         let started = std::path::PathBuf::from(format!("{ws}/started"));
-        assert!(
-            eventually(Duration::from_secs(20), || {
-                let p = started.clone();
-                async move { p.exists() }
-            })
-            .await
-        );
+        assert!(appears(&started, Duration::from_secs(20)).await);
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
             rustix::process::Signal::TERM,
@@ -206,13 +200,7 @@ fn sigterm_lets_a_call_finish_within_the_grace_period() {
             tokio::spawn(async move { send(c.post(url).body(body)).await })
         };
         let started = std::path::PathBuf::from(format!("{ws}/started"));
-        assert!(
-            eventually(Duration::from_secs(20), || {
-                let p = started.clone();
-                async move { p.exists() }
-            })
-            .await
-        );
+        assert!(appears(&started, Duration::from_secs(20)).await);
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
             rustix::process::Signal::TERM,

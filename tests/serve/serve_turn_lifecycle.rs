@@ -93,13 +93,7 @@ async fn cancel_answers_a_running_sleep_within_two_seconds_and_the_session_goes_
         tokio::spawn(async move { post(&c, &url, &body).await })
     };
     let started = std::path::PathBuf::from(format!("{ws}/started"));
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let p = started.clone();
-            async move { p.exists() }
-        })
-        .await
-    );
+    assert!(appears(&started, Duration::from_secs(20)).await);
     let t0 = Instant::now();
     let cancel = post(&c, &s.url(&format!("/v1/sessions/{id}/cancel")), "").await;
     assert_eq!(cancel.status, 200);
@@ -142,13 +136,7 @@ async fn delete_cancels_the_running_turn_which_still_gets_its_answer() {
         tokio::spawn(async move { post(&c, &url, &body).await })
     };
     let started = std::path::PathBuf::from(format!("{ws}/started"));
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let p = started.clone();
-            async move { p.exists() }
-        })
-        .await
-    );
+    assert!(appears(&started, Duration::from_secs(20)).await);
     let deleted = send(
         c.delete(s.url(&format!("/v1/sessions/{id}")))
             .bearer_auth(TOKEN),
@@ -197,13 +185,7 @@ async fn a_client_that_disconnects_mid_stream_leaves_its_turn_running_and_nothin
     drop(response); // disconnect after the first result
     // The turn still runs to its end…
     let c_txt = std::path::PathBuf::from(format!("{ws}/c.txt"));
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let p = c_txt.clone();
-            async move { p.exists() }
-        })
-        .await
-    );
+    assert!(appears(&c_txt, Duration::from_secs(20)).await);
     assert!(std::path::Path::new(&format!("{ws}/b.txt")).exists());
     // …and leaves nothing held: the only request permit is free again, the session is idle.
     let info_url = s.url(&format!("/v1/sessions/{id}"));
@@ -245,13 +227,7 @@ async fn beyond_the_requests_in_flight_bound_the_answer_is_overloaded_and_nothin
         tokio::spawn(async move { post(&c, &url, &body).await })
     };
     let started = std::path::PathBuf::from(format!("{ws}/started"));
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let p = started.clone();
-            async move { p.exists() }
-        })
-        .await
-    );
+    assert!(appears(&started, Duration::from_secs(20)).await);
     let refused = dispatch(
         &c,
         &s,
@@ -308,13 +284,7 @@ async fn on_shutdown_new_work_is_refused_and_the_running_turn_gets_its_full_answ
         tokio::spawn(async move { post(&c, &url, &body).await })
     };
     let started = std::path::PathBuf::from(format!("{ws}/started"));
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let p = started.clone();
-            async move { p.exists() }
-        })
-        .await
-    );
+    assert!(appears(&started, Duration::from_secs(20)).await);
     s.begin_shutdown();
     // The signal reaches the server a moment later; from then on new work is refused.
     let fresh = client();

@@ -207,3 +207,13 @@ pub fn workspace_count(root: &std::path::Path) -> usize {
         .count();
     named + std::fs::read_dir(root.join("@sessions")).unwrap().count()
 }
+
+/// Polls every 20 ms for at most `limit` until `path` exists; true once it does.
+pub async fn appears(path: &std::path::Path, limit: Duration) -> bool {
+    let path = path.to_path_buf();
+    eventually(limit, || {
+        let p = path.clone();
+        async move { p.exists() }
+    })
+    .await
+}
