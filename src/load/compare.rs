@@ -59,6 +59,41 @@ pub struct CompareConfig {
     pub progress: bool,
 }
 
+impl CompareConfig {
+    /// The comparison the flags ask for (`--workers`, `--sessions`, `--rounds`, `--quiet`).
+    pub fn of(args: &super::LoadArgs, bounds: Bounds, warmup: Duration) -> CompareConfig {
+        CompareConfig {
+            workers: args.workers.map(|w| w as usize),
+            sessions: args.sessions as usize,
+            bounds,
+            warmup,
+            rounds: args.rounds,
+            progress: !args.quiet,
+        }
+    }
+}
+
+/// The title of a comparison's table: `switchboard load --FLAG: the workload, how long, best of
+/// R rounds per side` (`flag` without its dashes).
+pub fn title(
+    flag: &str,
+    args: &super::LoadArgs,
+    duration: Option<Duration>,
+    config: &CompareConfig,
+    rounds: u32,
+) -> String {
+    format!(
+        "switchboard load --{flag}: {} sessions × {} calls/turn, tool {}, {}, best of {rounds} rounds per side",
+        args.sessions,
+        args.calls_per_turn,
+        args.tool.name(),
+        match duration {
+            Some(d) => humantime::format_duration(d).to_string(),
+            None => format!("{} turns per session", config.bounds.turns),
+        },
+    )
+}
+
 /// Runs the alternating rounds.
 pub async fn run(
     tools: &ToolSet,

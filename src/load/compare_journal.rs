@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::compare::CompareConfig;
 use super::driver::{Bounds, Display, Phase, ToolSet, engine_phase};
 use super::numbers::{duration_us, group};
-use super::stats::{Percentiles, Recorder, round2};
+use super::stats::{Percentiles, Recorder, round_to, round2};
 use super::workload::Workload;
 use super::{LoadArgs, config_json, fail, finish_comparison, report};
 
@@ -72,11 +73,11 @@ impl Compared {
             "flushes_per_s": round2(self.on.flushes_per_s().unwrap_or(0.0)),
             "calls_per_flush": round2(self.on.calls_per_flush().unwrap_or(0.0)),
             "records_per_flush": round2(per_flush(journal.records as f64, journal.flushes)),
-            "flush_ms_mean": round6(per_flush(journal.busy.as_secs_f64() * 1e3, journal.flushes)),
-            "single_call_p50_ms_on": round6(on1.p50 / 1e3),
-            "single_call_p50_ms_off": round6(off1.p50 / 1e3),
-            "single_call_p99_ms_on": round6(on1.p99 / 1e3),
-            "single_call_p99_ms_off": round6(off1.p99 / 1e3),
+            "flush_ms_mean": round_to(per_flush(journal.busy.as_secs_f64() * 1e3, journal.flushes), 6),
+            "single_call_p50_ms_on": round_to(on1.p50 / 1e3, 6),
+            "single_call_p50_ms_off": round_to(off1.p50 / 1e3, 6),
+            "single_call_p99_ms_on": round_to(on1.p99 / 1e3, 6),
+            "single_call_p99_ms_off": round_to(off1.p99 / 1e3, 6),
             "single_call_turns_on": on1.count,
             "single_call_turns_off": off1.count,
             "journal_on": report::phase_json(&self.on),
@@ -129,32 +130,6 @@ fn per_flush(total: f64, flushes: u64) -> f64 {
     }
 }
 
-/// Rounds to 6 decimals (milliseconds to the nanosecond, for JSON).
-fn round6(x: f64) -> f64 {
-    if x.is_finite() {
-        (x * 1e6).round() / 1e6
-    } else {
-        0.0
-    }
-}
-
-/// How a comparison runs.
-#[derive(Debug)]
-pub struct CompareConfig {
-    /// Engine workers.
-    pub workers: Option<usize>,
-    /// Sessions of the workload.
-    pub sessions: usize,
-    /// Bounds of every workload round.
-    pub bounds: Bounds,
-    /// Warm-up before every phase.
-    pub warmup: Duration,
-    /// Rounds per side.
-    pub rounds: u32,
-    /// Progress bars.
-    pub progress: bool,
-}
-
 /// Runs `load --compare-journal`: the rounds, then the table and summary (or `--json`), and
 /// `--report DIR/compare-journal.json`.
 pub async fn command(
@@ -165,14 +140,7 @@ pub async fn command(
     warmup: Duration,
     duration: Option<Duration>,
 ) -> ExitCode {
-    let config = CompareConfig {
-        workers: args.workers.map(|w| w as usize),
-        sessions: args.sessions as usize,
-        bounds,
-        warmup,
-        rounds: args.rounds,
-        progress: !args.quiet,
-    };
+    let config = CompareConfig::of(args, bounds, warmup);
     let c = match run(tools, workload, &config).await {
         Ok(c) => c,
         Err(e) => return fail(1, &e),
@@ -182,15 +150,8 @@ pub async fn command(
         crate::command::out(&format!("{doc}\n"));
     } else {
         let title = format!(
-            "switchboard load --compare-journal: {} sessions × {} calls/turn, tool {}, {}, best of {} rounds per side, journal in {}",
-            args.sessions,
-            args.calls_per_turn,
-            args.tool.name(),
-            match duration {
-                Some(d) => humantime::format_duration(d).to_string(),
-                None => format!("{} turns per session", config.bounds.turns),
-            },
-            c.rounds,
+            "{}, journal in {}",
+            super::compare::title("compare-journal", args, duration, &config, c.rounds),
             args.journal
                 .as_deref()
                 .map_or_else(String::new, |d| d.display().to_string()),

@@ -523,14 +523,7 @@ async fn run_compare(
     warmup: Duration,
     duration: Option<Duration>,
 ) -> ExitCode {
-    let config = compare::CompareConfig {
-        workers: workers(args),
-        sessions: args.sessions as usize,
-        bounds,
-        warmup,
-        rounds: args.rounds,
-        progress: !args.quiet,
-    };
+    let config = compare::CompareConfig::of(args, bounds, warmup);
     let c = match compare::run(tools, workload, &config).await {
         Ok(c) => c,
         Err(e) => return fail(1, &e),
@@ -552,17 +545,7 @@ async fn run_compare(
     if args.json {
         crate::command::out(&format!("{doc}\n"));
     } else {
-        let title = format!(
-            "switchboard load --compare-metrics: {} sessions × {} calls/turn, tool {}, {}, best of {} rounds per side",
-            args.sessions,
-            args.calls_per_turn,
-            args.tool.name(),
-            match duration {
-                Some(d) => humantime::format_duration(d).to_string(),
-                None => format!("{} turns per session", config.bounds.turns),
-            },
-            c.rounds,
-        );
+        let title = compare::title("compare-metrics", args, duration, &config, c.rounds);
         crate::command::out(&report::table(
             &title,
             &[("metrics on", &c.on), ("metrics off", &c.off)],

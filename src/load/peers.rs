@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
-use super::stats::{Percentiles, Recorder};
+use super::stats::{Percentiles, Recorder, round_to};
 use super::workload::ToolKind;
 use super::workload::{Slot, Workload, load_tools};
 
@@ -223,9 +223,9 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         let d = Percentiles::of(&direct.stats.turn_latency).mean / 1000.0;
         ordered(&[
             ("workload", json!(w.name)),
-            ("wall_ms", json!(round3(e))),
-            ("direct_wall_ms", json!(round3(d))),
-            ("direct_ratio", json!(round3(ratio(e, d)))),
+            ("wall_ms", json!(round_to(e, 3))),
+            ("direct_wall_ms", json!(round_to(d, 3))),
+            ("direct_ratio", json!(round_to(ratio(e, d), 3))),
         ])
     } else {
         let (e, d) = (engine.calls_per_s(), direct.calls_per_s());
@@ -233,7 +233,7 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
             ("workload", json!(w.name)),
             ("calls_per_s", json!(e.round() as u64)),
             ("direct_calls_per_s", json!(d.round() as u64)),
-            ("direct_ratio", json!(round3(ratio(e, d)))),
+            ("direct_ratio", json!(round_to(ratio(e, d), 3))),
         ])
     };
     Ok(PeerResult {
@@ -267,12 +267,4 @@ fn ordered(fields: &[(&str, Value)]) -> String {
 /// `a ÷ b`, 0 when `b` is 0.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 && a.is_finite() { a / b } else { 0.0 }
-}
-
-fn round3(x: f64) -> f64 {
-    if x.is_finite() {
-        (x * 1000.0).round() / 1000.0
-    } else {
-        0.0
-    }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::stats::{Percentiles, histogram, round2};
+use super::stats::{Percentiles, histogram, round_to, round2};
 use crate::engine::Engine;
 use crate::sandbox::{SandboxConfig, SandboxMode};
 use crate::tools::builtin_tools;
@@ -97,8 +97,8 @@ pub async fn run(bounds: Bounds, progress: bool) -> Result<Vec<String>, String> 
                 "mode": mode.name(),
                 "sessions": sessions,
                 "calls": row.calls,
-                "p50_ms": round3(p50_ms),
-                "p99_ms": round3(p.p99 / 1000.0),
+                "p50_ms": round_to(p50_ms, 3),
+                "p99_ms": round_to(p.p99 / 1000.0, 3),
                 "calls_per_s": per_s.round() as u64,
                 "vs_bare": bare_p50
                     .filter(|b| *b > 0.0)
@@ -219,12 +219,4 @@ async fn bare_call() -> Result<(), String> {
         .success()
         .then_some(())
         .ok_or_else(|| format!("bash -c true: {status}"))
-}
-
-fn round3(x: f64) -> f64 {
-    if x.is_finite() {
-        (x * 1000.0).round() / 1000.0
-    } else {
-        0.0
-    }
 }

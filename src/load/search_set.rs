@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::stats::{Percentiles, histogram};
+use super::stats::{Percentiles, histogram, round_to};
 use crate::engine::{Engine, Session};
 use crate::protocol::{Block, ToolCall};
 use crate::tool::{Defer, Handler, ToolSpec};
@@ -99,8 +99,8 @@ pub async fn run(
             "catalog_tools": entries.len(),
             "mcp_tools": mcp,
             "queries": queries.len(),
-            "top1": round3(top1 as f64 / n),
-            "top5": round3(top5 as f64 / n),
+            "top1": round_to(top1 as f64 / n, 3),
+            "top5": round_to(top5 as f64 / n, 3),
             "misses_shown": misses,
         })
         .to_string(),
@@ -202,10 +202,6 @@ pub async fn run(
 fn process_cpu() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// A deferred tool of the benchmark: the entry's description and schema, a handler answering

@@ -23,7 +23,7 @@ use serde_json::json;
 use super::driver::{Bounds, Display, Phase, ToolSet, engine_phase, http_phase};
 use super::http::Endpoint;
 use super::peers::{PeersConfig, ratio};
-use super::stats::{Percentiles, Recorder};
+use super::stats::{Percentiles, Recorder, round_to};
 use super::workload::ToolKind;
 use super::workload::{Faults, Workload, load_tools};
 use crate::serve::{Auth, ServeConfig, Server};
@@ -164,10 +164,10 @@ async fn run_one(
         "in_process_calls_per_s": local.calls_per_s().round() as u64,
         "http_calls_per_s": http.calls_per_s().round() as u64,
         "http_ratio": (ratio(http.calls_per_s(), local.calls_per_s()) * 1000.0).round() / 1000.0,
-        "in_process_turn_p50_us": round1(l.p50),
-        "in_process_turn_p99_us": round1(l.p99),
-        "http_turn_p50_us": round1(h.p50),
-        "http_turn_p99_us": round1(h.p99),
+        "in_process_turn_p50_us": round_to(l.p50, 1),
+        "in_process_turn_p99_us": round_to(l.p99, 1),
+        "http_turn_p50_us": round_to(h.p50, 1),
+        "http_turn_p99_us": round_to(h.p99, 1),
         "http_errors": errors,
     })
     .to_string();
@@ -179,13 +179,5 @@ fn faster(a: Phase, b: Phase) -> Phase {
         b
     } else {
         a
-    }
-}
-
-fn round1(x: f64) -> f64 {
-    if x.is_finite() {
-        (x * 10.0).round() / 10.0
-    } else {
-        0.0
     }
 }

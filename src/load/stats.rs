@@ -212,13 +212,19 @@ impl Percentiles {
     }
 }
 
-/// Rounds to 2 decimals (for JSON).
-pub fn round2(x: f64) -> f64 {
+/// Rounds to `places` decimals (for JSON); 0 for what is not a finite number.
+pub fn round_to(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
     if x.is_finite() {
-        (x * 100.0).round() / 100.0
+        (x * scale).round() / scale
     } else {
         0.0
     }
+}
+
+/// Rounds to 2 decimals (for JSON).
+pub fn round2(x: f64) -> f64 {
+    round_to(x, 2)
 }
 
 #[cfg(test)]

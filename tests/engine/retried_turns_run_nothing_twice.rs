@@ -57,6 +57,19 @@ fn wire(results: &[ToolDispatchResult]) -> String {
     .unwrap()
 }
 
+/// One call of `tool` with `{"text": text}` under id `id`, as a turn of `session`.
+async fn one(
+    session: &switchboard::Session,
+    id: &str,
+    tool: &str,
+    text: &str,
+) -> Vec<ToolDispatchResult> {
+    session
+        .dispatch(vec![call(id, tool, json!({"text": text}))])
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_sent_again_gets_the_same_answers_and_runs_nothing() {
     let runs = Arc::new(AtomicUsize::new(0));
@@ -92,14 +105,8 @@ async fn an_id_reused_with_other_arguments_is_refused_and_runs_nothing() {
     let runs = Arc::new(AtomicUsize::new(0));
     let engine = engine_with(vec![counting("push", Effect::SideEffect, 1, &runs)], None);
     let session = engine.session();
-    session
-        .dispatch(vec![call("a", "push", json!({"text": "x"}))])
-        .await
-        .unwrap();
-    let other = session
-        .dispatch(vec![call("a", "push", json!({"text": "CHANGED"}))])
-        .await
-        .unwrap();
+    one(&session, "a", "push", "x").await;
+    let other = one(&session, "a", "push", "CHANGED").await;
     assert_eq!(other[0].error, Some(ErrorCode::InvalidArguments));
     assert!(
         other[0].content.contains("was used with other arguments"),
@@ -108,10 +115,7 @@ async fn an_id_reused_with_other_arguments_is_refused_and_runs_nothing() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The original answer is still the one a faithful retry gets.
-    let retry = session
-        .dispatch(vec![call("a", "push", json!({"text": "x"}))])
-        .await
-        .unwrap();
+    let retry = one(&session, "a", "push", "x").await;
     assert_eq!(retry[0].content, "ran x #1");
 }
 
@@ -176,16 +180,10 @@ async fn an_answer_past_the_retention_is_refused_not_run_again() {
         .unwrap();
     let session = engine.session();
     for id in ["a", "b", "c"] {
-        session
-            .dispatch(vec![call(id, "push", json!({"text": id}))])
-            .await
-            .unwrap();
+        one(&session, id, "push", id).await;
     }
     assert_eq!(session.answers_kept(), 2);
-    let late = session
-        .dispatch(vec![call("a", "push", json!({"text": "a"}))])
-        .await
-        .unwrap();
+    let late = one(&session, "a", "push", "a").await;
     assert_eq!(late[0].error, Some(ErrorCode::InvalidArguments));
     assert!(
         late[0].content.contains("no longer kept"),
@@ -194,10 +192,7 @@ async fn an_answer_past_the_retention_is_refused_not_run_again() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     // Recent ones are still answered from memory.
-    let recent = session
-        .dispatch(vec![call("c", "push", json!({"text": "c"}))])
-        .await
-        .unwrap();
+    let recent = one(&session, "c", "push", "c").await;
     assert_eq!(recent[0].content, "ran c #3");
 }
 
@@ -270,10 +265,7 @@ async fn with_a_journal_answers_survive_a_restart() {
         "not run again after the restart"
     );
     assert_eq!(wire(&first), wire(&again));
-    let other = session
-        .dispatch(vec![call("a", "push", json!({"text": "other"}))])
-        .await
-        .unwrap();
+    let other = one(&session, "a", "push", "other").await;
     assert_eq!(other[0].error, Some(ErrorCode::InvalidArguments));
 }
 
