@@ -104,3 +104,19 @@ pub fn describe(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// The lines a child prints on `stdout`, read on a thread of their own so a test can wait for
+/// one with a timeout (`recv_timeout`); the channel closes when the child closes its stdout.
+pub fn lines_of(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}

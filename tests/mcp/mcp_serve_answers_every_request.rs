@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -36,16 +36,7 @@ impl Serve {
             .stderr(Stdio::null())
             .spawn()
             .expect("mcp-serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = common::cli::lines_of(child.stdout.take().unwrap());
         let mut serve = Serve {
             stdin: child.stdin.take(),
             child,

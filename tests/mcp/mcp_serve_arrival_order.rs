@@ -5,10 +5,12 @@
 //! with a barrier in a PreToolUse hook, never a stopwatch); and a call cancelled while it waits
 //! releases the calls behind it.
 
+use crate::common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +34,7 @@ impl McpServe {
     /// Starts `mcp-serve --workspace WS --order arrival EXTRA…` and initialises the session.
     fn start(ws: &Path, log_dir: &Path, extra: &[&str]) -> McpServe {
         let log = log_dir.join("mcp-serve.stderr");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        let mut child = common::cli::switchboard()
             .arg("mcp-serve")
             .arg("--workspace")
             .arg(ws)
@@ -43,16 +45,7 @@ impl McpServe {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("mcp-serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = common::cli::lines_of(child.stdout.take().unwrap());
         let mut server = McpServe {
             stdin: child.stdin.take(),
             child,
