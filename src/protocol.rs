@@ -229,6 +229,19 @@ impl ToolDispatchResult {
         }
     }
 
+    /// The same failure for every call of `calls` (`(tool_use_id, tool name)`, in order): what
+    /// a turn that never reached the engine is answered.
+    pub fn all_failed(
+        calls: impl IntoIterator<Item = (Arc<str>, Arc<str>)>,
+        code: ErrorCode,
+        detail: &str,
+    ) -> Vec<ToolDispatchResult> {
+        calls
+            .into_iter()
+            .map(|(id, name)| ToolDispatchResult::error(id, name, code, detail, Timing::default()))
+            .collect()
+    }
+
     /// True when the call succeeded.
     pub fn is_ok(&self) -> bool {
         self.error.is_none()

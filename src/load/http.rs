@@ -325,18 +325,10 @@ fn http_error(status: u16, bytes: &[u8]) -> (ErrorCode, String) {
 }
 
 fn answer_all(calls: &[ToolCall], code: ErrorCode, detail: &str) -> Vec<ToolDispatchResult> {
-    calls
+    let ids = calls
         .iter()
-        .map(|c| {
-            ToolDispatchResult::error(
-                Arc::clone(&c.id),
-                Arc::clone(&c.name),
-                code,
-                detail,
-                Timing::default(),
-            )
-        })
-        .collect()
+        .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)));
+    ToolDispatchResult::all_failed(ids, code, detail)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `policy`: the one layer that decides, for every validated call, whether it runs, with which
-//! arguments, and records what happened.
+//! arguments, and records what happened. (`links.rs`: the other names of a hard-linked file, so
+//! that a deny rule on a path holds for all of them.)
 //!
 //! ```text
 //!             ┌──────────── Policy::decide ────────────┐                       Policy::finish

@@ -1,18 +1,23 @@
 //! The trampoline: `switchboard sandbox-exec [options] -- PROGRAM ARGS…` (hidden from `--help`),
-//! the process the engine starts for each confined call. It confines *itself* with safe crates
-//! and then execs the command, so the crate needs no `unsafe` `pre_exec` hook.
+//! or the same from the small `switchboard-sandbox` binary (`src/bin/`), the process the engine
+//! starts for each confined call. It confines *itself* with safe crates and then execs the
+//! command, so the crate needs no `unsafe` `pre_exec` hook.
 //!
 //! Two stages, because mounting a fresh `/proc` needs privileges that Landlock takes away:
 //!
 //! 1. **outer** (a child of the engine): parent-death signal `SIGKILL` (so `kill -9` of the
-//!    engine ends the call: the signal survives the exec into `unshare`, whose `--kill-child`
-//!    then ends the namespace, and with it every process of the call); joins the call's cgroups;
-//!    sets the rlimits (`RLIMIT_FSIZE`, `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where
-//!    no cgroup bounds processes / memory); then execs `unshare <flags> -- <this binary>
-//!    sandbox-exec --inner …` (or runs the inner stage itself when namespaces are unavailable).
-//! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc`, in IPC, UTS and
-//!    cgroup namespaces of its own and, without `--allow-network`, in a network namespace with
-//!    only loopback): covers the host's socket directories in its private mount namespace and
+//!    engine ends the call); joins the call's cgroups; sets the rlimits (`RLIMIT_FSIZE`,
+//!    `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where no cgroup bounds processes /
+//!    memory); then makes the call's namespaces itself with `unshare(2)` and starts this binary
+//!    again as `sandbox-exec --inner --mount-proc …`, their init, waits for it and exits as it
+//!    did. Where the namespaces need a user namespace (not root), it execs `unshare <flags> --
+//!    <this binary> sandbox-exec --inner …` instead, whose `--kill-child` plays the same part;
+//!    without namespaces it runs the inner stage itself.
+//! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` — which it mounts
+//!    itself when the outer stage made the namespaces, with its own parent-death signal — in IPC,
+//!    UTS and cgroup namespaces of its own and, without `--allow-network`, in a network namespace
+//!    with only loopback): covers the host's socket directories (and, for a root engine, the
+//!    root-only entries of `/etc`, `--hide`) in its private mount namespace and
 //!    mounts the call's `TMPDIR` as a tmpfs of `--tmp-size` bytes ([`super::mounts`]), applies
 //!    the Landlock ruleset ([`super::landlock_rules`]), drops every capability (bounding set
 //!    included, so not even a root command gets them back), then runs the command as the

@@ -10,8 +10,10 @@
 //! * `cgroup`: per-call `pids` and `memory` cgroups.
 //! * `contain`: process-tree control without confinement, for helpers such as MCP stdio servers
 //!   (process group, parent-death signal, a cgroup of their own or a token sweep).
-//! * `mounts`: the host's socket directories hidden in the call's mount namespace.
-//! * `exec`: the trampoline (`switchboard sandbox-exec`), which confines itself and execs.
+//! * `mounts`: the call's mount namespace: its `/proc`, the host's socket directories and a root
+//!   engine's root-only `/etc` entries hidden, the `TMPDIR` tmpfs.
+//! * `exec`: the trampoline (`switchboard sandbox-exec`, or the small `switchboard-sandbox`
+//!   binary), which makes the call's namespaces, confines itself and execs.
 //! * `launch`: the engine's side of one call (the trampoline's command line, the private
 //!   `TMPDIR`, the cgroups, the verdict on limits).
 //!

@@ -1,5 +1,6 @@
-//! The call's private mount namespace: the host's socket directories hidden, and the call's
-//! `TMPDIR` a bounded tmpfs.
+//! The call's private mount namespace: its own `/proc`, the host's socket directories hidden
+//! (and, for a root engine, the root-only entries of `/etc`), and the call's `TMPDIR` a bounded
+//! tmpfs.
 //!
 //! Landlock (before ABI 9) does not mediate `connect` on a path-based unix socket, so a command
 //! that knows a socket's path — a Docker socket in `/run`, an `SSH_AUTH_SOCK` in `/tmp`, a user's

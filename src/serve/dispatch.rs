@@ -217,7 +217,13 @@ async fn run(
         // even when the engine stopped before the turn reached it (it waited behind its
         // session's running turn), each call `cancelled` as it never ran.
         let results = match results {
-            Err(crate::engine::EngineError::ShutDown) => never_ran(names),
+            Err(crate::engine::EngineError::ShutDown) => {
+                crate::protocol::ToolDispatchResult::all_failed(
+                    names,
+                    crate::protocol::ErrorCode::Cancelled,
+                    "the server shut down before this call ran",
+                )
+            }
             other => other?,
         };
         table.persist_revealed(&session).await;
@@ -234,22 +240,6 @@ async fn run(
         Ok(Err(reason)) => Err(ApiError::BadRequest(reason.to_string())),
         Err(e) => Err(ApiError::Internal(format!("the turn's task failed: {e}"))),
     }
-}
-
-/// The answers of a turn the engine stopped before running: every call `cancelled`.
-fn never_ran(calls: Vec<(Arc<str>, Arc<str>)>) -> Vec<crate::protocol::ToolDispatchResult> {
-    calls
-        .into_iter()
-        .map(|(id, name)| {
-            crate::protocol::ToolDispatchResult::error(
-                id,
-                name,
-                crate::protocol::ErrorCode::Cancelled,
-                "the server shut down before this call ran",
-                crate::protocol::Timing::default(),
-            )
-        })
-        .collect()
 }
 
 /// Stops routing the session's approval requests to this turn's stream when the turn ends.

@@ -8,12 +8,15 @@
 //! | --- | --- |
 //! | `app.rs` | the shared `app::App` state and the request helpers handlers share |
 //! | `routes.rs` | the route table, the small handlers, the token check, request metrics |
-//! | `dispatch.rs` | one turn over HTTP: ordering, cancellation, bounded requests in flight |
+//! | `dispatch.rs` | one turn over HTTP: ordering, cancellation, a session's share of turns and the server's places for running ones |
 //! | `sse.rs` | the streamed answer (`event: result` per call, then `event: done`) |
-//! | `sessions.rs` | the sessions table, workspaces, idle expiry |
+//! | `sessions.rs` | the sessions table, workspaces (private ones under `@sessions/`), each session's turn share, idle expiry |
 //! | `auth.rs` | the bearer token |
 //! | `errors.rs` | the JSON error answers and their codes |
 //! | `openapi.json` | the OpenAPI 3.1 description, served as is |
+//!
+//! This file: the flags and configuration, binding (the session cap the open-file limit allows),
+//! and the accept loop (hyper's HTTP/1 with a header-read timeout).
 //!
 //! Lifecycle ([`Server::run`]): it serves until its shutdown future resolves (SIGTERM or SIGINT
 //! for the CLI), then stops taking work (new sessions and turns are answered `shutting_down`),
@@ -321,7 +324,6 @@ impl Server {
             SessionTable::new(
                 engine.clone(),
                 root,
-                max_sessions,
                 config.idle_timeout,
                 config.sandbox.clone(),
                 client_tools::Limits {

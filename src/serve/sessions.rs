@@ -373,12 +373,11 @@ pub fn check_name(name: &str) -> Result<(), ApiError> {
 }
 
 impl SessionTable {
-    /// A table of at most `max` sessions whose workspaces live under `root` (an existing,
-    /// absolute directory).
+    /// A table of sessions whose workspaces live under `root` (an existing, absolute directory),
+    /// at most [`super::DEFAULT_MAX_SESSIONS`] of them until [`SessionTable::with_max`].
     pub fn new(
         engine: Engine,
         root: PathBuf,
-        max: usize,
         idle_timeout: Duration,
         sandbox: SandboxConfig,
         tool_limits: client_tools::Limits,
@@ -392,7 +391,7 @@ impl SessionTable {
             tool_limits,
             allow_hard_links,
             policies: SessionPolicies::default(),
-            max,
+            max: super::DEFAULT_MAX_SESSIONS,
             max_by: "--max-sessions",
             turn_share: DEFAULT_TURN_SHARE,
             idle_timeout,
