@@ -1,5 +1,6 @@
 //! Per-call limits: a fork bomb inside a 3 s timeout ends in `execution_error` or `timeout` and
-//! the next call of the turn runs; a memory bomb is killed with the limit named; a file past the
+//! the next call of the turn runs; a memory bomb is killed with the limit named (the call's, or
+//! one above it: the engine's cgroup); a `kill -9` is not called out of memory; a file past the
 //! size limit is an `execution_error` naming it. The bombs run only when the pids / memory
 //! cgroup of the call is in force (never on a machine where they could take the host down).
 
@@ -122,4 +123,74 @@ async fn a_file_past_the_size_limit_is_an_execution_error_naming_it() {
     let text = error_text(&r, ErrorCode::ExecutionError);
     assert!(text.contains("killed: file size limit (1 MiB)"), "{text}");
     assert_eq!(std::fs::metadata(ws.root().join("big")).unwrap().len(), MIB);
+}
+
+/// This process's memory cgroup directory (cgroup v1), if the hierarchy is mounted.
+fn own_memory_cgroup() -> Option<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
+    })?;
+    let dir = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    dir.is_dir().then_some(dir)
+}
+
+/// When the kernel kills a call's process for a memory limit above the call's own (here: the
+/// engine's cgroup, 300 MB, around a call allowed 1 GiB), the answer says so and names the
+/// call's limit as not the one that applied. The engine runs in a cgroup this test makes under
+/// its own, so the memory bomb is bounded by a limit set here.
+#[test]
+fn an_out_of_memory_kill_by_a_limit_above_the_call_says_so() {
+    let Some(own) = own_memory_cgroup() else {
+        available("a cgroup v1 memory hierarchy", false);
+        return;
+    };
+    let dir = own.join(format!("switchboard-test-oom-{}", std::process::id()));
+    let made = std::fs::create_dir(&dir)
+        .and_then(|()| std::fs::write(dir.join("memory.limit_in_bytes"), "300000000"));
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir(&dir);
+        available(&format!("a writable memory cgroup ({e})"), false);
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let bomb = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"bash","input":{"command":"x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}"}}]}"#;
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec \"$0\" dispatch --workspace \"$1\" --max-memory 1G",
+            dir.display()
+        ))
+        .arg(CLI)
+        .arg(ws.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(bomb.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    for _ in 0..100 {
+        if std::fs::remove_dir(&dir).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("killed: out of memory, by a limit above the call's")
+            && text.contains("of its 1 GiB"),
+        "{text}"
+    );
 }
