@@ -222,6 +222,11 @@ for panel in panels(dashboard["panels"]):
         result = query(promql)
         checked += 1
         label = f"{panel['title']} [{t['refId']}]"
+        if not result and "switchboard_cluster_" in promql:
+            # Cluster series exist only on `serve --cluster` nodes; the cluster tests read them
+            # from real nodes' /metrics, and the dashboards test checks these queries' names.
+            print(f"  n/a    {label} (cluster mode only)")
+            continue
         if not result:
             empty.append(f"{label}: {promql}")
             print(f"  EMPTY  {label}")

@@ -66,6 +66,8 @@ pub struct EngineBuilder {
     hooks: Vec<crate::policy::Hook>,
     deferral: crate::registry::DeferralConfig,
     journal: Option<(std::path::PathBuf, Duration)>,
+    /// A journal opened by the caller (cluster mode's replicated one); wins over `journal`.
+    journal_store: Option<crate::journal::Journal>,
     retention: Retention,
 }
 
@@ -81,6 +83,13 @@ impl EngineBuilder {
             .take()
             .map_or(crate::journal::DEFAULT_RETENTION, |(_, r)| r);
         self.journal = Some((dir.into(), retention));
+        self
+    }
+
+    /// Records every session call in `journal`, opened by the caller (a replicated one, in
+    /// cluster mode); replaces [`EngineBuilder::journal`].
+    pub fn journal_store(mut self, journal: crate::journal::Journal) -> Self {
+        self.journal_store = Some(journal);
         self
     }
 
@@ -206,6 +215,7 @@ impl EngineBuilder {
     /// Fails with [`RegistryError::Sandbox`] when the sandbox mode cannot be enforced here.
     pub fn build(self) -> Result<Engine, RegistryError> {
         let journal = match &self.journal {
+            _ if self.journal_store.is_some() => self.journal_store.clone(),
             None => None,
             Some((dir, retention)) => Some(
                 crate::journal::Journal::open(dir, *retention)
@@ -336,6 +346,10 @@ pub enum EngineError {
     /// The registry actor is gone (the engine stopped).
     #[error("registry unavailable: {0}")]
     RegistryUnavailable(String),
+    /// Cluster mode: another node owns the session now (its journal refused this node's
+    /// write). Nothing of the turn that this node could not record is answered from here.
+    #[error("session {0} is owned by another node now")]
+    Moved(String),
 }
 
 impl Engine {
@@ -433,6 +447,11 @@ impl Engine {
     /// The OS sandbox in force for process-running tools.
     pub fn sandbox(&self) -> &Sandbox {
         &self.inner.sandbox
+    }
+
+    /// Turns the engine is working on now (every session's, waiting ones included).
+    pub fn turns_in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Acquire)
     }
 
     /// The engine's call journal, if it has one ([`EngineBuilder::journal`]).

@@ -52,7 +52,7 @@
 //! | MCP client | `mcp` | MCP servers' tools as registry entries, supervised |
 //! | engine | `engine` | the `Engine`, its builder and sessions |
 //! | conversation | `document`, `provider`, `providers`, `agent_loop` | one wire document in and out; model providers; the agent loop |
-//! | front-end support | `exporter`, `testing`, `command` | the `/metrics` exporter, the workload tools, what subcommands share |
+//! | front-end support | `exporter`, `testing`, `command`, `cluster` | the `/metrics` exporter, the workload tools, what subcommands share |
 //! | front ends | `demo`, `run_cmd`, `serve`, `load`, `mcp::serve`, `mcp::list`, `mcp::command` | the subcommands: demo, run/chat, the HTTP sidecar, the load generator, `mcp-serve`, `mcp list` |
 //! | CLI | `cli` | argument parsing and the dispatch of subcommands |
 //!
@@ -80,6 +80,8 @@ mod baseline;
 mod breaker;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
+pub mod cluster;
 mod collector;
 #[cfg(feature = "cli")]
 mod command;

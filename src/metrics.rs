@@ -98,6 +98,14 @@ pub const JOURNAL_FLUSH_SECONDS: &str = "switchboard_journal_flush_seconds";
 pub const DEDUP_HITS_TOTAL: &str = "switchboard_dedup_hits_total";
 /// Calls answered `outcome_unknown`: retried after a crash that interrupted their run.
 pub const OUTCOME_UNKNOWN_TOTAL: &str = "switchboard_outcome_unknown_total";
+/// Cluster mode: sessions this node owns (holds the lease of).
+pub const CLUSTER_LEASES_HELD: &str = "switchboard_cluster_leases_held";
+/// Cluster mode: requests this node relayed to a session's owner, by outcome.
+pub const CLUSTER_FORWARDS_TOTAL: &str = "switchboard_cluster_forwards_total";
+/// Cluster mode: sessions this node took over from a node that died or stopped.
+pub const CLUSTER_FAILOVERS_TOTAL: &str = "switchboard_cluster_failovers_total";
+/// Cluster mode: journal writes of this node refused because another node owns the session.
+pub const CLUSTER_FENCING_REFUSALS_TOTAL: &str = "switchboard_cluster_fencing_refusals_total";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +346,34 @@ pub const METRICS: &[MetricDef] = &[
         help: "Duration of one journal flush (write and fsync).",
     },
     MetricDef {
+        name: CLUSTER_LEASES_HELD,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &["node"],
+        help: "Cluster mode: sessions this node owns (their lease names it).",
+    },
+    MetricDef {
+        name: CLUSTER_FORWARDS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["node", "outcome"],
+        help: "Cluster mode: requests this node relayed over NATS to the node owning their session (outcome: ok when the owner answered, unreachable when it did not, cut when its answer broke off after it began).",
+    },
+    MetricDef {
+        name: CLUSTER_FAILOVERS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["node"],
+        help: "Cluster mode: sessions this node took over after their owner's lease expired.",
+    },
+    MetricDef {
+        name: CLUSTER_FENCING_REFUSALS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["node"],
+        help: "Cluster mode: journal writes of this node refused because another node took the session over (nothing more is written or answered for it here).",
+    },
+    MetricDef {
         name: DEDUP_HITS_TOTAL,
         kind: Kind::Counter,
         unit: Unit::Count,
@@ -483,6 +519,73 @@ impl JournalMetrics {
         self.flushes.increment(1);
         self.records.record(records as f64);
         self.seconds.record(elapsed);
+    }
+}
+
+/// Handles of the cluster metrics of one node.
+#[derive(Debug, Clone)]
+pub struct ClusterMetrics {
+    leases: Gauge,
+    forwards_ok: Counter,
+    forwards_unreachable: Counter,
+    forwards_cut: Counter,
+    failovers: Counter,
+    fenced: Counter,
+}
+
+/// How a forwarded request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardOutcome {
+    /// The owner answered (its answer began to arrive; see `Cut`).
+    Ok,
+    /// The owner did not answer (no node listening, or silent too long before its answer).
+    Unreachable,
+    /// The owner's answer stopped part way.
+    Cut,
+}
+
+impl ClusterMetrics {
+    /// Handles for node `node` from the recorder installed now.
+    pub fn new(node: &str) -> Self {
+        let node = node.to_string();
+        let leases = gauge!(CLUSTER_LEASES_HELD, "node" => node.clone());
+        leases.set(0.0);
+        let forward = |outcome: &'static str| {
+            zeroed(counter!(CLUSTER_FORWARDS_TOTAL, "node" => node.clone(), "outcome" => outcome))
+        };
+        ClusterMetrics {
+            forwards_ok: forward("ok"),
+            forwards_unreachable: forward("unreachable"),
+            forwards_cut: forward("cut"),
+            failovers: zeroed(counter!(CLUSTER_FAILOVERS_TOTAL, "node" => node.clone())),
+            fenced: zeroed(counter!(CLUSTER_FENCING_REFUSALS_TOTAL, "node" => node)),
+            leases,
+        }
+    }
+
+    /// This node now owns `n` sessions.
+    pub fn leases(&self, n: usize) {
+        self.leases.set(n as f64);
+    }
+
+    /// A request was relayed to its session's owner.
+    pub fn forward(&self, outcome: ForwardOutcome) {
+        match outcome {
+            ForwardOutcome::Ok => &self.forwards_ok,
+            ForwardOutcome::Unreachable => &self.forwards_unreachable,
+            ForwardOutcome::Cut => &self.forwards_cut,
+        }
+        .increment(1);
+    }
+
+    /// A session was taken over from a dead node.
+    pub fn failover(&self) {
+        self.failovers.increment(1);
+    }
+
+    /// A journal write was refused: another node owns the session.
+    pub fn fenced(&self) {
+        self.fenced.increment(1);
     }
 }
 

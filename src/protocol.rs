@@ -49,11 +49,14 @@ pub enum ErrorCode {
     /// The engine stopped while this call was running; it may or may not have taken effect
     /// (a retried side-effect call found in the journal with no result).
     OutcomeUnknown,
+    /// Cluster mode: the session moved to a node where its workspace directory does not exist
+    /// (the workspace root is not shared by every node); nothing ran.
+    WorkspaceLost,
 }
 
 impl ErrorCode {
     /// Every code, in a fixed order (handy for tables and metrics).
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::UnknownTool,
         ErrorCode::InvalidArguments,
         ErrorCode::PermissionDenied,
@@ -62,6 +65,7 @@ impl ErrorCode {
         ErrorCode::Cancelled,
         ErrorCode::Overloaded,
         ErrorCode::OutcomeUnknown,
+        ErrorCode::WorkspaceLost,
     ];
 
     /// The snake_case wire name, e.g. `invalid_arguments`.
@@ -75,6 +79,7 @@ impl ErrorCode {
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::OutcomeUnknown => "outcome_unknown",
+            ErrorCode::WorkspaceLost => "workspace_lost",
         }
     }
 

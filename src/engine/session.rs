@@ -346,8 +346,14 @@ impl Session {
         let mut journal_failed = None;
         if let Some(journal) = &journal {
             let intents = answers.intents(&calls, &plans);
-            if let Err(e) = journal.write(intents).await {
-                journal_failed = Some(e.to_string());
+            match journal.write(intents).await {
+                Ok(()) => {}
+                Err(crate::journal::JournalError::Fenced { session }) => {
+                    // Another node owns the session: nothing runs here, it answers the turn.
+                    answers.unfinished(&std::mem::take(&mut guard.ids), false);
+                    return Err(EngineError::Moved(session));
+                }
+                Err(e) => journal_failed = Some(e.to_string()),
             }
         }
         let mut plans = plans;
@@ -415,9 +421,26 @@ impl Session {
                     }
                 }
             }
-            if let Err(e) = journal.write(records).await {
-                tracing::error!(error = %e, "journal: the answers of a turn were not recorded");
+            match journal.write(records).await {
+                Ok(()) => {}
+                Err(crate::journal::JournalError::Fenced { session }) => {
+                    // The calls ran, but this node may publish nothing more for the session:
+                    // the new owner answers their copies (`outcome_unknown` where it must).
+                    answers.unfinished(&std::mem::take(&mut guard.ids), true);
+                    return Err(EngineError::Moved(session));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "journal: the answers of a turn were not recorded")
+                }
             }
+        }
+        // A streamed turn's answers were written one by one: if one was refused, another node
+        // owns the session now and answers for it.
+        if let Some(replicated) = journal.as_ref().and_then(|j| j.as_replicated())
+            && !replicated.holds(self.id())
+        {
+            answers.unfinished(&std::mem::take(&mut guard.ids), true);
+            return Err(EngineError::Moved(self.id().to_string()));
         }
         for (i, plan) in plans.iter().enumerate() {
             match plan {
@@ -490,8 +513,13 @@ impl Session {
                     (answers.journal(), &plans[i])
                 {
                     let record = answers.answer_record(&result, digest, *effect);
-                    if let Err(e) = journal.write(vec![record]).await {
-                        tracing::error!(error = %e, "journal: an answer was not recorded");
+                    match journal.write(vec![record]).await {
+                        Ok(()) => {}
+                        // Fenced: this node may publish nothing more for the session.
+                        Err(crate::journal::JournalError::Fenced { .. }) => continue,
+                        Err(e) => {
+                            tracing::error!(error = %e, "journal: an answer was not recorded")
+                        }
                     }
                 }
                 let _ = outer.send((i, result));

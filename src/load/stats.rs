@@ -40,6 +40,7 @@ pub fn code_index(code: ErrorCode) -> usize {
         ErrorCode::Cancelled => 5,
         ErrorCode::Overloaded => 6,
         ErrorCode::OutcomeUnknown => 7,
+        ErrorCode::WorkspaceLost => 8,
     }
 }
 

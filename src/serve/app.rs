@@ -42,9 +42,40 @@ pub struct App {
     pub http_metrics: HttpMetrics,
     /// Approvals waiting for a client's answer (the policy's approver).
     pub approvals: crate::policy::Approvals,
+    /// Cluster mode: this node's link to the cluster.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Set by `POST /v1/admin/drain` or shutdown: no new session is placed here.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl App {
+    /// Places no new sessions here from now on.
+    pub fn drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(cluster) = &self.cluster {
+            cluster.drain();
+        }
+    }
+
+    /// `shutting_down` for a new session once the node is draining.
+    pub fn refuse_if_draining(&self) -> Result<(), ApiError> {
+        if self.draining.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(ApiError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// This node's load, for its cluster heartbeat.
+    pub fn cluster_load(&self) -> crate::cluster::Load {
+        let (sessions, full) = self.sessions.load();
+        crate::cluster::Load {
+            sessions,
+            in_flight: self.engine.turns_in_flight(),
+            full,
+        }
+    }
+
     /// `shutting_down` once the server is stopping.
     pub fn refuse_if_stopping(&self) -> Result<(), ApiError> {
         if self.stopping.is_cancelled() {

@@ -152,6 +152,9 @@ async fn run(
     let id = session_id(id)?;
     let ask = ask(query, headers)?;
     let chosen = client_turn_id(query, headers)?;
+    if let Some(dir) = app.sessions.lost(&id) {
+        return lost(app, &id, &dir, ask, headers, body, body_read).await;
+    }
     let session = app.sessions.enter(&id)?;
     let share = session.admit()?;
     let turn: Arc<str> = Arc::from(chosen.unwrap_or_else(|| app.sessions.new_turn_id()));
@@ -240,6 +243,48 @@ async fn run(
         Ok(Err(reason)) => Err(ApiError::BadRequest(reason.to_string())),
         Err(e) => Err(ApiError::Internal(format!("the turn's task failed: {e}"))),
     }
+}
+
+/// A turn of a session taken over by a node that lacks its workspace directory (cluster mode,
+/// no shared workspace root): every call is answered `workspace_lost`, nothing runs.
+async fn lost(
+    app: &Arc<App>,
+    id: &str,
+    dir: &std::path::Path,
+    ask: Ask,
+    headers: &HeaderMap,
+    body: Body,
+    body_read: &mut bool,
+) -> Result<Response, ApiError> {
+    let text = app.read_body(headers, body).await;
+    *body_read = text.is_ok();
+    let calls = decode_document(ask.format, &text?)
+        .map_err(|reason| ApiError::BadRequest(reason.to_string()))?;
+    let node = app.cluster.as_ref().map_or("", |c| c.node());
+    let detail = format!(
+        "session {id} moved to node {node}, where its workspace {} does not exist: cluster failover needs a workspace root that every node mounts; nothing ran",
+        dir.display()
+    );
+    let results = crate::protocol::ToolDispatchResult::all_failed(
+        calls
+            .iter()
+            .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name))),
+        crate::protocol::ErrorCode::WorkspaceLost,
+        &detail,
+    );
+    let answer = encode_document(ask.format, &results);
+    if !ask.stream {
+        return match answer {
+            Ok(answer) => Ok(json_response(StatusCode::OK, answer)),
+            Err(reason) => Err(ApiError::BadRequest(reason.to_string())),
+        };
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    for (i, result) in results.into_iter().enumerate() {
+        let _ = tx.send((i, result));
+    }
+    let task = tokio::spawn(async move { answer });
+    Ok(sse::stream(ask.format, rx, None, None, task))
 }
 
 /// Stops routing the session's approval requests to this turn's stream when the turn ends.

@@ -50,9 +50,19 @@ pub enum ApiError {
     NotFound,
     /// The route exists, not with this method (405).
     MethodNotAllowed,
+    /// Cluster mode: another node took the session over while this node worked on the request
+    /// (503 with `Retry-After`; a node re-routes such a request itself where it can).
+    SessionMoved(String),
+    /// Cluster mode: the node owning the session did not answer (503 with `Retry-After`: its
+    /// lease expires within the TTL, then another node takes the session over).
+    NodeUnreachable(String, u64),
     /// A fault of the server itself, never of the request (500).
     Internal(String),
 }
+
+/// Marks a response as `session_moved` (its request may be routed again).
+#[derive(Debug, Clone, Copy)]
+pub struct Moved;
 
 /// Why the sidecar could not start, or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +85,9 @@ pub enum ServeError {
     /// The permission policy is refused (a bad rule, an unreadable file).
     #[error("{0}")]
     Policy(String),
+    /// Cluster mode cannot start (NATS unreachable, no JetStream, a node id in use).
+    #[error("cluster: {0}")]
+    Cluster(String),
     /// The engine cannot be built (for example, its sandbox cannot be enforced here).
     #[error(transparent)]
     Engine(#[from] crate::registry::RegistryError),
@@ -96,6 +109,7 @@ impl From<crate::engine::EngineError> for ApiError {
     fn from(e: crate::engine::EngineError) -> Self {
         match e {
             crate::engine::EngineError::ShutDown => ApiError::ShuttingDown,
+            crate::engine::EngineError::Moved(id) => ApiError::SessionMoved(id),
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -120,6 +134,8 @@ impl ApiError {
             ApiError::ShuttingDown => "shutting_down",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::SessionMoved(_) => "session_moved",
+            ApiError::NodeUnreachable(..) => "node_unreachable",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -139,9 +155,11 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManySessions(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Overloaded | ApiError::SessionBusy(_) | ApiError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Overloaded
+            | ApiError::SessionBusy(_)
+            | ApiError::ShuttingDown
+            | ApiError::SessionMoved(_)
+            | ApiError::NodeUnreachable(..) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -187,6 +205,12 @@ impl ApiError {
                 limit.as_secs_f64()
             ),
             ApiError::ShuttingDown => "the server is shutting down".into(),
+            ApiError::SessionMoved(id) => format!(
+                "session `{id}` moved to another node while this request ran here; retry it (with the same turn id, calls that ran are answered from the journal)"
+            ),
+            ApiError::NodeUnreachable(detail, after) => format!(
+                "the node owning this session does not answer ({detail}); retry in {after} s, when its lease has expired and another node takes the session over"
+            ),
             ApiError::NotFound => "no such route (see GET /v1/openapi.json)".into(),
             ApiError::MethodNotAllowed => "this route does not take that method".into(),
         }
@@ -209,6 +233,13 @@ impl IntoResponse for ApiError {
         match self {
             ApiError::Overloaded | ApiError::SessionBusy(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            ApiError::SessionMoved(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+                response.extensions_mut().insert(Moved);
+            }
+            ApiError::NodeUnreachable(_, after) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
             }
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -242,6 +273,8 @@ mod tests {
             ApiError::ShuttingDown,
             ApiError::NotFound,
             ApiError::MethodNotAllowed,
+            ApiError::SessionMoved("s1".into()),
+            ApiError::NodeUnreachable("silent".into(), 10),
         ];
         for e in client_caused {
             assert!(

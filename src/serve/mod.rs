@@ -12,6 +12,7 @@
 //! | `sse.rs` | the streamed answer (`event: result` per call, then `event: done`) |
 //! | `sessions.rs` | the sessions table, workspaces (private ones under `@sessions/`), each session's turn share, idle expiry |
 //! | `auth.rs` | the bearer token |
+//! | `cluster.rs` | cluster mode: each session's requests served by its owner, takeover, placement, drain |
 //! | `errors.rs` | the JSON error answers and their codes |
 //! | `openapi.json` | the OpenAPI 3.1 description, served as is |
 //!
@@ -27,6 +28,7 @@
 mod app;
 pub(crate) mod auth;
 mod client_tools;
+mod cluster;
 mod dispatch;
 mod errors;
 mod routes;
@@ -149,6 +151,9 @@ pub struct ServeArgs {
     /// The call journal.
     #[command(flatten)]
     pub journal: crate::command::JournalArgs,
+    /// Cluster mode: nodes sharing sessions through NATS JetStream.
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
     /// Metrics on an address of their own, and a file written at exit (`/metrics` on the
     /// server's own address is always there).
     #[command(flatten)]
@@ -200,6 +205,8 @@ pub struct ServeConfig {
     pub client_tools: ClientToolLimits,
     /// The call journal (default: none): sessions and their answers survive a restart.
     pub journal: crate::command::JournalArgs,
+    /// Cluster mode (default: a single node): `cluster.cluster` names the NATS servers.
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 /// Limits on the client tools a session declares.
@@ -245,6 +252,7 @@ impl ServeConfig {
             allow_hard_links: false,
             client_tools: ClientToolLimits::default(),
             journal: crate::command::JournalArgs::default(),
+            cluster: crate::cluster::ClusterArgs::default(),
         }
     }
 }
@@ -257,6 +265,9 @@ pub struct Server {
     grace: Duration,
     read_timeout: Duration,
     local_addr: SocketAddr,
+    /// Cluster mode: ids of the sessions whose journal writes were refused (another node took
+    /// them over), to close here.
+    fenced: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 impl Server {
@@ -299,12 +310,6 @@ impl Server {
         if let Some(policy) = policy {
             builder = builder.policy(policy);
         }
-        builder = config.journal.apply(builder);
-        let engine = if config.mcp.servers.is_empty() {
-            builder.build()?
-        } else {
-            builder.mcp_config(config.mcp.clone()).start().await?
-        };
         let listen_error = |source| ServeError::Listen {
             addr: config.listen,
             source,
@@ -313,6 +318,52 @@ impl Server {
             .await
             .map_err(listen_error)?;
         let local_addr = listener.local_addr().map_err(listen_error)?;
+        builder = config.journal.apply(builder);
+        let mut fenced = None;
+        let cluster = match &config.cluster.cluster {
+            None => None,
+            Some(_) => {
+                if config.journal.journal.is_some() {
+                    return Err(ServeError::Cluster(
+                        "--cluster keeps the journal in NATS JetStream; drop --journal".into(),
+                    ));
+                }
+                let node = config
+                    .cluster
+                    .node_id
+                    .clone()
+                    .unwrap_or_else(|| crate::cluster::default_node_id(local_addr.port()));
+                let cluster = crate::cluster::Cluster::connect(
+                    &config.cluster,
+                    &node,
+                    &local_addr.to_string(),
+                )
+                .await
+                .map_err(|e| ServeError::Cluster(e.0))?;
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                fenced = Some(rx);
+                let journal = crate::journal::replicated::Replicated::open(
+                    cluster.jetstream().clone(),
+                    crate::journal::replicated::STREAM,
+                    cluster.replicas(),
+                    crate::journal::DEFAULT_RETENTION,
+                    &node,
+                    Box::new(move |id: &str| {
+                        let _ = tx.send(id.to_string());
+                    }),
+                )
+                .await
+                .map_err(|e| ServeError::Cluster(e.to_string()))?;
+                builder =
+                    builder.journal_store(crate::journal::Journal::replicated(Arc::new(journal)));
+                Some(Arc::new(cluster))
+            }
+        };
+        let engine = if config.mcp.servers.is_empty() {
+            builder.build()?
+        } else {
+            builder.mcp_config(config.mcp.clone()).start().await?
+        };
         let (max_sessions, max_by) = session_cap(config.max_sessions.max(1), open_file_limit());
         if max_by != "--max-sessions" {
             tracing::warn!(
@@ -336,6 +387,14 @@ impl Server {
             .with_max(max_sessions, max_by)
             .with_turn_share(config.max_session_turns),
         );
+        let sessions = match &cluster {
+            None => sessions,
+            Some(cluster) => Arc::new(
+                Arc::into_inner(sessions)
+                    .expect("the table is not shared yet")
+                    .with_cluster(Arc::clone(cluster)),
+            ),
+        };
         // With a journal, the sessions of the last run are back under their ids.
         let restored = sessions.restore().await;
         if restored > 0 {
@@ -352,13 +411,23 @@ impl Server {
             prometheus: config.prometheus,
             http_metrics: HttpMetrics::new(&routes::route_templates()),
             approvals,
+            cluster,
+            draining: std::sync::atomic::AtomicBool::new(false),
         });
+        if let Some(cluster) = &app.cluster {
+            // Seen alive before the first request can be taken.
+            cluster
+                .heartbeat(app.cluster_load())
+                .await
+                .map_err(|e| ServeError::Cluster(e.0))?;
+        }
         Ok(Server {
             listener,
             app,
             grace: config.grace,
             read_timeout: config.read_timeout,
             local_addr,
+            fenced,
         })
     }
 
@@ -383,11 +452,49 @@ impl Server {
             app,
             grace,
             read_timeout,
+            fenced,
             ..
         } = self;
         let stop_accepting = CancellationToken::new();
         let reaper = tokio::spawn(reap_idle(Arc::clone(&app.sessions), stop_accepting.clone()));
         let router = routes::router(Arc::clone(&app));
+        let stop_cluster = CancellationToken::new();
+        let mut heartbeats = None;
+        if let Some(cluster) = &app.cluster {
+            let for_load = Arc::clone(&app);
+            heartbeats = Some(tokio::spawn(
+                Arc::clone(cluster)
+                    .keep_alive(move || for_load.cluster_load(), stop_cluster.clone()),
+            ));
+            let relay_router = router.clone();
+            let handler: crate::cluster::forward::Handler = Arc::new(move |request| {
+                let router = relay_router.clone();
+                Box::pin(async move {
+                    use tower::ServiceExt;
+                    match router.oneshot(request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    }
+                })
+            });
+            let client = cluster.client().clone();
+            let node = cluster.node().to_string();
+            let stop = stop_accepting.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::cluster::forward::serve(client, node, handler, stop).await {
+                    tracing::error!(error = %e, "cluster: relayed requests cannot be taken");
+                }
+            });
+        }
+        if let (Some(cluster), Some(mut fenced)) = (app.cluster.clone(), fenced) {
+            let sessions = Arc::clone(&app.sessions);
+            tokio::spawn(async move {
+                while let Some(id) = fenced.recv().await {
+                    cluster.metrics().fenced();
+                    sessions.drop_local(&id);
+                }
+            });
+        }
         let mut serving = tokio::spawn(serve_connections(
             listener,
             router,
@@ -409,7 +516,17 @@ impl Server {
         // get the grace period, then are cancelled and answered; then the listener closes and
         // the connections write their last answers.
         app.stopping.cancel();
+        app.drain();
+        if let Some(cluster) = &app.cluster {
+            let _ = cluster.heartbeat(app.cluster_load()).await;
+        }
         app.engine.shutdown(grace).await;
+        // Cluster mode: the heartbeat goes, so other nodes take this node's sessions over at
+        // once (their journals hold every answer given here).
+        stop_cluster.cancel();
+        if let Some(heartbeats) = heartbeats {
+            let _ = heartbeats.await;
+        }
         stop_accepting.cancel();
         reaper.abort();
         match tokio::time::timeout(DRAIN_LIMIT, &mut serving).await {
@@ -596,6 +713,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
             max_schema_bytes: args.max_client_schema_bytes,
         },
         journal: args.journal,
+        cluster: args.cluster,
         ..ServeConfig::new(args.listen, args.workspace_root, auth)
     };
     let server = match Server::bind(config).await {

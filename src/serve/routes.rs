@@ -84,6 +84,7 @@ pub fn route_table() -> Vec<RouteDef> {
         ),
         v1(Method::GET, "/v1/sessions/{id}/tools", get(session_tools)),
         v1(Method::GET, "/v1/tools", get(tools)),
+        v1(Method::POST, "/v1/admin/drain", post(super::cluster::drain)),
         v1(Method::GET, "/v1/openapi.json", get(openapi)),
         open(Method::GET, "/healthz", get(healthz)),
         open(Method::GET, "/metrics", get(metrics)),
@@ -109,10 +110,17 @@ pub fn router(app: Arc<App>) -> Router {
             open = open.route(r.path, r.handler);
         }
     }
-    let v1 = v1.route_layer(middleware::from_fn_with_state(
-        Arc::clone(&app),
-        require_token,
-    ));
+    // Layers run outside in: the token check first, then (cluster mode) routing to the node
+    // owning the session.
+    let v1 = v1
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            super::cluster::route,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            require_token,
+        ));
     open.merge(v1)
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
@@ -156,14 +164,18 @@ async fn create_session(
     body: Body,
 ) -> Result<Response, ApiError> {
     app.refuse_if_stopping()?;
+    app.refuse_if_draining()?;
     let text = app.read_body(&headers, body).await?;
     let new = new_session(&text)?;
     let session = app.sessions.create(new).await?;
-    let answer = json!({
+    let mut answer = json!({
         "session_id": session.id(),
         "workspace": session.workspace().to_string_lossy(),
         "tools": session.client_tool_names(),
     });
+    if let Some(cluster) = &app.cluster {
+        answer["node"] = json!(cluster.node());
+    }
     Ok(json_response(StatusCode::CREATED, answer.to_string()))
 }
 
@@ -274,7 +286,11 @@ async fn session_info(
 ) -> Result<Response, ApiError> {
     let id = session_id(id)?;
     let session = app.sessions.get(&id)?;
-    Ok(json_response(StatusCode::OK, session.info().to_string()))
+    let mut info = session.info();
+    if let Some(cluster) = &app.cluster {
+        info["node"] = serde_json::json!(cluster.node());
+    }
+    Ok(json_response(StatusCode::OK, info.to_string()))
 }
 
 async fn cancel_session(

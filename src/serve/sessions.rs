@@ -352,6 +352,11 @@ pub struct SessionTable {
     start: Instant,
     ids: RandomState,
     next: AtomicU64,
+    /// Cluster mode: this node's link to the cluster.
+    cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Cluster mode: sessions taken over here whose workspace directory is missing on this
+    /// node, and that directory.
+    lost: Mutex<HashMap<String, PathBuf>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -398,7 +403,74 @@ impl SessionTable {
             start: Instant::now(),
             ids: RandomState::new(),
             next: AtomicU64::new(0),
+            cluster: None,
+            lost: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same table, as one node of `cluster`.
+    pub fn with_cluster(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// How many sessions are open here, and whether that is the limit.
+    pub fn load(&self) -> (usize, bool) {
+        let n = lock(&self.sessions).len();
+        (n, n >= self.max)
+    }
+
+    /// Whether session `id` is open here.
+    pub fn has(&self, id: &str) -> bool {
+        lock(&self.sessions).contains_key(id) || lock(&self.lost).contains_key(id)
+    }
+
+    /// The workspace directory session `id` lacks here, if it was taken over without one.
+    pub fn lost(&self, id: &str) -> Option<PathBuf> {
+        lock(&self.lost).get(id).cloned()
+    }
+
+    /// Closes session `id` here without forgetting it (another node owns it now): its turns
+    /// are cancelled, its journal and lease are left to the new owner.
+    pub fn drop_local(&self, id: &str) {
+        let session = lock(&self.sessions).remove(id);
+        lock(&self.lost).remove(id);
+        if let Some(session) = session {
+            session.session.cancel();
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.let_go(id);
+        }
+        if let Some(r) = self.engine.journal().and_then(|j| j.as_replicated()) {
+            r.release(id);
+        }
+    }
+
+    /// Reopens session `id`, taken over from another node, from its journal record `bytes`.
+    /// A session whose workspace directory is missing here is kept as lost: its calls are
+    /// answered `workspace_lost`, and nothing runs in an empty directory in its place.
+    pub async fn adopt(&self, id: &str, bytes: &[u8]) -> Result<(), ApiError> {
+        let p = serde_json::from_slice::<Persisted>(bytes).map_err(|e| {
+            ApiError::Internal(format!(
+                "session {id}: its journal record does not decode: {e}"
+            ))
+        })?;
+        let dir = match &p.workspace {
+            Some(name) => self.root.join(name),
+            None => self.root.join(FRESH_DIR).join(id),
+        };
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            tracing::warn!(session = %id, workspace = %dir.display(), "cluster: a session taken over has no workspace on this node");
+            lock(&self.lost).insert(id.to_string(), dir);
+            return Ok(());
+        }
+        let new = p.to_new().map_err(ApiError::Internal)?;
+        let http = self
+            .create_as(new, Some(id.to_string()), Some(p.clone()))
+            .await?;
+        let names: Vec<Arc<str>> = p.revealed.iter().map(|n| Arc::from(n.as_str())).collect();
+        http.session.restore_revealed(&names);
+        Ok(())
     }
 
     /// The same table, holding at most `max` sessions because of `by` (the open-file limit).
@@ -456,6 +528,22 @@ impl SessionTable {
     pub async fn create(&self, new: NewSession) -> Result<Arc<HttpSession>, ApiError> {
         let persisted = self.engine.journal().map(|_| Persisted::of(&new));
         let http = self.create_as(new, None, persisted.clone()).await?;
+        // Cluster mode: the lease first (epoch 1), then the session's journal at that epoch.
+        if let Some(cluster) = &self.cluster {
+            match cluster.register(&http.id).await {
+                Ok(epoch) => {
+                    if let Some(r) = self.engine.journal().and_then(|j| j.as_replicated()) {
+                        r.start(&http.id, epoch);
+                    }
+                }
+                Err(e) => {
+                    let _ = lock(&self.sessions).remove(&http.id);
+                    return Err(ApiError::Internal(format!(
+                        "the cluster cannot record the session: {e}"
+                    )));
+                }
+            }
+        }
         // With a journal, the session is on disk before its id is handed out.
         if let (Some(journal), Some(p)) = (self.engine.journal(), persisted)
             && let Err(e) = journal.write(vec![p.write(&http.id)]).await
@@ -535,12 +623,18 @@ impl SessionTable {
     fn forget(&self, ids: Vec<Arc<str>>) {
         if let (Some(journal), false) = (self.engine.journal(), ids.is_empty()) {
             let journal = journal.clone();
+            let cluster = self.cluster.clone();
             let writes = ids
                 .iter()
                 .map(|id| crate::journal::Write::ForgetSession { id: id.to_string() })
                 .collect();
             tokio::spawn(async move {
                 let _ = journal.write(writes).await;
+                if let Some(cluster) = cluster {
+                    for id in ids {
+                        cluster.forget(&id).await;
+                    }
+                }
             });
         }
     }
@@ -703,9 +797,11 @@ impl SessionTable {
 
     /// Removes session `id` and cancels its turns (they are still answered).
     pub fn remove(&self, id: &str) -> Result<Arc<HttpSession>, ApiError> {
-        let session = lock(&self.sessions)
-            .remove(id)
-            .ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
+        let session = lock(&self.sessions).remove(id);
+        if session.is_none() && lock(&self.lost).remove(id).is_some() {
+            self.forget(vec![Arc::from(id)]);
+        }
+        let session = session.ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
         session.session.cancel();
         self.forget(vec![Arc::clone(&session.id)]);
         Ok(session)

@@ -14,6 +14,7 @@ pub mod direct;
 pub mod mcp;
 pub mod mock_server;
 pub mod model;
+pub mod nats;
 pub mod sandbox;
 pub mod wire;
 pub mod workspace;

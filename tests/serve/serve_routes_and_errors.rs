@@ -364,7 +364,7 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
     let c = client();
     let (id, _) = session(&c, &s, None).await;
     for (method, path) in &routed {
-        if method == "DELETE" {
+        if method == "DELETE" || path == "/v1/admin/drain" {
             continue; // called last, below
         }
         let url = s.url(
@@ -413,6 +413,15 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
     )
     .await;
     assert_eq!(a.status, 200);
+    // Drain last: a drained server opens no new session.
+    let drained = send(c.post(s.url("/v1/admin/drain")).bearer_auth(TOKEN)).await;
+    assert_eq!(drained.status, 200, "{}", drained.text);
+    assert_eq!(drained.json()["draining"], true);
+    let refused = send(c.post(s.url("/v1/sessions")).bearer_auth(TOKEN).body("{}")).await;
+    assert_eq!(
+        (refused.status, refused.code()),
+        (503, "shutting_down".into())
+    );
     s.shutdown().await.unwrap();
 }
 

@@ -77,6 +77,14 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "journal_retention": ("--journal-retention", "value"),
     "metrics_addr": ("--metrics-addr", "value"),
     "metrics_file": ("--metrics-file", "value"),
+    "cluster": ("--cluster", "value"),
+    "node_id": ("--node-id", "value"),
+    "lease_ttl": ("--lease-ttl", "duration"),
+    "cluster_replicas": ("--cluster-replicas", "value"),
+    "cluster_creds": ("--cluster-creds", "value"),
+    "cluster_tls_ca": ("--cluster-tls-ca", "value"),
+    "cluster_tls_cert": ("--cluster-tls-cert", "value"),
+    "cluster_tls_key": ("--cluster-tls-key", "value"),
 }
 # The flags local() sets itself (or refuses), for the check against `--help`.
 MANAGED_FLAGS = ("--listen", "--workspace-root", "--token-file")

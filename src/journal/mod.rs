@@ -21,6 +21,12 @@
 //! **Damage.** A file that does not open as a journal stops start-up with a message naming it
 //! and how to move it aside ([`JournalError::Damaged`]); a journal is never silently replaced by
 //! an empty one.
+//!
+//! **Replicated.** In cluster mode the same interface is kept in a NATS JetStream stream instead
+//! ([`replicated`]): one subject per session, every write fenced by the session's last sequence.
+//! This file holds the embedded store and what both share.
+
+pub mod replicated;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -79,6 +85,13 @@ pub enum JournalError {
     /// The journal's writer has stopped (the engine is shutting down).
     #[error("the journal is closed")]
     Closed,
+    /// Another node owns the session now (cluster mode): its journal moved on past what this
+    /// node wrote, so this node writes nothing more for it.
+    #[error("session {session} is owned by another node now; this node writes nothing more for it")]
+    Fenced {
+        /// The session id.
+        session: String,
+    },
 }
 
 /// What running a call twice would do, as the journal records it (see [`crate::Effect`]).
@@ -256,10 +269,17 @@ impl FlushCounts {
     }
 }
 
-/// The durable call journal (cheap to clone; clones share the file and its writer).
+/// The durable call journal (cheap to clone; clones share the store and its writer): an
+/// embedded file ([`Journal::open`]) or a replicated stream ([`Journal::replicated`]).
 #[derive(Clone)]
 pub struct Journal {
-    inner: Arc<Inner>,
+    backend: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Local(Arc<Inner>),
+    Replicated(Arc<replicated::Replicated>),
 }
 
 struct Inner {
@@ -291,9 +311,16 @@ impl Drop for Inner {
 
 impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Journal")
-            .field("file", &self.inner.file)
-            .finish()
+        match &self.backend {
+            Backend::Local(inner) => f
+                .debug_struct("Journal")
+                .field("file", &inner.file)
+                .finish(),
+            Backend::Replicated(r) => f
+                .debug_struct("Journal")
+                .field("stream", &r.stream_name())
+                .finish(),
+        }
     }
 }
 
@@ -355,50 +382,70 @@ impl Journal {
                 file: file.clone(),
                 detail: format!("cannot start the writer thread: {e}"),
             })?;
-        let journal = Journal {
-            inner: Arc::new(Inner {
-                db,
-                file,
-                retention,
-                counts,
-                queue: std::sync::Mutex::new(Some(tx)),
-                writer: std::sync::Mutex::new(Some(writer)),
-            }),
-        };
-        journal.compact()?;
-        Ok(journal)
+        let inner = Arc::new(Inner {
+            db,
+            file,
+            retention,
+            counts,
+            queue: std::sync::Mutex::new(Some(tx)),
+            writer: std::sync::Mutex::new(Some(writer)),
+        });
+        compact(&inner.db, &inner.file, inner.retention)?;
+        Ok(Journal {
+            backend: Backend::Local(inner),
+        })
     }
 
-    /// The journal file.
-    pub fn file(&self) -> &Path {
-        &self.inner.file
+    /// A journal kept in a replicated JetStream stream (cluster mode).
+    pub fn replicated(journal: Arc<replicated::Replicated>) -> Journal {
+        Journal {
+            backend: Backend::Replicated(journal),
+        }
+    }
+
+    /// The replicated store, in cluster mode.
+    pub fn as_replicated(&self) -> Option<&Arc<replicated::Replicated>> {
+        match &self.backend {
+            Backend::Local(_) => None,
+            Backend::Replicated(r) => Some(r),
+        }
     }
 
     /// How long answered calls are kept.
     pub fn retention(&self) -> Duration {
-        self.inner.retention
+        match &self.backend {
+            Backend::Local(inner) => inner.retention,
+            Backend::Replicated(r) => r.retention(),
+        }
     }
 
     /// How many flushes the writer has made so far, the records they carried and the time they
-    /// took (take two readings and [`FlushCounts::since`] for a stretch of time).
+    /// took (take two readings and [`FlushCounts::since`] for a stretch of time). Replicated: one
+    /// flush is one acknowledged publish.
     pub fn flush_counts(&self) -> FlushCounts {
-        *self
-            .inner
-            .counts
+        let counts = match &self.backend {
+            Backend::Local(inner) => &inner.counts,
+            Backend::Replicated(r) => r.counts(),
+        };
+        *counts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Makes `writes` durable, together with every other write waiting now (one transaction,
-    /// one fsync). Returns once they are on disk.
+    /// one fsync; replicated: one acknowledged publish per session). Returns once they are
+    /// durable.
     pub async fn write(&self, writes: Vec<Write>) -> Result<(), JournalError> {
         if writes.is_empty() {
             return Ok(());
         }
+        let inner = match &self.backend {
+            Backend::Local(inner) => inner,
+            Backend::Replicated(r) => return r.write(writes).await,
+        };
         let (done, wait) = tokio::sync::oneshot::channel();
         {
-            let queue = self
-                .inner
+            let queue = inner
                 .queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -419,8 +466,12 @@ impl Journal {
         session: &str,
         ids: &[&str],
     ) -> Result<Vec<Option<CallRecord>>, JournalError> {
-        let file = &self.inner.file;
-        let txn = self.inner.db.begin_read().map_err(|e| io(file, e))?;
+        let inner = match &self.backend {
+            Backend::Local(inner) => inner,
+            Backend::Replicated(r) => return Ok(r.lookup(session, ids)),
+        };
+        let file = &inner.file;
+        let txn = inner.db.begin_read().map_err(|e| io(file, e))?;
         let table = txn.open_table(CALLS).map_err(|e| io(file, e))?;
         ids.iter()
             .map(|id| {
@@ -437,10 +488,15 @@ impl Journal {
             .collect()
     }
 
-    /// Every session record: `(id, bytes)`.
+    /// Every session record: `(id, bytes)`. Replicated: none — a cluster node claims sessions
+    /// one at a time, when a request names one ([`replicated::Replicated::claim`]).
     pub fn sessions(&self) -> Result<Vec<(String, Vec<u8>)>, JournalError> {
-        let file = &self.inner.file;
-        let txn = self.inner.db.begin_read().map_err(|e| io(file, e))?;
+        let inner = match &self.backend {
+            Backend::Local(inner) => inner,
+            Backend::Replicated(_) => return Ok(Vec::new()),
+        };
+        let file = &inner.file;
+        let txn = inner.db.begin_read().map_err(|e| io(file, e))?;
         let table = txn.open_table(SESSIONS).map_err(|e| io(file, e))?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| io(file, e))? {
@@ -451,18 +507,27 @@ impl Journal {
     }
 
     /// Deletes call records older than the retention (answered or not); returns how many.
+    /// Replicated: the stream's own age limit does it (0 here).
     pub fn compact(&self) -> Result<usize, JournalError> {
-        compact(&self.inner.db, &self.inner.file, self.inner.retention)
+        match &self.backend {
+            Backend::Local(inner) => compact(&inner.db, &inner.file, inner.retention),
+            Backend::Replicated(_) => Ok(0),
+        }
     }
 
     /// Stops taking writes; the writer ends once those queued now are durable (the file is
     /// released when the last clone is dropped).
     pub fn close(&self) {
-        self.inner
-            .queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        match &self.backend {
+            Backend::Local(inner) => {
+                inner
+                    .queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+            }
+            Backend::Replicated(r) => r.close(),
+        }
     }
 }
 

@@ -1,0 +1,334 @@
+//! Relaying an HTTP request to the node that owns its session, over NATS request-reply.
+//!
+//! Every node listens on `switchboard.forward.<node>`. A node that receives a request for a
+//! session another node owns publishes it there with a fresh inbox as the reply subject, and
+//! the owner answers it through its own HTTP stack (token check included) and streams the
+//! answer back to the inbox as it is produced: a head (status and headers), the body's chunks
+//! in order, then an end mark. A streamed turn's Server-Sent Events are relayed chunk by chunk,
+//! in order. While its answer is not done, the owner sends a ping every second, so a silent
+//! owner (dead or paused) is noticed after [`SILENCE`] instead of never.
+//!
+//! Wire form. Request payload: a 4-byte big-endian length, the head as JSON (`method`, `uri`,
+//! `headers`), then the body. Answer messages: one kind byte (`H` head, `D` data, `E` end,
+//! `P` ping), an 8-byte big-endian sequence number (H, D and E count from 0; a gap means a lost
+//! message and cuts the answer), then the data.
+//!
+//! Nodes need to reach only NATS, never each other, and the client keeps its connection and its
+//! `Authorization` header: a redirect would need the clients to follow it, and common HTTP
+//! clients drop `Authorization` on a redirect to another host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{ClusterMetrics, ForwardOutcome};
+
+/// The header a relayed request carries at its owner (the node it came through).
+pub const FORWARDED_HEADER: HeaderName = HeaderName::from_static("switchboard-forwarded-by");
+/// How long a forwarding node waits without any message from the owner before it gives up.
+pub const SILENCE: Duration = Duration::from_secs(5);
+/// How often an owner says it is still working on an answer.
+const PING_EVERY: Duration = Duration::from_secs(1);
+/// Largest data chunk in one answer message (under NATS's default 1 MiB payload limit).
+const CHUNK: usize = 256 * 1024;
+
+/// The subject node `node` takes relayed requests on.
+pub fn subject(node: &str) -> String {
+    format!("switchboard.forward.{node}")
+}
+
+/// What a handler answers a relayed request with.
+pub type Handler = Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Head {
+    method: String,
+    uri: String,
+    headers: Vec<(String, String)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct AnswerHead {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+/// Headers that belong to one hop, never relayed (a request's length is its relayed body's).
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection" | "keep-alive" | "transfer-encoding" | "host" | "upgrade" | "te" | "trailer"
+    )
+}
+
+fn headers_of(map: &axum::http::HeaderMap) -> Vec<(String, String)> {
+    map.iter()
+        .filter(|(n, _)| !hop_by_hop(n.as_str()))
+        .filter_map(|(n, v)| {
+            v.to_str()
+                .ok()
+                .map(|v| (n.as_str().to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+fn frame(kind: u8, seq: u64, data: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(9 + data.len());
+    out.push(kind);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(data);
+    out.into()
+}
+
+/// Answers the requests relayed to node `node` with `handler` until `stop`.
+pub async fn serve(
+    client: async_nats::Client,
+    node: String,
+    handler: Handler,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(), String> {
+    let mut requests = client
+        .subscribe(subject(&node))
+        .await
+        .map_err(|e| format!("cannot listen for relayed requests: {e}"))?;
+    loop {
+        let message = tokio::select! {
+            m = requests.next() => match m { Some(m) => m, None => break },
+            () = stop.cancelled() => break,
+        };
+        let Some(reply) = message.reply.clone() else {
+            continue;
+        };
+        let client = client.clone();
+        let handler = Arc::clone(&handler);
+        tokio::spawn(async move {
+            answer(client, reply, &message.payload, handler).await;
+        });
+    }
+    Ok(())
+}
+
+/// The request a relayed message carries, marked as relayed.
+fn decode_request(payload: &[u8]) -> Result<Request<Body>, String> {
+    let len = payload
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("no head")?;
+    let head = payload.get(4..4 + len).ok_or("a short head")?;
+    let head: Head = serde_json::from_slice(head).map_err(|e| e.to_string())?;
+    let body = Bytes::copy_from_slice(&payload[4 + len..]);
+    let mut builder = Request::builder()
+        .method(head.method.as_str())
+        .uri(head.uri.as_str());
+    for (name, value) in &head.headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    builder = builder.header(FORWARDED_HEADER, "1");
+    builder.body(Body::from(body)).map_err(|e| e.to_string())
+}
+
+async fn answer(
+    client: async_nats::Client,
+    reply: async_nats::Subject,
+    payload: &[u8],
+    handler: Handler,
+) {
+    let response = match decode_request(payload) {
+        Ok(request) => {
+            let mut work = handler(request);
+            let mut ping = tokio::time::interval(PING_EVERY);
+            ping.tick().await;
+            loop {
+                tokio::select! {
+                    r = &mut work => break r,
+                    _ = ping.tick() => {
+                        let _ = client.publish(reply.clone(), frame(b'P', 0, &[])).await;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            let mut r = Response::new(Body::from(format!(
+                "a relayed request does not decode: {e}"
+            )));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            r
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let head = AnswerHead {
+        status: parts.status.as_u16(),
+        headers: headers_of(&parts.headers),
+    };
+    let head = serde_json::to_vec(&head).unwrap_or_default();
+    let mut seq = 0u64;
+    if client
+        .publish(reply.clone(), frame(b'H', seq, &head))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut data = body.into_data_stream();
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
+    loop {
+        let chunk = tokio::select! {
+            c = data.next() => c,
+            _ = ping.tick() => {
+                let _ = client.publish(reply.clone(), frame(b'P', 0, &[])).await;
+                continue;
+            }
+        };
+        match chunk {
+            Some(Ok(bytes)) => {
+                for piece in bytes.chunks(CHUNK) {
+                    seq += 1;
+                    if client
+                        .publish(reply.clone(), frame(b'D', seq, piece))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            // The answer broke off here: say nothing more, the forwarder cuts it too.
+            Some(Err(_)) => return,
+            None => break,
+        }
+    }
+    let _ = client.publish(reply, frame(b'E', seq + 1, &[])).await;
+}
+
+/// Why a request could not be relayed: nothing was answered (safe to route again or refuse).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreachable {
+    /// No node listens for node `node`'s requests.
+    NoResponders,
+    /// The owner said nothing for [`SILENCE`].
+    Silent,
+    /// The request is larger than NATS carries in one message.
+    TooLarge(usize),
+    /// NATS itself failed.
+    Nats(String),
+}
+
+/// Relays a request (its head and whole body) to node `node` and returns the owner's answer,
+/// whose body streams as the owner sends it (cut, as an error, if the owner goes silent or a
+/// message is lost).
+pub async fn forward(
+    client: &async_nats::Client,
+    node: &str,
+    parts: &axum::http::request::Parts,
+    body: Bytes,
+    metrics: &ClusterMetrics,
+) -> Result<Response<Body>, Unreachable> {
+    let head = Head {
+        method: parts.method.as_str().to_string(),
+        uri: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string()),
+        headers: headers_of(&parts.headers),
+    };
+    let head = serde_json::to_vec(&head).map_err(|e| Unreachable::Nats(e.to_string()))?;
+    let mut payload = Vec::with_capacity(4 + head.len() + body.len());
+    payload.extend_from_slice(&(head.len() as u32).to_be_bytes());
+    payload.extend_from_slice(&head);
+    payload.extend_from_slice(&body);
+    let limit = client.server_info().max_payload;
+    if payload.len() > limit {
+        return Err(Unreachable::TooLarge(limit));
+    }
+    let inbox = client.new_inbox();
+    let mut answers = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| Unreachable::Nats(e.to_string()))?;
+    client
+        .publish_with_reply(subject(node), inbox, payload.into())
+        .await
+        .map_err(|e| Unreachable::Nats(e.to_string()))?;
+    // The head, skipping pings.
+    let head = loop {
+        let message = match tokio::time::timeout(SILENCE, answers.next()).await {
+            Err(_) => {
+                metrics.forward(ForwardOutcome::Unreachable);
+                return Err(Unreachable::Silent);
+            }
+            Ok(None) => return Err(Unreachable::Nats("the subscription ended".into())),
+            Ok(Some(m)) => m,
+        };
+        if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            metrics.forward(ForwardOutcome::Unreachable);
+            return Err(Unreachable::NoResponders);
+        }
+        match message.payload.first() {
+            Some(b'H') if message.payload.len() >= 9 => {
+                break serde_json::from_slice::<AnswerHead>(&message.payload[9..])
+                    .map_err(|e| Unreachable::Nats(format!("a bad answer head: {e}")))?;
+            }
+            _ => continue,
+        }
+    };
+    metrics.forward(ForwardOutcome::Ok);
+    let mut builder = Response::builder().status(head.status);
+    for (name, value) in &head.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            builder = builder.header(n, v);
+        }
+    }
+    let metrics = metrics.clone();
+    let body = futures::stream::unfold((answers, 1u64, false), move |(mut answers, next, done)| {
+        let metrics = metrics.clone();
+        async move {
+            if done {
+                return None;
+            }
+            loop {
+                let message = match tokio::time::timeout(SILENCE, answers.next()).await {
+                    Ok(Some(m)) => m,
+                    _ => {
+                        metrics.forward(ForwardOutcome::Cut);
+                        let e = std::io::Error::other("the owner of the session stopped answering");
+                        return Some((Err(e), (answers, next, true)));
+                    }
+                };
+                let p = &message.payload;
+                if p.len() < 9 {
+                    continue;
+                }
+                let seq = u64::from_be_bytes(p[1..9].try_into().unwrap_or([0; 8]));
+                match p[0] {
+                    b'P' => continue,
+                    kind @ (b'D' | b'E') if seq != next => {
+                        let _ = kind;
+                        metrics.forward(ForwardOutcome::Cut);
+                        let e = std::io::Error::other("a relayed answer lost a message");
+                        return Some((Err(e), (answers, next, true)));
+                    }
+                    b'D' => {
+                        return Some((
+                            Ok(Bytes::copy_from_slice(&p[9..])),
+                            (answers, next + 1, false),
+                        ));
+                    }
+                    b'E' => return None,
+                    _ => continue,
+                }
+            }
+        }
+    });
+    builder
+        .body(Body::from_stream(body))
+        .map_err(|e| Unreachable::Nats(e.to_string()))
+}

@@ -1,0 +1,623 @@
+//! Cluster mode: several `switchboard serve` nodes as one service, on NATS JetStream.
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | `mod.rs` | the flags, the connection, node heartbeats, session ownership (leases and epochs) |
+//! | `forward.rs` | relaying an HTTP request to the node that owns its session, over NATS request-reply |
+//!
+//! **Who owns a session.** Two JetStream key-value buckets, replicated like the journal:
+//! - `switchboard_nodes`: one key per live node (`{node, boot, http, sessions, in_flight,
+//!   draining, full}`), put every `--lease-ttl`/3; the bucket's age limit is the lease TTL, so
+//!   a node that stops putting (dead, paused, cut off) disappears after at most the TTL.
+//! - `switchboard_sessions`: one key per session, `{node, boot, epoch}`, changed only by a
+//!   revision-checked update. A session's lease is valid while its node's heartbeat with the
+//!   same `boot` exists: one put per node per TTL/3 keeps every lease of the node alive, however
+//!   many sessions it holds. A node takes a session over from a dead owner by updating its key
+//!   to itself with `epoch + 1` (only one node's update can win), then claims the session's
+//!   journal at that epoch ([`crate::journal::replicated`]), which fences the old owner.
+//!
+//! A node that finds its own heartbeat lapsed (it was paused past the TTL) re-reads each
+//! session's key before serving it and lets go of those another node took.
+
+pub mod forward;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use clap::builder::TypedValueParser;
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::ClusterMetrics;
+
+/// Default `--lease-ttl`.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// Default `--cluster-replicas`.
+pub const DEFAULT_REPLICAS: usize = 3;
+/// The nodes' heartbeat bucket.
+pub const NODES_BUCKET: &str = "switchboard_nodes";
+/// The sessions' ownership bucket.
+pub const SESSIONS_BUCKET: &str = "switchboard_sessions";
+/// How long connecting to NATS may take at start-up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Flags of `switchboard serve` for cluster mode.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterArgs {
+    /// Run as one node of a cluster: the NATS servers (with JetStream) the nodes share,
+    /// comma-separated (`nats://HOST:PORT[,…]`). The journal is then kept in JetStream.
+    #[arg(long, value_name = "URLS")]
+    pub cluster: Option<String>,
+    /// This node's name in the cluster (letters, digits, `-` and `_`; unique among live
+    /// nodes). Default: the host name and the listening port.
+    #[arg(long, value_name = "ID", requires = "cluster")]
+    pub node_id: Option<String>,
+    /// How long a node's leases outlive its last heartbeat: after a node dies, its sessions
+    /// move to other nodes after at most this long.
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration, requires = "cluster")]
+    pub lease_ttl: Duration,
+    /// Replicas of the cluster's buckets and journal stream (at most the number of NATS
+    /// servers; 1 for a single server).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_REPLICAS, value_parser = clap::value_parser!(u64).range(1..=5).map(|n| n as usize), requires = "cluster")]
+    pub cluster_replicas: usize,
+    /// NATS credentials file (`.creds`: a user JWT and its NKey seed).
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    pub cluster_creds: Option<PathBuf>,
+    /// CA certificate (PEM) to verify the NATS servers' TLS certificates with; TLS is then
+    /// required.
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    pub cluster_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for NATS servers that verify clients (with
+    /// `--cluster-tls-key`).
+    #[arg(long, value_name = "FILE", requires_all = ["cluster", "cluster_tls_key"])]
+    pub cluster_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["cluster", "cluster_tls_cert"])]
+    pub cluster_tls_key: Option<PathBuf>,
+}
+
+/// One node as its heartbeat describes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node id.
+    pub node: String,
+    /// This run of the node (a restarted node is a new owner).
+    pub boot: String,
+    /// The node's HTTP address.
+    pub http: String,
+    /// Sessions it holds.
+    pub sessions: usize,
+    /// Calls it is running.
+    pub in_flight: usize,
+    /// It places no new sessions (drain or shutdown).
+    pub draining: bool,
+    /// It is at its session limit.
+    pub full: bool,
+}
+
+/// A session's owner, as its key says.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Owner {
+    /// The owning node.
+    pub node: String,
+    /// That node's run.
+    pub boot: String,
+    /// The lease epoch: 1 when created, +1 at each takeover.
+    pub epoch: u64,
+}
+
+/// What this node's load is, for its heartbeat.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Load {
+    /// Sessions open here.
+    pub sessions: usize,
+    /// Calls running here.
+    pub in_flight: usize,
+    /// At the session limit.
+    pub full: bool,
+}
+
+/// Where a request for a session should go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// This node owns it (and has it open, or must open it from the journal).
+    Here(Owner),
+    /// Another live node owns it.
+    There(Owner),
+    /// Its owner is gone: this node may take it over (the key's value and revision).
+    Orphan(Owner, u64),
+    /// No such session.
+    Unknown,
+}
+
+/// Why cluster mode cannot start or an operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ClusterError(pub String);
+
+fn err(what: &str, e: impl std::fmt::Display) -> ClusterError {
+    ClusterError(format!("{what}: {e}"))
+}
+
+/// How long a read or write of the cluster's buckets is retried while JetStream has no answer
+/// (a stream leader being elected after a server died or a bucket was just made).
+const SETTLE: Duration = Duration::from_secs(8);
+
+/// Runs `op` until it succeeds or [`SETTLE`] has passed; the last error then.
+async fn settled<T, E, F, Fut>(mut op: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if started.elapsed() >= SETTLE => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// A node's link to the cluster.
+pub struct Cluster {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    nodes: kv::Store,
+    owners: kv::Store,
+    node: String,
+    boot: String,
+    http: String,
+    ttl: Duration,
+    replicas: usize,
+    draining: AtomicBool,
+    /// Sessions owned here: id → epoch.
+    held: Mutex<HashMap<String, u64>>,
+    /// Until when this node's heartbeat is known to stand (its last successful put + TTL).
+    alive_until: Mutex<Option<Instant>>,
+    metrics: ClusterMetrics,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node", &self.node)
+            .field("boot", &self.boot)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Checks a node id: 1 to 64 of `[A-Za-z0-9_-]`.
+pub fn check_node_id(id: &str) -> Result<(), ClusterError> {
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ClusterError(format!(
+            "bad --node-id {id:?}: 1 to 64 letters, digits, `-` and `_`"
+        )));
+    }
+    Ok(())
+}
+
+/// The default node id: the host name and the port, as a valid id.
+pub fn default_node_id(port: u16) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_else(|_| "node".into())
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect::<String>();
+    format!("{host}-{port}")
+}
+
+impl Cluster {
+    /// Connects to the NATS servers of `args` and opens the cluster's buckets, as node `node`
+    /// serving HTTP on `http`. Fails with a message naming the servers when NATS cannot be
+    /// reached or has no JetStream.
+    pub async fn connect(
+        args: &ClusterArgs,
+        node: &str,
+        http: &str,
+    ) -> Result<Cluster, ClusterError> {
+        let urls = args
+            .cluster
+            .as_deref()
+            .ok_or_else(|| ClusterError("no --cluster servers".into()))?;
+        check_node_id(node)?;
+        let mut options = async_nats::ConnectOptions::new()
+            .name(format!("switchboard {node}"))
+            .connection_timeout(CONNECT_TIMEOUT);
+        if let Some(creds) = &args.cluster_creds {
+            options = options.credentials_file(creds).await.map_err(|e| {
+                err(
+                    &format!("cannot read --cluster-creds {}", creds.display()),
+                    e,
+                )
+            })?;
+        }
+        if let Some(ca) = &args.cluster_tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&args.cluster_tls_cert, &args.cluster_tls_key) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        let addrs: Vec<async_nats::ServerAddr> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|u| {
+                u.parse()
+                    .map_err(|e| err(&format!("bad NATS server address {u:?} in --cluster"), e))
+            })
+            .collect::<Result<_, _>>()?;
+        if addrs.is_empty() {
+            return Err(ClusterError("--cluster names no NATS server".into()));
+        }
+        let client = tokio::time::timeout(CONNECT_TIMEOUT * 2, options.connect(addrs))
+            .await
+            .map_err(|_| ClusterError(format!("cannot reach the NATS servers {urls} (timed out)")))?
+            .map_err(|e| err(&format!("cannot reach the NATS servers {urls}"), e))?;
+        let js = jetstream::new(client.clone());
+        let ttl = args.lease_ttl.max(Duration::from_millis(300));
+        let bucket = |name: &str, max_age: Duration| kv::Config {
+            bucket: name.to_string(),
+            history: 1,
+            max_age,
+            num_replicas: args.cluster_replicas,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        let open = |config: kv::Config| {
+            let js = js.clone();
+            async move {
+                let name = config.bucket.clone();
+                let made = settled(|| {
+                    let (js, config) = (js.clone(), config.clone());
+                    async move {
+                        match js.get_key_value(&config.bucket).await {
+                            Ok(store) => Ok(store),
+                            Err(_) => js.create_key_value(config).await,
+                        }
+                    }
+                })
+                .await;
+                match made {
+                    Ok(store) => Ok(store),
+                    Err(e) => Err(e).map_err(|e| {
+                        err(
+                            &format!(
+                                "cannot create the key-value bucket {name} (JetStream enabled on {urls}? replicas {} need as many servers: --cluster-replicas)",
+                                 args.cluster_replicas
+                            ),
+                            e,
+                        )
+                    }),
+                }
+            }
+        };
+        let nodes = open(bucket(NODES_BUCKET, ttl)).await?;
+        let owners = open(bucket(SESSIONS_BUCKET, Duration::ZERO)).await?;
+        let boot = format!("{:x}{:x}", crate::journal::now_ms(), std::process::id());
+        let cluster = Cluster {
+            client,
+            js,
+            nodes,
+            owners,
+            node: node.to_string(),
+            boot,
+            http: http.to_string(),
+            ttl,
+            replicas: args.cluster_replicas,
+            draining: AtomicBool::new(false),
+            held: Mutex::new(HashMap::new()),
+            alive_until: Mutex::new(None),
+            metrics: ClusterMetrics::new(node),
+        };
+        // A live node of the same id would share forwards and leases: refuse.
+        if let Some(other) = cluster.node_info(node).await?
+            && other.boot != cluster.boot
+        {
+            return Err(ClusterError(format!(
+                "node id {node:?} is in use by a live node (serving {}); give each node its own --node-id, or wait {} for the old one's heartbeat to expire",
+                other.http,
+                humantime::format_duration(ttl)
+            )));
+        }
+        Ok(cluster)
+    }
+
+    /// The NATS client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream context.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Replicas of the buckets and the journal.
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    /// The metrics of this node.
+    pub fn metrics(&self) -> &ClusterMetrics {
+        &self.metrics
+    }
+
+    /// Stops placing new sessions here.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether this node places no new sessions.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Puts this node's heartbeat now.
+    pub async fn heartbeat(&self, load: Load) -> Result<(), ClusterError> {
+        let info = NodeInfo {
+            node: self.node.clone(),
+            boot: self.boot.clone(),
+            http: self.http.clone(),
+            sessions: load.sessions,
+            in_flight: load.in_flight,
+            draining: self.draining(),
+            full: load.full,
+        };
+        let started = Instant::now();
+        let bytes = serde_json::to_vec(&info).map_err(|e| err("heartbeat", e))?;
+        let bytes = axum::body::Bytes::from(bytes);
+        settled(|| self.nodes.put(&self.node, bytes.clone()))
+            .await
+            .map_err(|e| err("cannot put this node's heartbeat", e))?;
+        // Counted from before the put: the server's clock started no earlier.
+        *lock(&self.alive_until) = Some(started + self.ttl);
+        self.metrics.leases(lock(&self.held).len());
+        Ok(())
+    }
+
+    /// Puts the heartbeat every TTL/3 until `stop`, with `load` read each time; then deletes it,
+    /// so that other nodes take this node's sessions over at once.
+    pub async fn keep_alive(
+        self: Arc<Self>,
+        load: impl Fn() -> Load + Send + 'static,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(self.ttl / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Err(e) = self.heartbeat(load()).await {
+                        tracing::warn!(node = %self.node, error = %e, "cluster: heartbeat failed");
+                    }
+                }
+                () = stop.cancelled() => break,
+            }
+        }
+        self.leave().await;
+    }
+
+    /// Deletes this node's heartbeat: its sessions are free for other nodes at once.
+    pub async fn leave(&self) {
+        *lock(&self.alive_until) = None;
+        if let Err(e) = self.nodes.delete(&self.node).await {
+            tracing::warn!(node = %self.node, error = %e, "cluster: the heartbeat was not deleted (its sessions move after the lease TTL)");
+        }
+    }
+
+    /// The heartbeat of node `node`, if it is alive.
+    pub async fn node_info(&self, node: &str) -> Result<Option<NodeInfo>, ClusterError> {
+        let entry = settled(|| self.nodes.entry(node))
+            .await
+            .map_err(|e| err("cannot read the node heartbeats", e))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| serde_json::from_slice(&e.value).ok()))
+    }
+
+    /// Every live node's heartbeat.
+    pub async fn live_nodes(&self) -> Result<Vec<NodeInfo>, ClusterError> {
+        use futures::TryStreamExt;
+        let keys: Vec<String> = match settled(|| self.nodes.keys()).await {
+            Ok(keys) => keys
+                .try_collect()
+                .await
+                .map_err(|e| err("cannot list the nodes", e))?,
+            Err(e) => return Err(err("cannot list the nodes", e)),
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(info) = self.node_info(&key).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether this node's own heartbeat is known to stand now.
+    fn alive(&self) -> bool {
+        lock(&self.alive_until).is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Whether this node owns session `id` now: it holds it and its heartbeat stands; after a
+    /// lapse (a pause), the session's key is read again, and a session taken by another node is
+    /// let go (false).
+    pub async fn owns(&self, id: &str) -> bool {
+        let Some(epoch) = lock(&self.held).get(id).copied() else {
+            return false;
+        };
+        if self.alive() {
+            return true;
+        }
+        match self.owner(id).await {
+            Ok(Some((owner, _)))
+                if owner.node == self.node && owner.boot == self.boot && owner.epoch == epoch =>
+            {
+                true
+            }
+            Ok(_) => {
+                self.let_go(id);
+                false
+            }
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "cluster: cannot check a session's owner");
+                false
+            }
+        }
+    }
+
+    /// Session `id`'s owner and its key's revision.
+    pub async fn owner(&self, id: &str) -> Result<Option<(Owner, u64)>, ClusterError> {
+        let entry = settled(|| self.owners.entry(id))
+            .await
+            .map_err(|e| err("cannot read a session's owner", e))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| {
+                serde_json::from_slice(&e.value)
+                    .ok()
+                    .map(|o| (o, e.revision))
+            }))
+    }
+
+    /// Where a request for session `id` goes.
+    pub async fn route(&self, id: &str) -> Result<Route, ClusterError> {
+        if !crate::journal::replicated::valid_id(id) {
+            return Ok(Route::Unknown);
+        }
+        let Some((owner, revision)) = self.owner(id).await? else {
+            return Ok(Route::Unknown);
+        };
+        if owner.node == self.node && owner.boot == self.boot {
+            return Ok(Route::Here(owner));
+        }
+        match self.node_info(&owner.node).await? {
+            Some(info) if info.boot == owner.boot => Ok(Route::There(owner)),
+            _ => Ok(Route::Orphan(owner, revision)),
+        }
+    }
+
+    /// Records a session created here (epoch 1); false if the id is taken.
+    pub async fn register(&self, id: &str) -> Result<u64, ClusterError> {
+        let owner = Owner {
+            node: self.node.clone(),
+            boot: self.boot.clone(),
+            epoch: 1,
+        };
+        let bytes =
+            axum::body::Bytes::from(serde_json::to_vec(&owner).map_err(|e| err("lease", e))?);
+        // Retried while JetStream settles; a try whose acknowledgement was lost finds its own
+        // record there.
+        let made = settled(|| async {
+            match self.owners.create(id, bytes.clone()).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    match self.owner(id).await {
+                        Ok(Some((o, _))) if o == owner => Ok(()),
+                        _ => Err(err("the session id is taken", e)),
+                    }
+                }
+                Err(e) => Err(err("", e)),
+            }
+        })
+        .await;
+        made.map_err(|e| ClusterError(format!("cannot record session {id}'s lease{}", e.0)))?;
+        self.hold(id, 1);
+        Ok(1)
+    }
+
+    /// Takes session `id` over from its dead owner `from` (the key at `revision`): its new
+    /// epoch, or `None` when another node was faster.
+    pub async fn take_over(
+        &self,
+        id: &str,
+        from: &Owner,
+        revision: u64,
+    ) -> Result<Option<u64>, ClusterError> {
+        let owner = Owner {
+            node: self.node.clone(),
+            boot: self.boot.clone(),
+            epoch: from.epoch + 1,
+        };
+        let bytes = serde_json::to_vec(&owner).map_err(|e| err("lease", e))?;
+        match self.owners.update(id, bytes.into(), revision).await {
+            Ok(_) => {
+                self.hold(id, owner.epoch);
+                Ok(Some(owner.epoch))
+            }
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) => Err(err(&format!("cannot take session {id} over"), e)),
+        }
+    }
+
+    fn hold(&self, id: &str, epoch: u64) {
+        let n = {
+            let mut held = lock(&self.held);
+            held.insert(id.to_string(), epoch);
+            held.len()
+        };
+        self.metrics.leases(n);
+    }
+
+    /// Stops holding session `id` here (another node took it, or this node closed it).
+    pub fn let_go(&self, id: &str) {
+        let n = {
+            let mut held = lock(&self.held);
+            held.remove(id);
+            held.len()
+        };
+        self.metrics.leases(n);
+    }
+
+    /// Session `id` is closed for good: its lease is deleted.
+    pub async fn forget(&self, id: &str) {
+        self.let_go(id);
+        if let Err(e) = self.owners.delete(id).await {
+            tracing::warn!(session = %id, error = %e, "cluster: a closed session's lease was not deleted");
+        }
+    }
+
+    /// The live node a new session should go to instead of this one (least calls in flight,
+    /// then fewest sessions), if this one is draining or full; `None` to place it here.
+    pub async fn placement(&self, here_full: bool) -> Result<Option<NodeInfo>, ClusterError> {
+        if !here_full && !self.draining() {
+            return Ok(None);
+        }
+        let best = self
+            .live_nodes()
+            .await?
+            .into_iter()
+            .filter(|n| n.node != self.node && !n.draining && !n.full)
+            .min_by_key(|n| (n.in_flight, n.sessions));
+        Ok(best)
+    }
+}

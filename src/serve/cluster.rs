@@ -1,0 +1,274 @@
+//! Cluster mode in the HTTP front end: every request for a session is served by the node that
+//! owns it, whichever node it arrived at (see [`crate::cluster`] for ownership and
+//! [`crate::cluster::forward`] for the relay).
+//!
+//! For a request naming a session, after the token check:
+//! - this node owns it (and its heartbeat stands) → served here;
+//! - another live node owns it → relayed there over NATS, its answer streamed back;
+//! - its owner is dead (heartbeat expired) → this node takes it over (lease epoch + 1, journal
+//!   claimed, which fences the old owner), reopens it from the journal and serves it;
+//! - nobody knows it → `unknown_session`.
+//!
+//! A turn during which another node took the session over (this node's journal write was
+//! refused) is routed again, to the new owner, when it was not streamed; a stream is ended with
+//! `session_moved`, and the client's retry (same turn id) is answered by the new owner.
+//!
+//! `POST /v1/sessions` is placed here unless this node is draining or at its session limit;
+//! then it goes to the live node with the fewest calls in flight.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::app::{App, json_response};
+use super::errors::{ApiError, Moved};
+use crate::cluster::forward::{self, FORWARDED_HEADER, Unreachable};
+use crate::cluster::{Cluster, Route};
+
+/// How many times a request is routed before the node gives up (the owner changed under it each
+/// time).
+const ROUTE_TRIES: usize = 3;
+
+/// The session a path names: `/v1/sessions/{id}` and everything under it.
+fn session_of(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/sessions/")?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty()).then_some(id)
+}
+
+/// What to do with a request for a session.
+enum Decision {
+    Here,
+    There(String),
+}
+
+/// Middleware of the `/v1` routes in cluster mode.
+pub async fn route(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let Some(cluster) = app.cluster.clone() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path().to_string();
+    if request.method() == Method::POST && path == "/v1/sessions" {
+        return place(&app, &cluster, request, next).await;
+    }
+    let Some(id) = session_of(&path).map(str::to_string) else {
+        return next.run(request).await;
+    };
+    let relayed = request.headers().contains_key(&FORWARDED_HEADER);
+    let (parts, body) = request.into_parts();
+    let body = match app.read_body(&parts.headers, body).await {
+        Ok(text) => axum::body::Bytes::from(text),
+        Err(e) => return e.into_response(),
+    };
+    let mut last = None;
+    for _ in 0..ROUTE_TRIES {
+        let decision = match decide(&app, &cluster, &id, relayed).await {
+            Ok(d) => d,
+            Err(e) => return e.into_response(),
+        };
+        match decision {
+            Decision::Here => {
+                let request = Request::from_parts(parts.clone(), Body::from(body.clone()));
+                let response = next.clone().run(request).await;
+                if response.extensions().get::<Moved>().is_none() || relayed {
+                    return response;
+                }
+                // Taken over while the turn ran here: the new owner answers it.
+                last = Some(response);
+            }
+            Decision::There(node) => {
+                match forward::forward(
+                    cluster.client(),
+                    &node,
+                    &parts,
+                    body.clone(),
+                    cluster.metrics(),
+                )
+                .await
+                {
+                    Ok(response) => return response,
+                    Err(Unreachable::TooLarge(limit)) => {
+                        return ApiError::PayloadTooLarge(limit).into_response();
+                    }
+                    Err(why) => {
+                        return ApiError::NodeUnreachable(
+                            format!("node {node}: {why:?}"),
+                            cluster.ttl().as_secs().max(1),
+                        )
+                        .into_response();
+                    }
+                }
+            }
+        }
+    }
+    last.unwrap_or_else(|| ApiError::SessionMoved(id).into_response())
+}
+
+/// Where session `id` is served; takes it over when its owner is dead.
+async fn decide(
+    app: &App,
+    cluster: &Cluster,
+    id: &str,
+    relayed: bool,
+) -> Result<Decision, ApiError> {
+    let open_here = app.sessions.has(id);
+    if open_here && cluster.owns(id).await {
+        return Ok(Decision::Here);
+    }
+    if open_here {
+        // Its lease lapsed while this node was away, and another node took it.
+        app.sessions.drop_local(id);
+    }
+    let internal = |e: crate::cluster::ClusterError| ApiError::Internal(e.0);
+    for _ in 0..ROUTE_TRIES {
+        match cluster.route(id).await.map_err(internal)? {
+            Route::Unknown => return Ok(Decision::Here),
+            Route::Here(owner) => {
+                // Its key names this node's run, but the session is not open: it was let go
+                // (fenced) and nobody took it since; take it back at a new epoch.
+                if let Some((current, revision)) = cluster.owner(id).await.map_err(internal)?
+                    && current == owner
+                {
+                    take_over(app, cluster, id, &owner, revision).await?;
+                    return Ok(Decision::Here);
+                }
+            }
+            Route::There(owner) => {
+                if relayed {
+                    // Relayed here, but another node owns it: the relaying node routes again.
+                    return Err(ApiError::SessionMoved(id.to_string()));
+                }
+                return Ok(Decision::There(owner.node));
+            }
+            Route::Orphan(owner, revision) => {
+                if take_over(app, cluster, id, &owner, revision).await? {
+                    return Ok(Decision::Here);
+                }
+            }
+        }
+    }
+    Err(ApiError::SessionMoved(id.to_string()))
+}
+
+/// Takes session `id` over from `owner` (its key at `revision`) and reopens it here; false
+/// when another node was faster.
+async fn take_over(
+    app: &App,
+    cluster: &Cluster,
+    id: &str,
+    owner: &crate::cluster::Owner,
+    revision: u64,
+) -> Result<bool, ApiError> {
+    let Some(epoch) = cluster
+        .take_over(id, owner, revision)
+        .await
+        .map_err(|e| ApiError::Internal(e.0))?
+    else {
+        return Ok(false);
+    };
+    let Some(journal) = app.engine.journal().and_then(|j| j.as_replicated()) else {
+        return Err(ApiError::Internal(
+            "cluster mode without its journal".into(),
+        ));
+    };
+    match journal.claim(id, epoch).await {
+        Ok(crate::journal::replicated::Claimed::Session(bytes)) => {
+            if owner.node != cluster.node() {
+                cluster.metrics().failover();
+            }
+            tracing::info!(session = %id, from = %owner.node, epoch, "cluster: session taken over");
+            if let Err(e) = app.sessions.adopt(id, &bytes).await {
+                cluster.let_go(id);
+                journal.release(id);
+                return Err(e);
+            }
+            Ok(true)
+        }
+        Ok(crate::journal::replicated::Claimed::Unknown) => {
+            cluster.forget(id).await;
+            Ok(true)
+        }
+        Err(crate::journal::JournalError::Fenced { .. }) => {
+            cluster.let_go(id);
+            Ok(false)
+        }
+        Err(e) => {
+            cluster.let_go(id);
+            Err(ApiError::Internal(format!(
+                "cannot take session {id} over: {e}"
+            )))
+        }
+    }
+}
+
+/// `POST /v1/sessions` in cluster mode: here, or on the least-loaded live node when this one is
+/// draining or full.
+async fn place(app: &App, cluster: &Cluster, request: Request, next: Next) -> Response {
+    if request.headers().contains_key(&FORWARDED_HEADER) {
+        return next.run(request).await;
+    }
+    let (_, full) = app.sessions.load();
+    let target = match cluster.placement(full).await {
+        Ok(target) => target,
+        Err(e) => return ApiError::Internal(e.0).into_response(),
+    };
+    let Some(target) = target else {
+        if cluster.draining() {
+            return ApiError::ShuttingDown.into_response();
+        }
+        return next.run(request).await;
+    };
+    let (parts, body) = request.into_parts();
+    let body = match app.read_body(&parts.headers, body).await {
+        Ok(text) => axum::body::Bytes::from(text),
+        Err(e) => return e.into_response(),
+    };
+    match forward::forward(
+        cluster.client(),
+        &target.node,
+        &parts,
+        body,
+        cluster.metrics(),
+    )
+    .await
+    {
+        Ok(response) => response,
+        Err(why) => ApiError::NodeUnreachable(
+            format!("node {}: {why:?}", target.node),
+            cluster.ttl().as_secs().max(1),
+        )
+        .into_response(),
+    }
+}
+
+/// `POST /v1/admin/drain`: this node places no new sessions from now on (they go to other
+/// nodes, or are refused `shutting_down` on a single node); its sessions and turns go on.
+pub async fn drain(State(app): State<Arc<App>>) -> Response {
+    app.drain();
+    if let Some(cluster) = &app.cluster
+        && let Err(e) = cluster.heartbeat(app.cluster_load()).await
+    {
+        tracing::warn!(error = %e, "cluster: the draining heartbeat was not put");
+    }
+    let (sessions, _) = app.sessions.load();
+    let body = serde_json::json!({"draining": true, "sessions": sessions}).to_string();
+    json_response(StatusCode::OK, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_paths_name_their_session() {
+        assert_eq!(session_of("/v1/sessions/s1"), Some("s1"));
+        assert_eq!(session_of("/v1/sessions/s1/dispatch"), Some("s1"));
+        assert_eq!(session_of("/v1/sessions"), None);
+        assert_eq!(session_of("/v1/sessions/"), None);
+        assert_eq!(session_of("/v1/tools"), None);
+    }
+}

@@ -1,0 +1,635 @@
+//! Cluster mode against real parts: a 3-server `nats-server` cluster with JetStream on loopback
+//! ports and 3 `switchboard serve` nodes (the real binary) sharing one workspace root.
+//!
+//! Skipped (with a line saying so) when no `nats-server` is found, unless
+//! `SWITCHBOARD_REQUIRE_NATS=1` (CI sets it and installs the server).
+
+// Shared with other test binaries: not every helper is used here.
+#[allow(dead_code)]
+#[path = "../common/nats.rs"]
+mod nats;
+#[path = "../serve_common/mod.rs"]
+mod serve_common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use serve_common::{Answer, TOKEN, events, send, spawn_server, turn};
+
+/// The lease TTL the nodes run with: short, so failover tests stay short.
+const TTL: &str = "2s";
+/// How long a test waits for a session to move after its owner died (TTL plus the NATS
+/// server's expiry of the dead node's heartbeat, plus slack for a loaded machine).
+const MOVE_LIMIT: Duration = Duration::from_secs(40);
+
+struct Node {
+    name: String,
+    child: Child,
+    base: String,
+}
+
+impl Node {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_node(nats: &str, name: &str, root: &Path) -> Node {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--cluster",
+        nats,
+        "--node-id",
+        name,
+    ])
+    .args([
+        "--lease-ttl",
+        TTL,
+        "--cluster-replicas",
+        "3",
+        "--grace",
+        "2s",
+    ])
+    .arg("--workspace-root")
+    .arg(root)
+    .env("SWITCHBOARD_TOKEN", TOKEN)
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let (child, base) = spawn_server(cmd);
+    Node {
+        name: name.to_string(),
+        child,
+        base,
+    }
+}
+
+struct Cluster {
+    nats: nats::NatsCluster,
+    nodes: Vec<Node>,
+    /// Kept until the cluster is dropped: the nodes' workspace root.
+    _root: tempfile::TempDir,
+}
+
+/// 3 NATS servers and nodes `a`, `b`, `c` on one workspace root; `None` when skipped.
+fn cluster() -> Option<Cluster> {
+    nats::nats_or_skip()?;
+    let nats = nats::NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let nodes = ["a", "b", "c"]
+        .iter()
+        .map(|n| start_node(&nats.urls(), n, root.path()))
+        .collect();
+    Some(Cluster {
+        nats,
+        nodes,
+        _root: root,
+    })
+}
+
+fn client() -> reqwest::Client {
+    switchboard::providers::install_crypto_provider();
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+async fn create(c: &reqwest::Client, node: &Node, body: Value) -> Value {
+    let a = send(
+        c.post(node.url("/v1/sessions"))
+            .bearer_auth(TOKEN)
+            .body(body.to_string()),
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.text);
+    a.json()
+}
+
+async fn dispatch_on(
+    c: &reqwest::Client,
+    node: &Node,
+    id: &str,
+    turn_id: &str,
+    body: &str,
+) -> Answer {
+    send(
+        c.post(node.url(&format!("/v1/sessions/{id}/dispatch")))
+            .bearer_auth(TOKEN)
+            .header("Switchboard-Turn-Id", turn_id)
+            .body(body.to_string()),
+    )
+    .await
+}
+
+/// Sends a turn through `nodes` in turn until one answers 200 (a node may be dead, a session
+/// may be moving); the answer.
+async fn dispatch_until_answered(
+    c: &reqwest::Client,
+    nodes: &[&Node],
+    id: &str,
+    turn_id: &str,
+    body: &str,
+) -> Answer {
+    let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
+    dispatch_until_answered_at(c, &bases, id, turn_id, body).await
+}
+
+/// [`dispatch_until_answered`] through nodes by their base URLs.
+async fn dispatch_until_answered_at(
+    c: &reqwest::Client,
+    bases: &[String],
+    id: &str,
+    turn_id: &str,
+    body: &str,
+) -> Answer {
+    let deadline = Instant::now() + MOVE_LIMIT;
+    let mut i = 0;
+    loop {
+        let base = &bases[i % bases.len()];
+        i += 1;
+        let sent = c
+            .post(format!("{base}/v1/sessions/{id}/dispatch"))
+            .bearer_auth(TOKEN)
+            .header("Switchboard-Turn-Id", turn_id)
+            .body(body.to_string())
+            .send()
+            .await;
+        if let Ok(response) = sent {
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            if let Ok(text) = response.text().await {
+                let answer = Answer {
+                    status,
+                    headers,
+                    text,
+                };
+                if status == 200 {
+                    return answer;
+                }
+                let code = answer.code();
+                assert!(
+                    [
+                        "node_unreachable",
+                        "session_moved",
+                        "turn_in_progress",
+                        "overloaded"
+                    ]
+                    .contains(&code.as_str()),
+                    "only a retryable refusal while a session moves: {} {}",
+                    answer.status,
+                    answer.text
+                );
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "turn {turn_id} of {id} unanswered after {MOVE_LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn results(answer: &Answer) -> Vec<Value> {
+    answer.json()["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+async fn metric(c: &reqwest::Client, node: &Node, name: &str) -> f64 {
+    let text = c
+        .get(node.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_made_on_one_node_is_served_by_every_node_and_streams_through_a_forward() {
+    let Some(cl) = cluster() else { return };
+    let c = client();
+    let [a, b, nc] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
+    let made = create(&c, a, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        made["node"], "a",
+        "placed on the node that received it: {made}"
+    );
+    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
+    for (i, node) in [a, b, nc].iter().enumerate() {
+        let call = format!("c{i}");
+        let body = turn(&[(
+            &call,
+            "bash",
+            json!({"command": format!("echo {} >> log; wc -l < log", node.name)}),
+        )]);
+        let answer = dispatch_on(&c, node, &id, &format!("t{i}"), &body).await;
+        assert_eq!(answer.status, 200, "through {}: {}", node.name, answer.text);
+        assert_eq!(
+            results(&answer)[0]["content"],
+            json!((i + 1).to_string()),
+            "{}",
+            answer.text
+        );
+    }
+    assert_eq!(
+        lines(&ws.join("log")),
+        ["a", "b", "c"],
+        "each call ran once, on the owner"
+    );
+    // The owner is the same whichever node is asked.
+    for node in [a, b, nc] {
+        let info = send(
+            c.get(node.url(&format!("/v1/sessions/{id}")))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+        assert_eq!(info.status, 200, "{}", info.text);
+        assert_eq!(info.json()["node"], "a");
+        assert_eq!(info.json()["turns"], 3);
+    }
+    // A streamed turn through a forward: every event, in order, then `done`.
+    let body = turn(&[
+        ("s1", "bash", json!({"command": "sleep 0.3; echo first"})),
+        ("s2", "bash", json!({"command": "echo second"})),
+    ]);
+    let streamed = send(
+        c.post(b.url(&format!("/v1/sessions/{id}/dispatch?stream=true")))
+            .bearer_auth(TOKEN)
+            .body(body),
+    )
+    .await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text);
+    let kinds: Vec<String> = events(&streamed.text).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kinds, ["result", "result", "done"], "{}", streamed.text);
+    assert!(streamed.text.contains("first") && streamed.text.contains("second"));
+    // No token, no relay: the token is checked where the request arrives.
+    let refused = send(
+        c.post(b.url(&format!("/v1/sessions/{id}/dispatch")))
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(refused.status, 401);
+    assert!(
+        metric(
+            &c,
+            b,
+            "switchboard_cluster_forwards_total{node=\"b\",outcome=\"ok\"}"
+        )
+        .await
+            >= 3.0
+    );
+    assert_eq!(metric(&c, a, "switchboard_cluster_leases_held").await, 1.0);
+    drop(cl);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_killed_under_load_leaves_every_call_answered_once_and_nothing_run_twice() {
+    let Some(mut cl) = cluster() else { return };
+    let c = client();
+    let mut sessions = Vec::new();
+    for _ in 0..16 {
+        let made = create(&c, &cl.nodes[0], json!({})).await;
+        sessions.push((
+            made["session_id"].as_str().unwrap().to_string(),
+            PathBuf::from(made["workspace"].as_str().unwrap()),
+        ));
+    }
+    // Each session: turns of two side-effect calls, each appending its own line, sent through
+    // b and c (relayed to a) and retried with the same turn id until answered; a is killed
+    // once every session has had a turn answered.
+    let answered = Arc::new(AtomicUsize::new(0));
+    let killer = {
+        let (pid, answered) = (cl.nodes[0].pid(), Arc::clone(&answered));
+        tokio::spawn(async move {
+            while answered.load(Ordering::Acquire) < 16 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        })
+    };
+    let mut tasks = Vec::new();
+    for (s, (id, _)) in sessions.iter().enumerate() {
+        let (id, c, answered) = (id.clone(), c.clone(), Arc::clone(&answered));
+        let bases = [cl.nodes[1].base.clone(), cl.nodes[2].base.clone()];
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for t in 0..6 {
+                let calls: Vec<(String, String)> = (0..2)
+                    .map(|k| (format!("x{s}-{t}-{k}"), format!("line-{t}-{k}")))
+                    .collect();
+                let body = turn(
+                    &calls
+                        .iter()
+                        .map(|(cid, line)| {
+                            (
+                                cid.as_str(),
+                                "bash",
+                                json!({"command": format!("echo {line} >> log; sleep 0.2")}),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                );
+                let answer =
+                    dispatch_until_answered_at(&c, &bases, &id, &format!("turn-{t}"), &body).await;
+                answered.fetch_add(1, Ordering::AcqRel);
+                for (r, (_, line)) in results(&answer).into_iter().zip(calls) {
+                    answers.push((r, line));
+                }
+            }
+            answers
+        }));
+    }
+    let mut unknown = 0;
+    let mut total = 0;
+    for (task, (_, ws)) in tasks.into_iter().zip(&sessions) {
+        let answers = task.await.unwrap();
+        assert_eq!(answers.len(), 12, "every call answered");
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for line in lines(&ws.join("log")) {
+            *seen.entry(line).or_insert(0) += 1;
+        }
+        for (line, n) in &seen {
+            assert_eq!(*n, 1, "{line} written {n} times in {}", ws.display());
+        }
+        for (r, line) in &answers {
+            total += 1;
+            if r["is_error"] == true {
+                let text = r["content"].to_string();
+                assert!(
+                    text.contains("outcome_unknown"),
+                    "only outcome_unknown may fail: {r}"
+                );
+                unknown += 1;
+            } else {
+                assert_eq!(
+                    seen.get(line),
+                    Some(&1),
+                    "{r} answered ok and its line is there once"
+                );
+            }
+        }
+    }
+    killer.await.unwrap();
+    assert_eq!(total, 16 * 12);
+    assert!(
+        unknown <= 32,
+        "at most the calls running at the kill are unknown: {unknown}"
+    );
+    // The sessions moved: b and c hold all 16 now.
+    let held = metric(&c, &cl.nodes[1], "switchboard_cluster_leases_held").await
+        + metric(&c, &cl.nodes[2], "switchboard_cluster_leases_held").await;
+    assert_eq!(held, 16.0);
+    let failovers = metric(&c, &cl.nodes[1], "switchboard_cluster_failovers_total").await
+        + metric(&c, &cl.nodes[2], "switchboard_cluster_failovers_total").await;
+    assert_eq!(failovers, 16.0);
+    cl.nodes.remove(0);
+}
+
+/// The epochs of session `id`'s journal messages, in stream order.
+async fn journal_epochs(nats_url: &str, id: &str) -> Vec<(u64, Value)> {
+    let client = async_nats::connect(nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("SWITCHBOARD_JOURNAL").await.unwrap();
+    let mut out = Vec::new();
+    let mut next = 1;
+    while let Ok(m) = stream
+        .raw_message_builder()
+        .sequence(next)
+        .next_by_subject(format!("sbj.{id}"))
+        .send()
+        .await
+    {
+        next = m.sequence + 1;
+        let v: Value = serde_json::from_slice(&m.payload).unwrap();
+        out.push((v["epoch"].as_u64().unwrap(), v));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_resumed_after_failover_writes_nothing_and_its_client_is_answered_by_the_new_owner()
+ {
+    let Some(cl) = cluster() else { return };
+    let c = client();
+    let [a, b, _] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
+    let made = create(&c, a, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
+    let first = dispatch_on(
+        &c,
+        a,
+        &id,
+        "t1",
+        &turn(&[("p1", "bash", json!({"command": "echo p1 >> log"}))]),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    let stop = |sig: &str| {
+        let _ = Command::new("kill")
+            .args([sig, &a.pid().to_string()])
+            .status();
+    };
+    stop("-STOP");
+    // Through b: refused while a's lease stands, then b takes the session over.
+    let moved = dispatch_until_answered(
+        &c,
+        &[b],
+        &id,
+        "t2",
+        &turn(&[("p2", "bash", json!({"command": "echo p2 >> log"}))]),
+    )
+    .await;
+    assert_eq!(
+        results(&moved)[0]["is_error"],
+        Value::Null,
+        "{}",
+        moved.text
+    );
+    // A turn sent to the paused node waits in its socket; once it resumes, it must not run
+    // the turn itself: it finds its lease gone and relays the turn to b.
+    let late = {
+        let (c, url) = (c.clone(), a.url(&format!("/v1/sessions/{id}/dispatch")));
+        tokio::spawn(async move {
+            send(
+                c.post(url)
+                    .bearer_auth(TOKEN)
+                    .header("Switchboard-Turn-Id", "t3")
+                    .body(turn(&[(
+                        "p3",
+                        "bash",
+                        json!({"command": "echo p3 >> log"}),
+                    )])),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop("-CONT");
+    let late = late.await.unwrap();
+    assert_eq!(late.status, 200, "{}", late.text);
+    assert_eq!(lines(&ws.join("log")), ["p1", "p2", "p3"]);
+    let info = send(
+        c.get(a.url(&format!("/v1/sessions/{id}")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(
+        info.json()["node"],
+        "b",
+        "a relays to the new owner: {}",
+        info.text
+    );
+    // The journal: epochs never go down along the stream (a wrote nothing after b's claim),
+    // and b's claim is there.
+    let epochs = journal_epochs(&cl.nats.url(0), &id).await;
+    assert!(epochs.windows(2).all(|w| w[0].0 <= w[1].0), "{epochs:?}");
+    assert!(
+        epochs
+            .iter()
+            .any(|(e, v)| *e == 2 && v.to_string().contains("claim")),
+        "{epochs:?}"
+    );
+    assert_eq!(metric(&c, a, "switchboard_cluster_leases_held").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_keeps_working_when_a_nats_server_is_killed() {
+    let Some(mut cl) = cluster() else { return };
+    let c = client();
+    let made = create(&c, &cl.nodes[0], json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    cl.nats.kill(0);
+    // Sessions are still made and served through every node, with answers remembered.
+    let body = turn(&[("n1", "bash", json!({"command": "echo n1 >> log; echo ok"}))]);
+    let nodes: Vec<&Node> = cl.nodes.iter().collect();
+    let first = dispatch_until_answered(&c, &nodes[1..], &id, "t1", &body).await;
+    assert_eq!(results(&first)[0]["content"], "ok", "{}", first.text);
+    let again = dispatch_until_answered(&c, &nodes[2..], &id, "t1", &body).await;
+    assert_eq!(
+        first.text, again.text,
+        "the retry is answered from the journal"
+    );
+    for node in &cl.nodes {
+        let made = send(
+            c.post(node.url("/v1/sessions"))
+                .bearer_auth(TOKEN)
+                .body("{}"),
+        )
+        .await;
+        assert_eq!(made.status, 201, "{}", made.text);
+    }
+    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
+    assert_eq!(lines(&ws.join("log")), ["n1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_places_new_sessions_elsewhere_and_finishes_its_turns() {
+    let Some(cl) = cluster() else { return };
+    let c = client();
+    let a = &cl.nodes[0];
+    let made = create(&c, a, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    // A turn running on a while it is drained still finishes there.
+    let running = {
+        let (c, url) = (c.clone(), a.url(&format!("/v1/sessions/{id}/dispatch")));
+        tokio::spawn(async move {
+            send(c.post(url).bearer_auth(TOKEN).body(turn(&[(
+                "d1",
+                "bash",
+                json!({"command": "sleep 1; echo done"}),
+            )])))
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let drained = send(c.post(a.url("/v1/admin/drain")).bearer_auth(TOKEN)).await;
+    assert_eq!(drained.status, 200, "{}", drained.text);
+    assert_eq!(drained.json()["draining"], true);
+    for _ in 0..4 {
+        let placed = create(&c, a, json!({})).await;
+        assert_ne!(placed["node"], "a", "{placed}");
+    }
+    let finished = running.await.unwrap();
+    assert_eq!(finished.status, 200, "{}", finished.text);
+    assert_eq!(results(&finished)[0]["content"], "done");
+    // Its own sessions are still served.
+    let more = dispatch_on(
+        &c,
+        a,
+        &id,
+        "t2",
+        &turn(&[("d2", "bash", json!({"command": "echo more"}))]),
+    )
+    .await;
+    assert_eq!(results(&more)[0]["content"], "more", "{}", more.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moved_to_a_node_without_its_workspace_answers_workspace_lost() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    let nats = nats::NatsCluster::start(3);
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = start_node(&nats.urls(), "a", root_a.path());
+    let b = start_node(&nats.urls(), "b", root_b.path());
+    let c = client();
+    let made = create(&c, &a, json!({"workspace": "proj"})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let body = turn(&[
+        ("w1", "bash", json!({"command": "echo hi > f"})),
+        ("w2", "read_file", json!({"path": "f"})),
+    ]);
+    let answer = dispatch_until_answered(&c, &[&b], &id, "t1", &body).await;
+    for r in results(&answer) {
+        assert_eq!(r["is_error"], true, "{}", answer.text);
+        let text = r["content"].to_string();
+        assert!(
+            text.contains("workspace_lost") || text.contains("workspace"),
+            "{text}"
+        );
+    }
+    assert!(answer.text.contains("does not exist"), "{}", answer.text);
+    assert!(
+        !root_b.path().join("proj").exists(),
+        "no empty directory made in its place"
+    );
+}
