@@ -113,6 +113,24 @@ pub async fn serve(
     Ok(())
 }
 
+/// The payload relaying a request: its head as JSON behind a 4-byte length, then its body.
+fn encode_request(parts: &axum::http::request::Parts, body: &[u8]) -> Result<Vec<u8>, String> {
+    let head = Head {
+        method: parts.method.as_str().to_string(),
+        uri: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string()),
+        headers: headers_of(&parts.headers),
+    };
+    let head = serde_json::to_vec(&head).map_err(|e| e.to_string())?;
+    let mut payload = Vec::with_capacity(4 + head.len() + body.len());
+    payload.extend_from_slice(&(head.len() as u32).to_be_bytes());
+    payload.extend_from_slice(&head);
+    payload.extend_from_slice(body);
+    Ok(payload)
+}
+
 /// The request a relayed message carries, marked as relayed.
 fn decode_request(payload: &[u8]) -> Result<Request<Body>, String> {
     let len = payload
@@ -229,19 +247,7 @@ pub async fn forward(
     body: Bytes,
     metrics: &ClusterMetrics,
 ) -> Result<Response<Body>, Unreachable> {
-    let head = Head {
-        method: parts.method.as_str().to_string(),
-        uri: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string()),
-        headers: headers_of(&parts.headers),
-    };
-    let head = serde_json::to_vec(&head).map_err(|e| Unreachable::Nats(e.to_string()))?;
-    let mut payload = Vec::with_capacity(4 + head.len() + body.len());
-    payload.extend_from_slice(&(head.len() as u32).to_be_bytes());
-    payload.extend_from_slice(&head);
-    payload.extend_from_slice(&body);
+    let payload = encode_request(parts, &body).map_err(Unreachable::Nats)?;
     let limit = client.server_info().max_payload;
     if payload.len() > limit {
         return Err(Unreachable::TooLarge(limit));
@@ -331,4 +337,41 @@ pub async fn forward(
     builder
         .body(Body::from_stream(body))
         .map_err(|e| Unreachable::Nats(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relayed_request_arrives_as_sent_and_marked() {
+        let request = Request::builder()
+            .method("POST")
+            .uri("/v1/sessions/s1/dispatch?stream=true")
+            .header("authorization", "Bearer t")
+            .header("connection", "keep-alive")
+            .body(())
+            .unwrap();
+        let (parts, ()) = request.into_parts();
+        let payload = encode_request(&parts, b"{\"content\": []}").unwrap();
+        let relayed = decode_request(&payload).unwrap();
+        assert_eq!(relayed.method(), "POST");
+        assert_eq!(relayed.uri(), "/v1/sessions/s1/dispatch?stream=true");
+        assert_eq!(relayed.headers()["authorization"], "Bearer t");
+        assert!(
+            relayed.headers().get("connection").is_none(),
+            "hop-by-hop dropped"
+        );
+        assert!(relayed.headers().contains_key(&FORWARDED_HEADER));
+        assert!(decode_request(b"\x00\x00").is_err());
+        assert!(decode_request(b"\x00\x00\x00\xffshort").is_err());
+    }
+
+    #[test]
+    fn answer_frames_carry_kind_and_sequence() {
+        let f = frame(b'D', 7, b"abc");
+        assert_eq!(f[0], b'D');
+        assert_eq!(u64::from_be_bytes(f[1..9].try_into().unwrap()), 7);
+        assert_eq!(&f[9..], b"abc");
+    }
 }

@@ -16,8 +16,8 @@
 //!   to itself with `epoch + 1` (only one node's update can win), then claims the session's
 //!   journal at that epoch ([`crate::journal::replicated`]), which fences the old owner.
 //!
-//! A node that finds its own heartbeat lapsed (it was paused past the TTL) re-reads each
-//! session's key before serving it and lets go of those another node took.
+//! A node whose heartbeat lapsed (it was paused or cut off past the TTL) re-reads each session's
+//! key before it serves it again, and lets go of those another node took.
 
 pub mod forward;
 
@@ -178,10 +178,14 @@ pub struct Cluster {
     ttl: Duration,
     replicas: usize,
     draining: AtomicBool,
-    /// Sessions owned here: id → epoch.
-    held: Mutex<HashMap<String, u64>>,
+    /// Sessions owned here: id → (epoch, when its key was last known to name this node).
+    held: Mutex<HashMap<String, (u64, Instant)>>,
     /// Until when this node's heartbeat is known to stand (its last successful put + TTL).
     alive_until: Mutex<Option<Instant>>,
+    /// When the current unbroken run of heartbeats began: a session last known to be owned
+    /// here before that (the node was paused or cut off past its TTL in between) is checked
+    /// again before it is served.
+    alive_since: Mutex<Option<Instant>>,
     metrics: ClusterMetrics,
 }
 
@@ -326,6 +330,7 @@ impl Cluster {
             draining: AtomicBool::new(false),
             held: Mutex::new(HashMap::new()),
             alive_until: Mutex::new(None),
+            alive_since: Mutex::new(None),
             metrics: ClusterMetrics::new(node),
         };
         // A live node of the same id would share forwards and leases: refuse.
@@ -399,7 +404,14 @@ impl Cluster {
             .await
             .map_err(|e| err("cannot put this node's heartbeat", e))?;
         // Counted from before the put: the server's clock started no earlier.
-        *lock(&self.alive_until) = Some(started + self.ttl);
+        let mut until = lock(&self.alive_until);
+        if until.is_none_or(|u| started >= u) {
+            // The heartbeat had lapsed (or this is the first): another node may have taken any
+            // session over meanwhile.
+            *lock(&self.alive_since) = Some(started);
+        }
+        *until = Some(started + self.ttl);
+        drop(until);
         self.metrics.leases(lock(&self.held).len());
         Ok(())
     }
@@ -472,16 +484,21 @@ impl Cluster {
     /// lapse (a pause), the session's key is read again, and a session taken by another node is
     /// let go (false).
     pub async fn owns(&self, id: &str) -> bool {
-        let Some(epoch) = lock(&self.held).get(id).copied() else {
+        let Some((epoch, verified)) = lock(&self.held).get(id).copied() else {
             return false;
         };
-        if self.alive() {
+        let since = *lock(&self.alive_since);
+        if self.alive() && since.is_some_and(|s| verified >= s) {
             return true;
         }
+        let checked = Instant::now();
         match self.owner(id).await {
             Ok(Some((owner, _)))
                 if owner.node == self.node && owner.boot == self.boot && owner.epoch == epoch =>
             {
+                if let Some(entry) = lock(&self.held).get_mut(id) {
+                    entry.1 = checked;
+                }
                 true
             }
             Ok(_) => {
@@ -582,7 +599,7 @@ impl Cluster {
     fn hold(&self, id: &str, epoch: u64) {
         let n = {
             let mut held = lock(&self.held);
-            held.insert(id.to_string(), epoch);
+            held.insert(id.to_string(), (epoch, Instant::now()));
             held.len()
         };
         self.metrics.leases(n);
@@ -619,5 +636,22 @@ impl Cluster {
             .filter(|n| n.node != self.node && !n.draining && !n.full)
             .min_by_key(|n| (n.in_flight, n.sessions));
         Ok(best)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_are_plain_names() {
+        for good in ["a", "node-1", "eu_west_3", &"n".repeat(64)] {
+            assert!(check_node_id(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a.b", "a b", "a/b", "é", &"n".repeat(65)] {
+            let e = check_node_id(bad).unwrap_err();
+            assert!(e.0.contains("--node-id"), "{e}");
+        }
+        assert!(check_node_id(&default_node_id(7420)).is_ok());
     }
 }

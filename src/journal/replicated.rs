@@ -524,3 +524,35 @@ impl Replicated {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_ids_become_subjects() {
+        assert!(valid_id("s0123abcd"));
+        assert_eq!(subject("s1"), "sbj.s1");
+        for bad in ["", "a.b", "a*", "a>", "a b", &"s".repeat(129)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_message_round_trips() {
+        let m = Message {
+            epoch: 3,
+            entries: vec![
+                Entry::Claim { node: "b".into() },
+                Entry::Session {
+                    record: "{}".into(),
+                },
+                Entry::Forget,
+            ],
+        };
+        let back: Message = serde_json::from_slice(&serde_json::to_vec(&m).unwrap()).unwrap();
+        assert_eq!(back.epoch, 3);
+        assert_eq!(back.entries.len(), 3);
+        assert!(matches!(back.entries[0], Entry::Claim { ref node } if node == "b"));
+    }
+}

@@ -116,7 +116,13 @@ async fn decide(
     relayed: bool,
 ) -> Result<Decision, ApiError> {
     let open_here = app.sessions.has(id);
-    if open_here && cluster.owns(id).await {
+    // Its journal still takes this node's writes (not fenced), and its key names this node.
+    let journal_here = app
+        .engine
+        .journal()
+        .and_then(|j| j.as_replicated())
+        .is_some_and(|r| r.holds(id));
+    if open_here && journal_here && cluster.owns(id).await {
         return Ok(Decision::Here);
     }
     if open_here {

@@ -308,6 +308,12 @@ async fn delete_session(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = session_id(id)?;
+    if let Some(dir) = app.sessions.forget_lost(&id) {
+        // A session taken over without its workspace: closed for good all the same.
+        let info =
+            json!({"session_id": id, "workspace": dir.to_string_lossy(), "workspace_lost": true});
+        return Ok(json_response(StatusCode::OK, info.to_string()));
+    }
     let session = app.sessions.remove(&id)?;
     Ok(json_response(StatusCode::OK, session.info().to_string()))
 }

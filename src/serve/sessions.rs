@@ -430,6 +430,14 @@ impl SessionTable {
         lock(&self.lost).get(id).cloned()
     }
 
+    /// Closes for good session `id` that was taken over without its workspace; the directory
+    /// it lacked, or `None` if it is no such session.
+    pub fn forget_lost(&self, id: &str) -> Option<PathBuf> {
+        let dir = lock(&self.lost).remove(id)?;
+        self.forget(vec![Arc::from(id)]);
+        Some(dir)
+    }
+
     /// Closes session `id` here without forgetting it (another node owns it now): its turns
     /// are cancelled, its journal and lease are left to the new owner.
     pub fn drop_local(&self, id: &str) {
@@ -797,11 +805,9 @@ impl SessionTable {
 
     /// Removes session `id` and cancels its turns (they are still answered).
     pub fn remove(&self, id: &str) -> Result<Arc<HttpSession>, ApiError> {
-        let session = lock(&self.sessions).remove(id);
-        if session.is_none() && lock(&self.lost).remove(id).is_some() {
-            self.forget(vec![Arc::from(id)]);
-        }
-        let session = session.ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
+        let session = lock(&self.sessions)
+            .remove(id)
+            .ok_or_else(|| ApiError::UnknownSession(id.to_string()))?;
         session.session.cancel();
         self.forget(vec![Arc::clone(&session.id)]);
         Ok(session)

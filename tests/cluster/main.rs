@@ -529,6 +529,80 @@ async fn a_paused_owner_resumed_after_failover_writes_nothing_and_its_client_is_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_mid_call_is_fenced_by_the_journal_and_publishes_nothing() {
+    let Some(cl) = cluster() else { return };
+    let c = client();
+    let [a, b, _] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
+    let made = create(&c, a, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
+    let body = turn(&[("f1", "bash", json!({"command": "sleep 3; echo f1 >> log"}))]);
+    // The call starts on a (its intent is in the journal), then a is paused mid-call.
+    let on_a = {
+        let (c, url, body) = (
+            c.clone(),
+            a.url(&format!("/v1/sessions/{id}/dispatch")),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            send(
+                c.post(url)
+                    .bearer_auth(TOKEN)
+                    .header("Switchboard-Turn-Id", "t1")
+                    .body(body),
+            )
+            .await
+        })
+    };
+    assert!(
+        serve_common::eventually(Duration::from_secs(10), || {
+            let c = c.clone();
+            let url = a.url(&format!("/v1/sessions/{id}"));
+            async move {
+                let info = send(c.get(url).bearer_auth(TOKEN)).await;
+                info.json()["turns"] == 1
+            }
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let signal = |sig: &str| {
+        let _ = Command::new("kill")
+            .args([sig, &a.pid().to_string()])
+            .status();
+    };
+    signal("-STOP");
+    // b takes the session over; the call that was running there is `outcome_unknown`.
+    let from_b = dispatch_until_answered(&c, &[b], &id, "t1", &body).await;
+    let result = &results(&from_b)[0];
+    assert_eq!(result["is_error"], true, "{}", from_b.text);
+    assert!(
+        result["content"].to_string().contains("outcome_unknown"),
+        "{}",
+        from_b.text
+    );
+    // a resumes: its command has finished, but the journal refuses a's answer, and a's client
+    // gets the new owner's answer.
+    signal("-CONT");
+    let from_a = on_a.await.unwrap();
+    assert_eq!(from_a.status, 200, "{}", from_a.text);
+    assert_eq!(
+        from_a.text, from_b.text,
+        "a relays b's answer instead of its own"
+    );
+    assert_eq!(lines(&ws.join("log")), ["f1"], "the command ran once");
+    assert_eq!(
+        metric(&c, a, "switchboard_cluster_fencing_refusals_total").await,
+        1.0
+    );
+    let epochs = journal_epochs(&cl.nats.url(0), &id).await;
+    assert!(
+        epochs.windows(2).all(|w| w[0].0 <= w[1].0),
+        "a wrote nothing after b's claim: {epochs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_keeps_working_when_a_nats_server_is_killed() {
     let Some(mut cl) = cluster() else { return };
     let c = client();
@@ -631,5 +705,20 @@ async fn a_session_moved_to_a_node_without_its_workspace_answers_workspace_lost(
     assert!(
         !root_b.path().join("proj").exists(),
         "no empty directory made in its place"
+    );
+    // It can still be closed, and is then gone.
+    let closed = send(
+        c.delete(b.url(&format!("/v1/sessions/{id}")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{}", closed.text);
+    assert_eq!(closed.json()["workspace_lost"], true);
+    assert!(
+        serve_common::eventually(Duration::from_secs(10), || {
+            let (c, url) = (c.clone(), b.url(&format!("/v1/sessions/{id}")));
+            async move { send(c.get(url).bearer_auth(TOKEN)).await.status == 404 }
+        })
+        .await
     );
 }
