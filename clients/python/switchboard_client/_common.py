@@ -94,12 +94,18 @@ def connection_error(e: BaseException) -> SwitchboardError:
     return SwitchboardError("connection_error", str(e) or type(e).__name__)
 
 
+#: The refusals a request is retried after (see :func:`retry_delay`).
+RETRIED = ("overloaded", "node_unreachable", "session_moved")
+
+
 def retry_delay(err: SwitchboardError, attempt: int, elapsed: float, max_retries: int,
                 budget: float) -> Optional[float]:
     """Seconds to wait before retrying a request refused with ``err``, or None to give up.
-    Only ``overloaded`` (nothing ran, the body was not read) is retried, after its
-    ``Retry-After``, at most ``max_retries`` times within ``budget`` seconds."""
-    if err.code != "overloaded" or attempt >= max_retries:
+    Retried, after their ``Retry-After``, at most ``max_retries`` times within ``budget``
+    seconds: ``overloaded`` (nothing ran, the body was not read), and a cluster's
+    ``node_unreachable`` and ``session_moved`` (the session is moving to another node; the
+    retry keeps the turn id, so calls that ran are answered from the journal, never run again)."""
+    if err.code not in RETRIED or attempt >= max_retries:
         return None
     delay = err.retry_after if err.retry_after is not None else 1.0
     delay = max(0.0, delay)

@@ -22,6 +22,7 @@ class Overloaded(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     refusals = 2
     retry_after = "0.05"
+    code = "overloaded"
     seen = []
 
     def log_message(self, *args):
@@ -48,7 +49,7 @@ class Overloaded(BaseHTTPRequestHandler):
         cls = type(self)
         cls.seen.append((self.path, self.headers.get("switchboard-turn-id"), body))
         if len(cls.seen) <= cls.refusals:
-            return self.reply(503, {"error": {"code": "overloaded", "message": "busy"}},
+            return self.reply(503, {"error": {"code": cls.code, "message": "busy"}},
                               [("Retry-After", cls.retry_after)])
         self.reply(200, ANSWER, [("Switchboard-Turn-Id", self.headers.get("switchboard-turn-id"))])
 
@@ -58,6 +59,7 @@ def fake():
     Overloaded.seen = []
     Overloaded.refusals = 2
     Overloaded.retry_after = "0.05"
+    Overloaded.code = "overloaded"
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Overloaded)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_port}"
@@ -71,6 +73,23 @@ def test_sync_retries_overloaded_with_the_same_turn_id(fake):
     assert len(Overloaded.seen) == 3
     assert {tid for _, tid, _ in Overloaded.seen} == {"retry-me"}
     assert len({body for _, _, body in Overloaded.seen}) == 1
+
+
+@pytest.mark.parametrize("code", ["node_unreachable", "session_moved"])
+def test_a_moving_cluster_session_is_retried_with_the_same_turn_id(fake, code):
+    Overloaded.code = code
+    with Client(fake, token="t") as client, client.session() as session:
+        assert session.dispatch(CALL, turn_id="moving") == ANSWER
+    assert len(Overloaded.seen) == 3
+    assert {tid for _, tid, _ in Overloaded.seen} == {"moving"}
+
+
+def test_other_refusals_are_not_retried(fake):
+    Overloaded.code = "turn_in_progress"
+    with Client(fake, token="t") as client:
+        with pytest.raises(SwitchboardError) as e:
+            client.session().dispatch(CALL)
+    assert e.value.code == "turn_in_progress" and len(Overloaded.seen) == 1
 
 
 def test_generated_turn_ids_are_kept_across_retries_too(fake):

@@ -77,9 +77,15 @@ export function connectionError(e: unknown): SwitchboardError {
   return new SwitchboardError("connection_error", text || "connection failed", undefined, undefined, { cause: e });
 }
 
+/** The refusals a request is retried after: `overloaded` (nothing ran, the body was not read),
+ * and a cluster's `node_unreachable` and `session_moved` (the session is moving to another node;
+ * the retry keeps the turn id, so calls that ran are answered from the journal, never run
+ * again). */
+export const RETRIED: readonly string[] = ["overloaded", "node_unreachable", "session_moved"];
+
 /** The retries of one request: `delay(err)` is the wait in ms before the next attempt after
- * the refusal `err`, or `null` to give up. Only `overloaded` (nothing ran, the body was not
- * read) is retried, after its `Retry-After`, at most `maxRetries` times within `budgetMs`. */
+ * the refusal `err`, or `null` to give up. The refusals in `RETRIED` are retried, after their
+ * `Retry-After`, at most `maxRetries` times within `budgetMs`. */
 export class Retries {
   private attempt = 0;
   private started = 0;
@@ -90,7 +96,7 @@ export class Retries {
 
   delay(err: SwitchboardError): number | null {
     if (this.attempt === 0) this.started = performance.now();
-    if (err.code !== "overloaded" || this.attempt >= this.maxRetries) return null;
+    if (!RETRIED.includes(err.code) || this.attempt >= this.maxRetries) return null;
     const delay = Math.max(0, (err.retryAfter ?? 1) * 1000);
     if (performance.now() - this.started + delay > this.budgetMs) return null;
     this.attempt += 1;

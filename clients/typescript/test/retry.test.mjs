@@ -47,6 +47,18 @@ test("overloaded is retried with the same turn id and body", async () => {
   await f.close();
 });
 
+for (const code of ["node_unreachable", "session_moved"]) {
+  test(`a cluster's ${code} is retried with the same turn id`, async () => {
+    const f = await fake({ code });
+    const session = new Client(f.url, { token: "t" }).session();
+    assert.deepEqual(await session.dispatch(CALL, { turnId: "moving" }), ANSWER);
+    assert.equal(f.seen.length, 3);
+    assert.deepEqual(new Set(f.seen.map((s) => s.turnId)), new Set(["moving"]));
+    await session.close();
+    await f.close();
+  });
+}
+
 test("past maxRetries the overloaded error is thrown, with retryAfter", async () => {
   const f = await fake({ refusals: 100 });
   const session = new Client(f.url, { token: "t", maxRetries: 2 }).session();
