@@ -56,6 +56,10 @@ struct Head {
 struct AnswerHead {
     status: u16,
     headers: Vec<(String, String)>,
+    /// Where the forwarding node says its client left (the owner then drops the answer, as if
+    /// its own client had closed the connection).
+    #[serde(default)]
+    control: Option<String>,
 }
 
 /// Headers that belong to one hop, never relayed (a request's length is its relayed body's).
@@ -179,9 +183,12 @@ async fn answer(
         }
     };
     let (parts, body) = response.into_parts();
+    let control = client.new_inbox();
+    let mut left = client.subscribe(control.clone()).await.ok();
     let head = AnswerHead {
         status: parts.status.as_u16(),
         headers: headers_of(&parts.headers),
+        control: left.as_ref().map(|_| control),
     };
     let head = serde_json::to_vec(&head).unwrap_or_default();
     let mut seq = 0u64;
@@ -198,6 +205,14 @@ async fn answer(
     loop {
         let chunk = tokio::select! {
             c = data.next() => c,
+            // The client left the forwarding node: drop the answer here too (a streamed turn's
+            // client-tool calls are then answered `cancelled`, as on a direct connection).
+            Some(_) = async {
+                match left.as_mut() {
+                    Some(l) => l.next().await,
+                    None => std::future::pending().await,
+                }
+            } => return,
             _ = ping.tick() => {
                 let _ = client.publish(reply.clone(), frame(b'P', 0, &[])).await;
                 continue;
@@ -284,6 +299,11 @@ pub async fn forward(
         }
     };
     metrics.forward(ForwardOutcome::Ok);
+    let left = ClientLeft {
+        client: client.clone(),
+        control: head.control.clone(),
+        finished: false,
+    };
     let mut builder = Response::builder().status(head.status);
     for (name, value) in &head.headers {
         if let (Ok(n), Ok(v)) = (
@@ -294,49 +314,97 @@ pub async fn forward(
         }
     }
     let metrics = metrics.clone();
-    let body = futures::stream::unfold((answers, 1u64, false), move |(mut answers, next, done)| {
+    let state = Relay {
+        answers,
+        next: 1,
+        done: false,
+        left,
+    };
+    let body = futures::stream::unfold(state, move |mut state| {
         let metrics = metrics.clone();
         async move {
-            if done {
-                return None;
-            }
-            loop {
-                let message = match tokio::time::timeout(SILENCE, answers.next()).await {
-                    Ok(Some(m)) => m,
-                    _ => {
-                        metrics.forward(ForwardOutcome::Cut);
-                        let e = std::io::Error::other("the owner of the session stopped answering");
-                        return Some((Err(e), (answers, next, true)));
-                    }
-                };
-                let p = &message.payload;
-                if p.len() < 9 {
-                    continue;
-                }
-                let seq = u64::from_be_bytes(p[1..9].try_into().unwrap_or([0; 8]));
-                match p[0] {
-                    b'P' => continue,
-                    kind @ (b'D' | b'E') if seq != next => {
-                        let _ = kind;
-                        metrics.forward(ForwardOutcome::Cut);
-                        let e = std::io::Error::other("a relayed answer lost a message");
-                        return Some((Err(e), (answers, next, true)));
-                    }
-                    b'D' => {
-                        return Some((
-                            Ok(Bytes::copy_from_slice(&p[9..])),
-                            (answers, next + 1, false),
-                        ));
-                    }
-                    b'E' => return None,
-                    _ => continue,
-                }
-            }
+            let item = state.next_chunk(&metrics).await?;
+            Some((item, state))
         }
     });
     builder
         .body(Body::from_stream(body))
         .map_err(|e| Unreachable::Nats(e.to_string()))
+}
+
+/// The forwarding side of one relayed answer, read as the client reads the body.
+struct Relay {
+    answers: async_nats::Subscriber,
+    /// The sequence number the next data or end message must carry.
+    next: u64,
+    done: bool,
+    left: ClientLeft,
+}
+
+impl Relay {
+    /// The next body chunk; an error when the answer broke off; `None` at its end.
+    async fn next_chunk(
+        &mut self,
+        metrics: &ClusterMetrics,
+    ) -> Option<Result<Bytes, std::io::Error>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let cut = |what: &str| {
+                metrics.forward(ForwardOutcome::Cut);
+                Some(Err(std::io::Error::other(what.to_string())))
+            };
+            let Ok(Some(message)) = tokio::time::timeout(SILENCE, self.answers.next()).await else {
+                self.done = true;
+                return cut("the owner of the session stopped answering");
+            };
+            let p = &message.payload;
+            if p.len() < 9 || p[0] == b'P' {
+                continue;
+            }
+            let seq = u64::from_be_bytes(p[1..9].try_into().unwrap_or([0; 8]));
+            if matches!(p[0], b'D' | b'E') && seq != self.next {
+                self.done = true;
+                return cut("a relayed answer lost a message");
+            }
+            match p[0] {
+                b'D' => {
+                    self.next += 1;
+                    return Some(Ok(Bytes::copy_from_slice(&p[9..])));
+                }
+                b'E' => {
+                    self.done = true;
+                    self.left.finished = true;
+                    return None;
+                }
+                _ => continue,
+            }
+        }
+    }
+}
+
+/// Tells the owner, when dropped before the answer's end, that the client left.
+struct ClientLeft {
+    client: async_nats::Client,
+    control: Option<String>,
+    finished: bool,
+}
+
+impl Drop for ClientLeft {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if let (Some(control), Ok(runtime)) =
+            (self.control.take(), tokio::runtime::Handle::try_current())
+        {
+            let client = self.client.clone();
+            runtime.spawn(async move {
+                let _ = client.publish(control, Bytes::new()).await;
+            });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -319,6 +319,102 @@ async fn a_session_made_on_one_node_is_served_by_every_node_and_streams_through_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_tool_call_streams_through_one_node_and_is_answered_through_another() {
+    let Some(cl) = cluster() else { return };
+    let c = client();
+    let [a, b, nc] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
+    let tool = json!({
+        "name": "lookup",
+        "description": "Looks a key up in the platform's store.",
+        "input_schema": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        // Longer than the test client's 60 s timeout: a call nobody answers never ends the
+        // test by its deadline.
+        "timeout_ms": 600_000,
+    });
+    let made = create(&c, a, json!({"tools": [tool]})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    let body = turn(&[
+        ("k1", "lookup", json!({"key": "colour"})),
+        ("k2", "bash", json!({"command": "echo built-in"})),
+    ]);
+    // The stream goes through b; the `call` event's answer goes through c; a owns the session.
+    let mut response = c
+        .post(b.url(&format!("/v1/sessions/{id}/dispatch?stream=true")))
+        .bearer_auth(TOKEN)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut buffer = String::new();
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buffer.find("\n\n") {
+                let block: String = buffer.drain(..end + 2).collect();
+                for (event, data) in events(&block) {
+                    if event == "call" {
+                        let call: Value = serde_json::from_str(&data).unwrap();
+                        assert_eq!(call["input"]["key"], "colour", "{call}");
+                        let call_id = call["call_id"].as_str().unwrap();
+                        let answered = send(
+                            c.post(nc.url(&format!("/v1/sessions/{id}/calls/{call_id}")))
+                                .bearer_auth(TOKEN)
+                                .body(json!({"content": "blue"}).to_string()),
+                        )
+                        .await;
+                        assert_eq!(answered.status, 200, "{}", answered.text);
+                    }
+                    seen.push((event, data));
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the relayed stream ended within 30 s: {seen:?}"
+    );
+    let kinds: Vec<&str> = seen.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "call").count(),
+        1,
+        "{kinds:?}"
+    );
+    let (last, done) = seen.last().unwrap();
+    assert_eq!(last, "done", "{kinds:?}");
+    assert!(done.contains("blue") && done.contains("built-in"), "{done}");
+
+    // A client that leaves a relayed stream while a call waits for it: the owner answers the
+    // call `cancelled` at once (as on a direct connection), so the session's next turn runs.
+    let mut response = c
+        .post(b.url(&format!("/v1/sessions/{id}/dispatch?stream=true")))
+        .bearer_auth(TOKEN)
+        .body(turn(&[("k3", "lookup", json!({"key": "size"}))]))
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while !text.contains("event: call") {
+        let chunk = response.chunk().await.unwrap().expect("a call event");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(response);
+    // Without the cancel reaching the owner, this turn would wait behind the unanswered call
+    // for its 10-minute deadline (and the client's 60 s timeout would fail the test).
+    let next = dispatch_on(
+        &c,
+        nc,
+        &id,
+        "after-leaving",
+        &turn(&[("k4", "bash", json!({"command": "echo next"}))]),
+    )
+    .await;
+    assert_eq!(results(&next)[0]["content"], "next", "{}", next.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_killed_under_load_leaves_every_call_answered_once_and_nothing_run_twice() {
     let Some(mut cl) = cluster() else { return };
     let c = client();
