@@ -315,6 +315,23 @@ impl Cluster {
             }
         };
         let nodes = open(bucket(NODES_BUCKET, ttl)).await?;
+        // The lease TTL is the heartbeat bucket's age limit, set by the first node of the
+        // cluster: a node heartbeating at a third of another TTL would vanish between its puts
+        // (or be kept alive too long), so every node follows the bucket.
+        let bucket_ttl = settled(|| nodes.status())
+            .await
+            .map_err(|e| err(&format!("cannot read the {NODES_BUCKET} bucket"), e))?
+            .max_age();
+        let ttl = if bucket_ttl.is_zero() || bucket_ttl == ttl {
+            ttl
+        } else {
+            tracing::warn!(
+                asked = %humantime::format_duration(ttl),
+                cluster = %humantime::format_duration(bucket_ttl),
+                "cluster: --lease-ttl differs from the cluster's; this node uses the cluster's (set when its first node started)"
+            );
+            bucket_ttl
+        };
         let owners = open(bucket(SESSIONS_BUCKET, Duration::ZERO)).await?;
         let boot = format!("{:x}{:x}", crate::journal::now_ms(), std::process::id());
         let cluster = Cluster {

@@ -50,6 +50,10 @@ impl Drop for Node {
 }
 
 fn start_node(nats: &str, name: &str, root: &Path) -> Node {
+    start_node_with_ttl(nats, name, root, TTL)
+}
+
+fn start_node_with_ttl(nats: &str, name: &str, root: &Path, ttl: &str) -> Node {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
     cmd.args([
         "serve",
@@ -62,7 +66,7 @@ fn start_node(nats: &str, name: &str, root: &Path) -> Node {
     ])
     .args([
         "--lease-ttl",
-        TTL,
+        ttl,
         "--cluster-replicas",
         "3",
         "--grace",
@@ -816,5 +820,37 @@ async fn a_session_moved_to_a_node_without_its_workspace_answers_workspace_lost(
             async move { send(c.get(url).bearer_auth(TOKEN)).await.status == 404 }
         })
         .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_with_another_lease_ttl_follows_the_clusters_and_keeps_its_sessions() {
+    let Some(cl) = cluster() else { return };
+    let c = client();
+    // The cluster's TTL is 2 s; this node asks for 30 s (a heartbeat every 10 s would let its
+    // heartbeat expire between puts, and its sessions be taken while it lives).
+    let d = start_node_with_ttl(&cl.nats.urls(), "d", cl._root.path(), "30s");
+    let made = create(&c, &d, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let b = &cl.nodes[1];
+    let answer = dispatch_on(
+        &c,
+        b,
+        &id,
+        "t1",
+        &turn(&[("d1", "bash", json!({"command": "echo still d"}))]),
+    )
+    .await;
+    assert_eq!(results(&answer)[0]["content"], "still d", "{}", answer.text);
+    let info = send(
+        c.get(b.url(&format!("/v1/sessions/{id}")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(info.json()["node"], "d", "{}", info.text);
+    assert_eq!(
+        metric(&c, b, "switchboard_cluster_failovers_total").await,
+        0.0
     );
 }
