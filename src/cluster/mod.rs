@@ -48,7 +48,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ClusterArgs {
     /// Run as one node of a cluster: the NATS servers (with JetStream) the nodes share,
-    /// comma-separated (`nats://HOST:PORT[,…]`). The journal is then kept in JetStream.
+    /// comma-separated (`nats://HOST:PORT[,…]`, or `nats://USER:PASSWORD@HOST:PORT`,
+    /// `tls://…`). The journal is then kept in JetStream.
     #[arg(long, value_name = "URLS")]
     pub cluster: Option<String>,
     /// This node's name in the cluster (letters, digits, `-` and `_`; unique among live
@@ -56,7 +57,8 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "ID", requires = "cluster")]
     pub node_id: Option<String>,
     /// How long a node's leases outlive its last heartbeat: after a node dies, its sessions
-    /// move to other nodes after at most this long.
+    /// move to other nodes after at most this long. The first node of a cluster sets it for
+    /// all; a node asking for another follows the cluster's.
     #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration, requires = "cluster")]
     pub lease_ttl: Duration,
     /// Replicas of the cluster's buckets and journal stream (at most the number of NATS
