@@ -854,3 +854,126 @@ async fn a_node_started_with_another_lease_ttl_follows_the_clusters_and_keeps_it
         0.0
     );
 }
+
+#[test]
+fn a_node_that_cannot_reach_nats_refuses_to_start_naming_the_servers() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-auth",
+            "--cluster",
+            &url,
+        ])
+        .arg("--workspace-root")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot reach the NATS servers") && stderr.contains(&url),
+        "{stderr}"
+    );
+    // `--cluster` with `--journal` is refused too, before anything is reached.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-auth",
+            "--cluster",
+            &url,
+        ])
+        .arg("--workspace-root")
+        .arg(root.path())
+        .arg("--journal")
+        .arg(root.path().join("j"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("drop --journal"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_a_nodes_sessions_over_at_once_not_after_the_lease_ttl() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    // One NATS server, one replica, and a lease TTL longer than the test waits: the session
+    // can only move in time because the stopping node gives its leases up.
+    let nats = nats::NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &nats.urls(),
+        ])
+        .args([
+            "--node-id",
+            name,
+            "--lease-ttl",
+            "120s",
+            "--cluster-replicas",
+            "1",
+        ])
+        .arg("--workspace-root")
+        .arg(root.path())
+        .env("SWITCHBOARD_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let (child, base) = spawn_server(cmd);
+        Node {
+            name: name.to_string(),
+            child,
+            base,
+        }
+    };
+    let mut a = start("a");
+    let b = start("b");
+    let c = client();
+    let made = create(&c, &a, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    let first = dispatch_on(
+        &c,
+        &b,
+        &id,
+        "t1",
+        &turn(&[("g1", "bash", json!({"command": "echo on a"}))]),
+    )
+    .await;
+    assert_eq!(results(&first)[0]["content"], "on a", "{}", first.text);
+    let _ = Command::new("kill")
+        .args(["-TERM", &a.pid().to_string()])
+        .status();
+    assert!(a.child.wait().unwrap().success(), "a clean exit");
+    // Well within the 120 s TTL: b takes the session over, and the answered call is remembered.
+    let again = dispatch_until_answered(
+        &c,
+        &[&b],
+        &id,
+        "t1",
+        &turn(&[("g1", "bash", json!({"command": "echo on a"}))]),
+    )
+    .await;
+    assert_eq!(first.text, again.text);
+    let info = send(
+        c.get(b.url(&format!("/v1/sessions/{id}")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(info.json()["node"], "b", "{}", info.text);
+}
