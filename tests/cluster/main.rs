@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use serve_common::{Answer, TOKEN, events, send, spawn_server, turn};
+use serve_common::{Answer, TOKEN, events, file_lines, send, spawn_server, turn};
 
 /// The lease TTL the nodes run with: short, so failover tests stay short.
 const TTL: &str = "2s";
@@ -50,10 +50,11 @@ impl Drop for Node {
 }
 
 fn start_node(nats: &str, name: &str, root: &Path) -> Node {
-    start_node_with_ttl(nats, name, root, TTL)
+    start_node_with(nats, name, root, TTL, "3")
 }
 
-fn start_node_with_ttl(nats: &str, name: &str, root: &Path, ttl: &str) -> Node {
+/// A node asking for lease TTL `ttl` and `replicas` replicas.
+fn start_node_with(nats: &str, name: &str, root: &Path, ttl: &str, replicas: &str) -> Node {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
     cmd.args([
         "serve",
@@ -68,7 +69,7 @@ fn start_node_with_ttl(nats: &str, name: &str, root: &Path, ttl: &str) -> Node {
         "--lease-ttl",
         ttl,
         "--cluster-replicas",
-        "3",
+        replicas,
         "--grace",
         "2s",
     ])
@@ -129,6 +130,15 @@ async fn create(c: &reqwest::Client, node: &Node, body: Value) -> Value {
     a.json()
 }
 
+/// A new session made through `node` (a plain one): its id and workspace.
+async fn session_on(c: &reqwest::Client, node: &Node) -> (String, PathBuf) {
+    let made = create(c, node, json!({})).await;
+    (
+        made["session_id"].as_str().unwrap().to_string(),
+        PathBuf::from(made["workspace"].as_str().unwrap()),
+    )
+}
+
 async fn dispatch_on(
     c: &reqwest::Client,
     node: &Node,
@@ -143,6 +153,25 @@ async fn dispatch_on(
             .body(body.to_string()),
     )
     .await
+}
+
+/// A turn of one bash call, `call`, running `command`.
+fn bash_turn(call: &str, command: &str) -> String {
+    turn(&[(call, "bash", json!({"command": command}))])
+}
+
+/// Sends a one-call bash turn through `node`; its answer, which must be a 200.
+async fn bash_on(
+    c: &reqwest::Client,
+    node: &Node,
+    id: &str,
+    turn_id: &str,
+    call: &str,
+    command: &str,
+) -> Answer {
+    let answer = dispatch_on(c, node, id, turn_id, &bash_turn(call, command)).await;
+    assert_eq!(answer.status, 200, "through {}: {}", node.name, answer.text);
+    answer
 }
 
 /// Sends a turn through `nodes` in turn until one answers 200 (a node may be dead, a session
@@ -220,14 +249,6 @@ fn results(answer: &Answer) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-fn lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 async fn metric(c: &reqwest::Client, node: &Node, name: &str) -> f64 {
     let text = c
         .get(node.url("/metrics"))
@@ -272,7 +293,7 @@ async fn a_session_made_on_one_node_is_served_by_every_node_and_streams_through_
         );
     }
     assert_eq!(
-        lines(&ws.join("log")),
+        file_lines(ws.join("log")),
         ["a", "b", "c"],
         "each call ran once, on the owner"
     );
@@ -407,14 +428,7 @@ async fn a_client_tool_call_streams_through_one_node_and_is_answered_through_ano
     drop(response);
     // Without the cancel reaching the owner, this turn would wait behind the unanswered call
     // for its 10-minute deadline (and the client's 60 s timeout would fail the test).
-    let next = dispatch_on(
-        &c,
-        nc,
-        &id,
-        "after-leaving",
-        &turn(&[("k4", "bash", json!({"command": "echo next"}))]),
-    )
-    .await;
+    let next = bash_on(&c, nc, &id, "after-leaving", "k4", "echo next").await;
     assert_eq!(results(&next)[0]["content"], "next", "{}", next.text);
 }
 
@@ -481,7 +495,7 @@ async fn the_owner_killed_under_load_leaves_every_call_answered_once_and_nothing
         let answers = task.await.unwrap();
         assert_eq!(answers.len(), 12, "every call answered");
         let mut seen: HashMap<String, usize> = HashMap::new();
-        for line in lines(&ws.join("log")) {
+        for line in file_lines(ws.join("log")) {
             *seen.entry(line).or_insert(0) += 1;
         }
         for (line, n) in &seen {
@@ -548,17 +562,8 @@ async fn a_paused_owner_resumed_after_failover_writes_nothing_and_its_client_is_
     let Some(cl) = cluster() else { return };
     let c = client();
     let [a, b, _] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
-    let made = create(&c, a, json!({})).await;
-    let id = made["session_id"].as_str().unwrap().to_string();
-    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
-    let first = dispatch_on(
-        &c,
-        a,
-        &id,
-        "t1",
-        &turn(&[("p1", "bash", json!({"command": "echo p1 >> log"}))]),
-    )
-    .await;
+    let (id, ws) = session_on(&c, a).await;
+    let first = bash_on(&c, a, &id, "t1", "p1", "echo p1 >> log").await;
     assert_eq!(first.status, 200, "{}", first.text);
     let stop = |sig: &str| {
         let _ = Command::new("kill")
@@ -603,7 +608,7 @@ async fn a_paused_owner_resumed_after_failover_writes_nothing_and_its_client_is_
     stop("-CONT");
     let late = late.await.unwrap();
     assert_eq!(late.status, 200, "{}", late.text);
-    assert_eq!(lines(&ws.join("log")), ["p1", "p2", "p3"]);
+    assert_eq!(file_lines(ws.join("log")), ["p1", "p2", "p3"]);
     let info = send(
         c.get(a.url(&format!("/v1/sessions/{id}")))
             .bearer_auth(TOKEN),
@@ -633,9 +638,7 @@ async fn an_owner_paused_mid_call_is_fenced_by_the_journal_and_publishes_nothing
     let Some(cl) = cluster() else { return };
     let c = client();
     let [a, b, _] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
-    let made = create(&c, a, json!({})).await;
-    let id = made["session_id"].as_str().unwrap().to_string();
-    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
+    let (id, ws) = session_on(&c, a).await;
     let body = turn(&[("f1", "bash", json!({"command": "sleep 3; echo f1 >> log"}))]);
     // The call starts on a (its intent is in the journal), then a is paused mid-call.
     let on_a = {
@@ -690,7 +693,7 @@ async fn an_owner_paused_mid_call_is_fenced_by_the_journal_and_publishes_nothing
         from_a.text, from_b.text,
         "a relays b's answer instead of its own"
     );
-    assert_eq!(lines(&ws.join("log")), ["f1"], "the command ran once");
+    assert_eq!(file_lines(ws.join("log")), ["f1"], "the command ran once");
     assert_eq!(
         metric(&c, a, "switchboard_cluster_fencing_refusals_total").await,
         1.0
@@ -706,8 +709,7 @@ async fn an_owner_paused_mid_call_is_fenced_by_the_journal_and_publishes_nothing
 async fn the_cluster_keeps_working_when_a_nats_server_is_killed() {
     let Some(mut cl) = cluster() else { return };
     let c = client();
-    let made = create(&c, &cl.nodes[0], json!({})).await;
-    let id = made["session_id"].as_str().unwrap().to_string();
+    let (id, ws) = session_on(&c, &cl.nodes[0]).await;
     cl.nats.kill(0);
     // Sessions are still made and served through every node, with answers remembered.
     let body = turn(&[("n1", "bash", json!({"command": "echo n1 >> log; echo ok"}))]);
@@ -728,8 +730,7 @@ async fn the_cluster_keeps_working_when_a_nats_server_is_killed() {
         .await;
         assert_eq!(made.status, 201, "{}", made.text);
     }
-    let ws = PathBuf::from(made["workspace"].as_str().unwrap());
-    assert_eq!(lines(&ws.join("log")), ["n1"]);
+    assert_eq!(file_lines(ws.join("log")), ["n1"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,8 +738,7 @@ async fn a_drained_node_places_new_sessions_elsewhere_and_finishes_its_turns() {
     let Some(cl) = cluster() else { return };
     let c = client();
     let a = &cl.nodes[0];
-    let made = create(&c, a, json!({})).await;
-    let id = made["session_id"].as_str().unwrap().to_string();
+    let (id, _) = session_on(&c, a).await;
     // A turn running on a while it is drained still finishes there.
     let running = {
         let (c, url) = (c.clone(), a.url(&format!("/v1/sessions/{id}/dispatch")));
@@ -763,14 +763,7 @@ async fn a_drained_node_places_new_sessions_elsewhere_and_finishes_its_turns() {
     assert_eq!(finished.status, 200, "{}", finished.text);
     assert_eq!(results(&finished)[0]["content"], "done");
     // Its own sessions are still served.
-    let more = dispatch_on(
-        &c,
-        a,
-        &id,
-        "t2",
-        &turn(&[("d2", "bash", json!({"command": "echo more"}))]),
-    )
-    .await;
+    let more = bash_on(&c, a, &id, "t2", "d2", "echo more").await;
     assert_eq!(results(&more)[0]["content"], "more", "{}", more.text);
 }
 
@@ -829,19 +822,11 @@ async fn a_node_started_with_another_lease_ttl_follows_the_clusters_and_keeps_it
     let c = client();
     // The cluster's TTL is 2 s; this node asks for 30 s (a heartbeat every 10 s would let its
     // heartbeat expire between puts, and its sessions be taken while it lives).
-    let d = start_node_with_ttl(&cl.nats.urls(), "d", cl._root.path(), "30s");
-    let made = create(&c, &d, json!({})).await;
-    let id = made["session_id"].as_str().unwrap().to_string();
+    let d = start_node_with(&cl.nats.urls(), "d", cl._root.path(), "30s", "3");
+    let (id, _) = session_on(&c, &d).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let b = &cl.nodes[1];
-    let answer = dispatch_on(
-        &c,
-        b,
-        &id,
-        "t1",
-        &turn(&[("d1", "bash", json!({"command": "echo still d"}))]),
-    )
-    .await;
+    let answer = bash_on(&c, b, &id, "t1", "d1", "echo still d").await;
     assert_eq!(results(&answer)[0]["content"], "still d", "{}", answer.text);
     let info = send(
         c.get(b.url(&format!("/v1/sessions/{id}")))
@@ -865,19 +850,23 @@ fn a_node_that_cannot_reach_nats_refuses_to_start_naming_the_servers() {
         .port();
     let url = format!("nats://127.0.0.1:{port}");
     let root = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-auth",
-            "--cluster",
-            &url,
-        ])
-        .arg("--workspace-root")
-        .arg(root.path())
-        .output()
-        .unwrap();
+    let serve = |extra: &[&std::ffi::OsStr]| {
+        Command::new(env!("CARGO_BIN_EXE_switchboard"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--no-auth",
+                "--cluster",
+                &url,
+            ])
+            .arg("--workspace-root")
+            .arg(root.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = serve(&[]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -885,21 +874,8 @@ fn a_node_that_cannot_reach_nats_refuses_to_start_naming_the_servers() {
         "{stderr}"
     );
     // `--cluster` with `--journal` is refused too, before anything is reached.
-    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-auth",
-            "--cluster",
-            &url,
-        ])
-        .arg("--workspace-root")
-        .arg(root.path())
-        .arg("--journal")
-        .arg(root.path().join("j"))
-        .output()
-        .unwrap();
+    let journal = root.path().join("j");
+    let out = serve(&["--journal".as_ref(), journal.as_os_str()]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("drop --journal"));
 }
@@ -913,48 +889,12 @@ async fn sigterm_hands_a_nodes_sessions_over_at_once_not_after_the_lease_ttl() {
     // can only move in time because the stopping node gives its leases up.
     let nats = nats::NatsCluster::start(1);
     let root = tempfile::tempdir().unwrap();
-    let start = |name: &str| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--cluster",
-            &nats.urls(),
-        ])
-        .args([
-            "--node-id",
-            name,
-            "--lease-ttl",
-            "120s",
-            "--cluster-replicas",
-            "1",
-        ])
-        .arg("--workspace-root")
-        .arg(root.path())
-        .env("SWITCHBOARD_TOKEN", TOKEN)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-        let (child, base) = spawn_server(cmd);
-        Node {
-            name: name.to_string(),
-            child,
-            base,
-        }
-    };
+    let start = |name: &str| start_node_with(&nats.urls(), name, root.path(), "120s", "1");
     let mut a = start("a");
     let b = start("b");
     let c = client();
-    let made = create(&c, &a, json!({})).await;
-    let id = made["session_id"].as_str().unwrap().to_string();
-    let first = dispatch_on(
-        &c,
-        &b,
-        &id,
-        "t1",
-        &turn(&[("g1", "bash", json!({"command": "echo on a"}))]),
-    )
-    .await;
+    let (id, _) = session_on(&c, &a).await;
+    let first = bash_on(&c, &b, &id, "t1", "g1", "echo on a").await;
     assert_eq!(results(&first)[0]["content"], "on a", "{}", first.text);
     let _ = Command::new("kill")
         .args(["-TERM", &a.pid().to_string()])

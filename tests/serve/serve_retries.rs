@@ -12,14 +12,6 @@ use std::time::Duration;
 use serde_json::json;
 use serve_common::*;
 
-fn lines_of(path: &str) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_sent_again_gets_the_same_bytes_and_runs_nothing() {
     let s = start(|_| {}).await;
@@ -52,7 +44,7 @@ async fn a_turn_sent_again_gets_the_same_bytes_and_runs_nothing() {
         .collect();
     assert_eq!(results.len(), 2, "{}", streamed.text);
     assert_eq!(
-        lines_of(&format!("{ws}/log")),
+        file_lines(format!("{ws}/log")),
         ["one"],
         "the command ran once"
     );
@@ -65,7 +57,7 @@ async fn a_turn_sent_again_gets_the_same_bytes_and_runs_nothing() {
         "{}",
         refused.text
     );
-    assert_eq!(lines_of(&format!("{ws}/log")), ["one"]);
+    assert_eq!(file_lines(format!("{ws}/log")), ["one"]);
     s.shutdown().await.unwrap();
 }
 
@@ -129,7 +121,7 @@ fn after_a_sigkill_and_a_restart_the_session_answers_from_its_journal() {
     });
     let log = format!("{ws}/log");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while lines_of(&log).len() < 2 {
+    while file_lines(&log).len() < 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "the slow call never started"
@@ -161,7 +153,7 @@ fn after_a_sigkill_and_a_restart_the_session_answers_from_its_journal() {
         assert_eq!(twice.text, unknown.text);
     });
     assert_eq!(
-        lines_of(&log),
+        file_lines(&log),
         ["done-1", "slow-1"],
         "each side effect happened once"
     );

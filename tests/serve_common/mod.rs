@@ -217,3 +217,12 @@ pub async fn appears(path: &std::path::Path, limit: Duration) -> bool {
     })
     .await
 }
+
+/// The lines of the file at `path` (none if it does not exist).
+pub fn file_lines(path: impl AsRef<std::path::Path>) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
