@@ -371,30 +371,24 @@ impl Server {
                 "serve: the open-file limit allows fewer sessions than --max-sessions"
             );
         }
-        let sessions = Arc::new(
-            SessionTable::new(
-                engine.clone(),
-                root,
-                config.idle_timeout,
-                config.sandbox.clone(),
-                client_tools::Limits {
-                    max_tools: config.client_tools.max_tools,
-                    max_schema_bytes: config.client_tools.max_schema_bytes,
-                },
-                config.allow_hard_links,
-            )
-            .with_policies(config.session_policies.clone())
-            .with_max(max_sessions, max_by)
-            .with_turn_share(config.max_session_turns),
-        );
-        let sessions = match &cluster {
-            None => sessions,
-            Some(cluster) => Arc::new(
-                Arc::into_inner(sessions)
-                    .expect("the table is not shared yet")
-                    .with_cluster(Arc::clone(cluster)),
-            ),
-        };
+        let mut table = SessionTable::new(
+            engine.clone(),
+            root,
+            config.idle_timeout,
+            config.sandbox.clone(),
+            client_tools::Limits {
+                max_tools: config.client_tools.max_tools,
+                max_schema_bytes: config.client_tools.max_schema_bytes,
+            },
+            config.allow_hard_links,
+        )
+        .with_policies(config.session_policies.clone())
+        .with_max(max_sessions, max_by)
+        .with_turn_share(config.max_session_turns);
+        if let Some(cluster) = &cluster {
+            table = table.with_cluster(Arc::clone(cluster));
+        }
+        let sessions = Arc::new(table);
         // With a journal, the sessions of the last run are back under their ids.
         let restored = sessions.restore().await;
         if restored > 0 {
