@@ -148,8 +148,22 @@ fn err(what: &str, e: impl std::fmt::Display) -> ClusterError {
 /// (a stream leader being elected after a server died or a bucket was just made).
 const SETTLE: Duration = Duration::from_secs(8);
 
+/// How long start-up waits for the cluster's buckets to be made or found: a fresh NATS cluster
+/// may take a while to place its first replicated streams, and several nodes may be making them
+/// at once.
+const START_SETTLE: Duration = Duration::from_secs(30);
+
 /// Runs `op` until it succeeds or [`SETTLE`] has passed; the last error then.
-async fn settled<T, E, F, Fut>(mut op: F) -> Result<T, E>
+async fn settled<T, E, F, Fut>(op: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    settled_for(SETTLE, op).await
+}
+
+/// Runs `op` until it succeeds or `limit` has passed; the last error then.
+async fn settled_for<T, E, F, Fut>(limit: Duration, mut op: F) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
@@ -159,7 +173,7 @@ where
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if started.elapsed() >= SETTLE => return Err(e),
+            Err(e) if started.elapsed() >= limit => return Err(e),
             Err(_) => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
@@ -292,7 +306,7 @@ impl Cluster {
             let js = js.clone();
             async move {
                 let name = config.bucket.clone();
-                let made = settled(|| {
+                let made = settled_for(START_SETTLE, || {
                     let (js, config) = (js.clone(), config.clone());
                     async move {
                         match js.get_key_value(&config.bucket).await {
@@ -320,7 +334,7 @@ impl Cluster {
         // The lease TTL is the heartbeat bucket's age limit, set by the first node of the
         // cluster: a node heartbeating at a third of another TTL would vanish between its puts
         // (or be kept alive too long), so every node follows the bucket.
-        let bucket_ttl = settled(|| nodes.status())
+        let bucket_ttl = settled_for(START_SETTLE, || nodes.status())
             .await
             .map_err(|e| err(&format!("cannot read the {NODES_BUCKET} bucket"), e))?
             .max_age();

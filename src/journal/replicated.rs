@@ -35,8 +35,10 @@ pub const STREAM: &str = "SWITCHBOARD_JOURNAL";
 const PREFIX: &str = "sbj";
 /// How many times a claim re-reads a subject that moved under it before giving up.
 const CLAIM_TRIES: usize = 5;
-/// How long a read is retried while the stream has no leader.
+/// How long a read or write is retried while the stream has no leader.
 const SETTLE: Duration = Duration::from_secs(8);
+/// How long opening the stream is retried at start-up.
+const OPEN_SETTLE: Duration = Duration::from_secs(30);
 
 /// One record inside a message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,12 +163,13 @@ impl Replicated {
             ..Default::default()
         };
         // Retried for a while: a stream or its leader may be in the making (another node
-        // created it a moment ago, or a NATS server just restarted).
+        // created it a moment ago, a fresh NATS cluster is still placing streams, or a server
+        // just restarted).
         let started = Instant::now();
         let stream = loop {
             match js.get_or_create_stream(config.clone()).await {
                 Ok(stream) => break stream,
-                Err(e) if started.elapsed() >= SETTLE => {
+                Err(e) if started.elapsed() >= OPEN_SETTLE => {
                     return Err(nats_error(name, format!("cannot open the stream: {e}")));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,

@@ -188,15 +188,19 @@ pub fn spawn_server(mut cmd: std::process::Command) -> (std::process::Child, Str
     let stderr = child.stderr.take().unwrap();
     let mut lines = std::io::BufReader::new(stderr).lines();
     let mut base = None;
+    let mut printed = Vec::new();
     for line in lines.by_ref().take(50) {
         let line = line.unwrap();
         if let Some(at) = line.find("listening on ") {
             base = Some(line[at + "listening on ".len()..].trim().to_string());
             break;
         }
+        printed.push(line);
     }
     std::thread::spawn(move || for _ in lines {});
-    (child, base.expect("the ready line"))
+    let base = base
+        .unwrap_or_else(|| panic!("no ready line; the server printed:\n{}", printed.join("\n")));
+    (child, base)
 }
 
 /// How many workspaces exist under `root`: named ones, and the fresh ones under `@sessions`.
