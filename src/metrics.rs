@@ -371,7 +371,7 @@ pub const METRICS: &[MetricDef] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &["node"],
-        help: "Cluster mode: journal writes of this node refused because another node took the session over (nothing more is written or answered for it here).",
+        help: "Cluster mode: sessions whose journal write from this node was refused because another node took them over (by the stream, or by this node once it saw the new owner); nothing more is written or answered for them here.",
     },
     MetricDef {
         name: DEDUP_HITS_TOTAL,

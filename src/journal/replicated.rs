@@ -37,6 +37,8 @@ const PREFIX: &str = "sbj";
 const CLAIM_TRIES: usize = 5;
 /// How long a read or write is retried while the stream has no leader.
 const SETTLE: Duration = Duration::from_secs(8);
+/// How many moved sessions are remembered (for their refused writes to be told).
+const MOVED_KEPT: usize = 4096;
 /// How long opening the stream is retried at start-up.
 const OPEN_SETTLE: Duration = Duration::from_secs(30);
 
@@ -101,6 +103,9 @@ pub struct Replicated {
     node: String,
     retention: Duration,
     logs: Mutex<HashMap<String, Arc<Log>>>,
+    /// Sessions let go because another node took them over: a later write of this node for
+    /// one of them is a refusal like one the stream makes (told to `on_fenced`).
+    moved: Mutex<std::collections::HashSet<String>>,
     counts: Arc<Mutex<FlushCounts>>,
     metrics: JournalMetrics,
     closed: AtomicBool,
@@ -182,6 +187,7 @@ impl Replicated {
             node: node.to_string(),
             retention,
             logs: Mutex::new(HashMap::new()),
+            moved: Mutex::new(std::collections::HashSet::new()),
             counts: Arc::new(Mutex::new(FlushCounts::default())),
             metrics: JournalMetrics::new(),
             closed: AtomicBool::new(false),
@@ -220,9 +226,16 @@ impl Replicated {
         lock(&self.logs).insert(id.to_string(), Arc::new(log));
     }
 
-    /// Lets go of session `id` here (its records stay in the stream for the next owner).
+    /// Lets go of session `id` here because another node owns it now (its records stay in the
+    /// stream for the new owner; a later write of this node for it is refused).
     pub fn release(&self, id: &str) {
-        lock(&self.logs).remove(id);
+        if lock(&self.logs).remove(id).is_some() {
+            let mut moved = lock(&self.moved);
+            if moved.len() >= MOVED_KEPT {
+                moved.clear();
+            }
+            moved.insert(id.to_string());
+        }
     }
 
     /// Reads session `id`'s records and takes it over at lease epoch `epoch`: writes a claim
@@ -259,6 +272,7 @@ impl Replicated {
                         ..state
                     };
                     lock(&self.logs).insert(id.to_string(), Arc::new(log));
+                    lock(&self.moved).remove(id);
                     return Ok(Claimed::Session(record.into_bytes()));
                 }
                 // The old owner wrote meanwhile: read again.
@@ -456,6 +470,10 @@ impl Replicated {
             session: session.clone(),
         };
         let Some(log) = lock(&self.logs).get(&session).cloned() else {
+            if lock(&self.moved).remove(&session) {
+                tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
+                (self.on_fenced)(&session);
+            }
             return Err(fenced());
         };
         let forget = entries.iter().any(|e| matches!(e, Entry::Forget));
