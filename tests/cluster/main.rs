@@ -531,7 +531,9 @@ async fn the_owner_killed_under_load_leaves_every_call_answered_once_and_nothing
     assert_eq!(held, 16.0);
     let failovers = metric(&c, &cl.nodes[1], "switchboard_cluster_failovers_total").await
         + metric(&c, &cl.nodes[2], "switchboard_cluster_failovers_total").await;
-    assert_eq!(failovers, 16.0);
+    // At least one takeover per session (a loaded machine may let a new owner's heartbeat
+    // lapse too, and the session move once more).
+    assert!(failovers >= 16.0, "{failovers}");
     cl.nodes.remove(0);
 }
 
@@ -639,7 +641,11 @@ async fn an_owner_paused_mid_call_is_fenced_by_the_journal_and_publishes_nothing
     let c = client();
     let [a, b, _] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
     let (id, ws) = session_on(&c, a).await;
-    let body = turn(&[("f1", "bash", json!({"command": "sleep 3; echo f1 >> log"}))]);
+    let body = turn(&[(
+        "f1",
+        "bash",
+        json!({"command": "touch started; sleep 3; echo f1 >> log"}),
+    )]);
     // The call starts on a (its intent is in the journal), then a is paused mid-call.
     let on_a = {
         let (c, url, body) = (
@@ -657,18 +663,8 @@ async fn an_owner_paused_mid_call_is_fenced_by_the_journal_and_publishes_nothing
             .await
         })
     };
-    assert!(
-        serve_common::eventually(Duration::from_secs(10), || {
-            let c = c.clone();
-            let url = a.url(&format!("/v1/sessions/{id}"));
-            async move {
-                let info = send(c.get(url).bearer_auth(TOKEN)).await;
-                info.json()["turns"] == 1
-            }
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The command has started, so its intent is in the journal (written before it ran).
+    assert!(serve_common::appears(&ws.join("started"), Duration::from_secs(20)).await);
     let signal = |sig: &str| {
         let _ = Command::new("kill")
             .args([sig, &a.pid().to_string()])
