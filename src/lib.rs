@@ -41,7 +41,7 @@
 //!
 //! | layer | modules | what lives there |
 //! | --- | --- | --- |
-//! | foundation | `protocol`, `validation`, `metrics`, `breaker`, `limiter`, `process_env`, `process_guard`, `process_tree`, `tls` | wire formats, error codes, `ToolError`, the output cap, schemas, metric handles, small primitives |
+//! | foundation | `protocol`, `validation`, `metrics`, `breaker`, `limiter`, `process_env`, `process_guard`, `process_tree`, `tls`, `locks` | wire formats, error codes, `ToolError`, the output cap, schemas, metric handles, small primitives |
 //! | confinement | `workspace`, `file_state`, `sandbox` | the workspace directory handle, per-session file stamps, the OS sandbox |
 //! | tool | `tool`, `typed` | `ToolSpec`, `Handler`, `ToolContext`, `SessionScope`, `Access`, `Subject` |
 //! | built-in tools | `tools` | `bash`, `read_file`, `write_file`, `edit_file`, `glob` |
@@ -98,6 +98,7 @@ mod layering;
 mod limiter;
 #[cfg(feature = "cli")]
 mod load;
+mod locks;
 pub mod mcp;
 pub mod metrics;
 mod observe;

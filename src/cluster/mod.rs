@@ -24,7 +24,9 @@ pub mod forward;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -212,10 +214,6 @@ impl std::fmt::Debug for Cluster {
             .field("boot", &self.boot)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Checks a node id: 1 to 64 of `[A-Za-z0-9_-]`.

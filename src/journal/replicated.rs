@@ -20,7 +20,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
@@ -120,10 +122,6 @@ impl std::fmt::Debug for Replicated {
             .field("node", &self.node)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn nats_error(stream: &str, e: impl std::fmt::Display) -> JournalError {
@@ -236,6 +234,12 @@ impl Replicated {
             }
             moved.insert(id.to_string());
         }
+    }
+
+    /// Gives up a claim of session `id` this node could not use (the session would not reopen
+    /// here): unlike [`Replicated::release`], no other node is known to own it.
+    pub fn abandon(&self, id: &str) {
+        lock(&self.logs).remove(id);
     }
 
     /// Reads session `id`'s records and takes it over at lease epoch `epoch`: writes a claim

@@ -13,7 +13,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
@@ -471,10 +473,6 @@ pub enum Refused {
     Closed(&'static str),
     /// No such call in this session.
     Unknown,
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Delegate {

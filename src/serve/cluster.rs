@@ -189,7 +189,7 @@ async fn take_over(
             tracing::info!(session = %id, from = %owner.node, epoch, "cluster: session taken over");
             if let Err(e) = app.sessions.adopt(id, &bytes).await {
                 cluster.let_go(id);
-                journal.release(id);
+                journal.abandon(id);
                 return Err(e);
             }
             Ok(true)

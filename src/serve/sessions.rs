@@ -14,7 +14,9 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -357,10 +359,6 @@ pub struct SessionTable {
     /// Cluster mode: sessions taken over here whose workspace directory is missing on this
     /// node, and that directory.
     lost: Mutex<HashMap<String, PathBuf>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Checks a workspace name: one path component of `[A-Za-z0-9._-]`, 1 to 128 characters, not

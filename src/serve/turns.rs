@@ -11,7 +11,9 @@
 //! itself for it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -62,10 +64,6 @@ struct Turns {
 #[derive(Debug, Default)]
 pub struct TurnTable {
     turns: Mutex<Turns>,
-}
-
-fn lock(m: &Mutex<Turns>) -> MutexGuard<'_, Turns> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where a cancelled turn was.
