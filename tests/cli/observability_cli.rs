@@ -92,26 +92,16 @@ fn metrics_addr_serves_metrics_and_healthz_while_the_demo_runs() {
 #[test]
 fn json_logs_carry_the_genai_span_fields_and_stdout_stays_protocol_json() {
     let ws = tempfile::tempdir().unwrap();
-    let mut child = switchboard()
-        .args(["--log-format", "json", "dispatch", "--workspace"])
+    let mut cmd = switchboard();
+    cmd.args(["--log-format", "json", "dispatch", "--workspace"])
         .arg(ws.path())
-        .env("RUST_LOG", "switchboard=info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(
-            br#"{"role":"assistant","content":[
+        .env("RUST_LOG", "switchboard=info");
+    let out = common::cli::fed(
+        cmd,
+        br#"{"role":"assistant","content":[
                 {"type":"tool_use","id":"t1","name":"glob","input":{"pattern":"*"}},
                 {"type":"tool_use","id":"t2","name":"read_file","input":{"path":"../x"}}]}"#,
-        )
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    );
     assert!(out.status.success());
     let answer: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
     assert_eq!(answer["role"], "user");

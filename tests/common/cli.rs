@@ -20,20 +20,24 @@ pub fn switchboard() -> Command {
 
 /// Runs the binary with `args` in `cwd` (no `RUST_LOG`), feeding `stdin`, and waits for it.
 pub fn run(cwd: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = switchboard()
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("RUST_LOG")
+    let mut cmd = switchboard();
+    cmd.args(args).current_dir(cwd).env_remove("RUST_LOG");
+    fed(cmd, stdin.as_bytes())
+}
+
+/// Runs `cmd` with `stdin` written to it (stdout and stderr captured) and waits for it.
+pub fn fed(mut cmd: Command, stdin: &[u8]) -> Output {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("the binary starts");
+        .expect("the command starts");
     {
         let mut input = child.stdin.take().unwrap();
-        input.write_all(stdin.as_bytes()).unwrap();
+        input.write_all(stdin).unwrap();
     }
-    child.wait_with_output().expect("the binary finishes")
+    child.wait_with_output().expect("the command finishes")
 }
 
 /// `switchboard dispatch --workspace <ws> <extra…>` in `ws`, fed `stdin`.

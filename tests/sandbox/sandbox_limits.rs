@@ -160,27 +160,15 @@ fn an_out_of_memory_kill_by_a_limit_above_the_call_says_so() {
     }
     let ws = tempfile::tempdir().unwrap();
     let bomb = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"bash","input":{"command":"x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}"}}]}"#;
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
         .arg(format!(
             "echo $$ > {}/cgroup.procs && exec \"$0\" dispatch --workspace \"$1\" --max-memory 1G",
             dir.display()
         ))
         .arg(CLI)
-        .arg(ws.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(bomb.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        .arg(ws.path());
+    let out = common::cli::fed(cmd, bomb.as_bytes());
     for _ in 0..100 {
         if std::fs::remove_dir(&dir).is_ok() {
             break;

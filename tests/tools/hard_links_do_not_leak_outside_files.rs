@@ -83,20 +83,8 @@ fn the_option_allows_hard_links_for_workspaces_that_use_them() {
 }
 
 fn run_with_flag(ws: &Path, doc: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = std::process::Command::new(BIN)
-        .args(["dispatch", "--allow-hard-links", "--workspace"])
-        .arg(ws)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(doc.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["dispatch", "--allow-hard-links", "--workspace"])
+        .arg(ws);
+    common::cli::fed(cmd, doc.as_bytes())
 }
