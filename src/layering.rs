@@ -523,6 +523,26 @@ fn layering_imports_of_src_point_down_the_table_in_lib_rs() {
     );
 }
 
+/// The one file allowed `unsafe` code (see the crate doc).
+const UNSAFE_EXCEPTION: &str = "sandbox/fork.rs";
+
+#[test]
+fn layering_unsafe_code_is_allowed_in_one_reviewed_file_only() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let allowing: Vec<String> = rust_files(&src)
+        .into_iter()
+        .filter(|file| {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            code_only(&text).contains("allow(unsafe_code)")
+        })
+        .map(|file| {
+            let rel = file.strip_prefix(&src).unwrap_or(&file);
+            rel.display().to_string()
+        })
+        .collect();
+    assert_eq!(allowing, [UNSAFE_EXCEPTION], "files that allow unsafe code");
+}
+
 #[cfg(test)]
 mod fixture {
     use super::*;

@@ -1,6 +1,7 @@
 //! `switchboard-sandbox`: the sandbox's trampoline alone — `switchboard-sandbox sandbox-exec …`
 //! does exactly what `switchboard sandbox-exec …` does, from a binary a tenth of the size, so
-//! that each sandboxed command's two starts of it cost little. The engine uses it when it lies
+//! that each command's start of it (the init of the command's namespaces is the same process,
+//! forked) costs little. The engine uses it when it lies
 //! beside the `switchboard` binary (see `switchboard::sandbox::find_trampoline`).
 
 fn main() -> std::process::ExitCode {

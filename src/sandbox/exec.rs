@@ -8,10 +8,12 @@
 //! 1. **outer** (a child of the engine): parent-death signal `SIGKILL` (so `kill -9` of the
 //!    engine ends the call); joins the call's cgroups; sets the rlimits (`RLIMIT_FSIZE`,
 //!    `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where no cgroup bounds processes /
-//!    memory); then makes the call's namespaces itself with `unshare(2)` and starts this binary
-//!    again as `sandbox-exec --inner --mount-proc …`, their init, waits for it and exits as it
-//!    did. Where the namespaces need a user namespace (not root), it execs `unshare <flags> --
-//!    <this binary> sandbox-exec --inner …` instead, whose `--kill-child` plays the same part;
+//!    memory); then makes the call's namespaces itself with `unshare(2)` and **forks** their
+//!    init (no second program start: [`super::fork`]; a process that is not single-threaded —
+//!    an embedder's binary that started threads first — starts this binary again as
+//!    `sandbox-exec --inner --mount-proc …` instead), waits for it and exits as it did. Where
+//!    the namespaces need a user namespace (not root), it execs `unshare <flags> -- <this
+//!    binary> sandbox-exec --inner …` instead, whose `--kill-child` plays the same part;
 //!    without namespaces it runs the inner stage itself.
 //! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` — which it mounts
 //!    itself when the outer stage made the namespaces, with its own parent-death signal — in IPC,
@@ -30,6 +32,10 @@
 //!    `/proc/1/fd`; the status file itself lies outside the command's Landlock rules and below a
 //!    covered directory. Without namespaces (no `unshare`) the inner stage runs in the outer
 //!    process and execs the command instead: the engine then waits for the shell itself.
+//!
+//! `--mode off` makes the namespaces and their init and nothing else (no mounts covered, no
+//! Landlock, capabilities kept): how an unconfined call gets its PID namespace with one program
+//! start fewer than `unshare` and an init shell ([`super::Sandbox::begin_unconfined_call`]).
 //!
 //! `--contain` runs the outer stage alone and then execs the program: how helpers that are not
 //! confined (MCP stdio servers) are kept under process-tree control ([`super::contain`]).
@@ -103,6 +109,9 @@ struct Plan {
     /// The inner stage mounts the fresh `/proc` itself (the outer stage made the namespaces).
     mount_proc: bool,
     best_effort: bool,
+    /// `--mode off`: only the namespaces and their init (no mounts hidden, no Landlock, no
+    /// capabilities dropped) — how an unconfined call gets its PID namespace cheaply.
+    unconfined: bool,
     workspace_writable: bool,
     workspace: Option<PathBuf>,
     tmp: Option<PathBuf>,
@@ -160,6 +169,7 @@ impl Plan {
                         .parse::<super::SandboxMode>()
                         .map_err(|e| e.to_string())?;
                     plan.best_effort = mode == super::SandboxMode::BestEffort;
+                    plan.unconfined = !mode.confines();
                     plan.workspace_writable = mode.workspace_writable();
                 }
                 "--workspace" | "--tmp" => {
@@ -234,7 +244,7 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
             if let Some(flags) = namespace_flags(&plan.ns_flags)
                 && own_namespaces(flags).is_ok()
             {
-                return run_init_child(&me, &plan);
+                return run_init(&me, plan);
             }
             let err = Command::new(unshare)
                 .args(&plan.ns_flags)
@@ -250,6 +260,12 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
             return Err(format!("cannot run {}: {err}", unshare.display()));
         }
     }
+    run_inner(plan)
+}
+
+/// The inner stage, then the command: run by the namespace's init (pid 1) as its child, or
+/// exec'd (without namespaces).
+fn run_inner(plan: Plan) -> Result<ExitCode, String> {
     let status = inner(&plan)?;
     let mut command = Command::new(&plan.program[0]);
     command.args(&plan.program[1..]);
@@ -292,31 +308,45 @@ fn own_namespaces(flags: rustix::thread::UnshareFlags) -> Result<(), String> {
     rustix::thread::unshare(flags).map_err(|e| format!("cannot make the call's namespaces: {e}"))
 }
 
-/// Starts this binary as the init of the namespaces just made (it mounts `/proc` itself), waits
-/// for it and exits as it did: its code, or `128 + N` if signal N killed it — as `unshare
-/// --fork` does. The init has its own parent-death signal, so killing this process ends it.
-fn run_init_child(me: &Path, plan: &Plan) -> Result<ExitCode, String> {
-    let mut child = Command::new(me)
-        .arg(SUBCOMMAND)
-        .arg("--inner")
-        .arg("--private-mounts")
-        .arg("--mount-proc")
-        .args(&plan.inner_args)
-        .arg("--")
-        .args(&plan.program)
-        .spawn()
-        .map_err(|e| format!("cannot start the call's init: {e}"))?;
-    let status = loop {
-        match child.wait() {
-            Ok(status) => break status,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+/// Becomes the init of the namespaces just made, waits for it and exits as it did: its code, or
+/// `128 + N` if signal N killed it — as `unshare --fork` does. The init is this process forked
+/// (one program start fewer, see [`super::fork`]), or, should this process not be
+/// single-threaded (an embedder's binary that started threads before the trampoline ran), this
+/// binary started again as `sandbox-exec --inner`. Either way the init mounts `/proc` itself and
+/// has its own parent-death signal, so killing this process ends it.
+fn run_init(me: &Path, mut plan: Plan) -> Result<ExitCode, String> {
+    let init = match super::fork::fork() {
+        Ok(super::fork::Forked::Child) => {
+            plan.inner = true;
+            plan.private_mounts = true;
+            plan.mount_proc = true;
+            return run_inner(plan);
+        }
+        Ok(super::fork::Forked::Parent(pid)) => pid,
+        Err(_) => {
+            let child = Command::new(me)
+                .arg(SUBCOMMAND)
+                .arg("--inner")
+                .arg("--private-mounts")
+                .arg("--mount-proc")
+                .args(&plan.inner_args)
+                .arg("--")
+                .args(&plan.program)
+                .spawn()
+                .map_err(|e| format!("cannot start the call's init: {e}"))?;
+            Pid::from_child(&child)
+        }
+    };
+    let ended = loop {
+        match rustix::process::waitpid(Some(init), WaitOptions::empty()) {
+            Ok(Some((_, ended))) => break ended,
+            Ok(None) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(format!("waiting for the call's init: {e}")),
         }
     };
-    use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
+    let code = ended
+        .exit_status()
+        .or_else(|| ended.terminating_signal().map(|s| 128 + s))
         .unwrap_or(128);
     Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(u8::MAX)))
 }
@@ -416,11 +446,8 @@ fn set_limit(resource: Resource, soft: u64, hard: u64, what: &str) -> Result<(),
 }
 
 /// Stage 2: the status file opened (before the mounts hide it), the mounts, Landlock, then no
-/// capabilities. Returns the status file for the init.
+/// capabilities (`--mode off`: the status file only). Returns the status file for the init.
 fn inner(plan: &Plan) -> Result<Option<File>, String> {
-    let (Some(workspace), Some(tmp)) = (&plan.workspace, &plan.tmp) else {
-        return Err("--workspace and --tmp are required".into());
-    };
     if plan.mount_proc {
         // Started by the outer stage itself (not by `unshare`): die with it, and mount the
         // namespace's own `/proc` as `unshare --mount-proc` would.
@@ -439,6 +466,12 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
                 .map_err(|e| format!("cannot open the status file {}: {e}", path.display()))?,
         ),
         None => None,
+    };
+    if plan.unconfined {
+        return Ok(status);
+    }
+    let (Some(workspace), Some(tmp)) = (&plan.workspace, &plan.tmp) else {
+        return Err("--workspace and --tmp are required".into());
     };
     if plan.private_mounts {
         let mut keep: Vec<&Path> = vec![workspace];

@@ -42,6 +42,8 @@ pub struct CallSandbox {
     cgroup: Option<CallCgroup>,
     limits: SandboxLimits,
     cpu_seconds: u64,
+    /// False for an unconfined (`off`) call: the trampoline is only the init of its namespaces.
+    confined: bool,
 }
 
 /// What the call's init reported once the command's shell had ended.
@@ -148,7 +150,51 @@ impl CallSandbox {
             cgroup: Some(cgroup),
             limits,
             cpu_seconds,
+            confined: true,
         })
+    }
+
+    /// An unconfined call (`--sandbox off`) whose namespaces' init is the trampoline: PID and
+    /// mount namespaces and a fresh `/proc`, no Landlock, limits, cgroups or private `TMPDIR`
+    /// — what `unshare` and an init shell give, one program start cheaper, with the init's
+    /// report telling a death by signal.
+    pub(super) fn unconfined(trampoline: PathBuf) -> std::io::Result<CallSandbox> {
+        let dir = tempfile::Builder::new()
+            .prefix("switchboard-call-")
+            .tempdir()?;
+        let status_file = dir.path().join("status");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&status_file)?;
+        let args: Vec<OsString> = vec![
+            SUBCOMMAND.into(),
+            "--mode".into(),
+            super::SandboxMode::Off.as_str().into(),
+            "--status".into(),
+            status_file.clone().into(),
+            "--parent".into(),
+            std::process::id().to_string().into(),
+        ];
+        Ok(CallSandbox {
+            trampoline,
+            args,
+            ns_flags: Vec::new(),
+            tmp: dir.path().join("tmp"),
+            _dir: dir,
+            status: status_file,
+            cgroup: None,
+            limits: SandboxLimits::default(),
+            cpu_seconds: 0,
+            confined: false,
+        })
+    }
+
+    /// False for an unconfined call ([`super::Sandbox::begin_unconfined_call`]): no Landlock,
+    /// no limits, no private `TMPDIR`.
+    pub fn confines(&self) -> bool {
+        self.confined
     }
 
     /// The path of the call's private temporary directory (its `TMPDIR`). With namespaces

@@ -24,6 +24,7 @@
 mod cgroup;
 mod contain;
 mod exec;
+mod fork;
 mod landlock_rules;
 mod launch;
 mod mode;
@@ -65,9 +66,19 @@ impl Sandbox {
                 "sandbox: off — bash commands can read and write everything this user can, and \
                  reach the network"
             );
+            // The trampoline still serves as the init of each call's PID namespace (cheaper
+            // than `unshare` and an init shell), when there is one that answers.
+            let trampoline = config
+                .trampoline
+                .clone()
+                .or_else(find_trampoline)
+                .filter(|t| probe::probe_landlock(t) >= 0);
             return Ok(Sandbox {
                 config,
-                status: SandboxStatus::default(),
+                status: SandboxStatus {
+                    trampoline,
+                    ..SandboxStatus::default()
+                },
                 degraded: Vec::new(),
             });
         }
@@ -185,6 +196,20 @@ impl Sandbox {
             return Ok(None);
         }
         CallSandbox::new(self, workspace, budget).map(Some)
+    }
+
+    /// Sets up one unconfined call (mode `off`) whose PID and mount namespaces have the
+    /// trampoline as init ([`CallSandbox::command`] with `unshare` and its flags, as for a
+    /// confined call). `None` in a confining mode (use [`Sandbox::begin_call`]) or when no
+    /// trampoline was found; then `unshare` and an init shell do the same, one program start
+    /// dearer.
+    pub fn begin_unconfined_call(&self) -> std::io::Result<Option<CallSandbox>> {
+        match &self.status.trampoline {
+            Some(trampoline) if !self.config.mode.confines() => {
+                CallSandbox::unconfined(trampoline.clone()).map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 }
 

@@ -15,9 +15,11 @@
 //!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
 //!   when plain `unshare` is refused). A tiny init is pid 1 and runs the command's shell as
 //!   pid 2, so the command behaves as usual (`kill $$` works; the init tells us when that shell
-//!   died by a signal): the sandbox's trampoline when the call is sandboxed (it reports to the
-//!   engine where the command cannot write), else an init shell whose job notice goes to a
-//!   temporary file. Inside, `/proc` shows only the call's own processes, so
+//!   died by a signal): the sandbox's trampoline, which makes the namespaces itself and forks
+//!   the init, whenever the engine has one — sandboxed (it reports to the engine where the
+//!   command cannot write) or with `--sandbox off` (one program start instead of `unshare`
+//!   and an init shell) — else (a context made outside an engine) an init shell whose job
+//!   notice goes to a temporary file. Inside, `/proc` shows only the call's own processes, so
 //!   `/proc/$PPID/environ` (`$PPID` is that init, with the same allowlisted environment),
 //!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
@@ -205,12 +207,13 @@ impl Bash {
 
         let root = ctx.workspace()?.root();
         // The OS sandbox of this call (its TMPDIR and cgroups), when the engine has one.
-        let sandbox = match ctx.session.sandbox() {
-            Some(sandbox) => sandbox.begin_call(root, budget).map_err(|e| {
-                ToolError::execution(format!("cannot set up the sandbox of the call: {e}"))
-            })?,
-            None => None,
-        };
+        // Unconfined (`off`) with namespaces, the trampoline is the namespace's init.
+        let sandbox = match (ctx.session.sandbox(), launcher) {
+            (Some(sandbox), _) if sandbox.confines() => sandbox.begin_call(root, budget),
+            (Some(sandbox), Launcher::Namespaces { .. }) => sandbox.begin_unconfined_call(),
+            _ => Ok(None),
+        }
+        .map_err(|e| ToolError::execution(format!("cannot set up the sandbox of the call: {e}")))?;
         // Unconfined namespace mode: where the init shell writes its job notices (see
         // `death_signal`). A sandboxed call's init is the trampoline, which reports to the
         // sandbox instead, out of the command's reach.
@@ -389,7 +392,7 @@ fn shell(
         None => launcher.command(&program),
     };
     crate::process_env::inherit_tool_env(&mut cmd);
-    if let Some(sandbox) = sandbox {
+    if let Some(sandbox) = sandbox.filter(|s| s.confines()) {
         cmd.env("TMPDIR", sandbox.tmp());
     }
     cmd.env("HOME", root)

@@ -10,6 +10,7 @@ mod sandbox_cost_figure;
 mod sandbox_engine_death;
 mod sandbox_files;
 mod sandbox_inherited_fds;
+mod sandbox_init;
 mod sandbox_limits;
 mod sandbox_modes;
 mod sandbox_namespaces;

@@ -1,0 +1,104 @@
+//! The init of a call's namespaces is the trampoline *forked* (one program start per call, not
+//! two), in every mode — and with `--sandbox off` too, where it replaces `unshare` and an init
+//! shell: the command's shell is pid 2 under it, `/proc` shows only the call, `kill $$` is told
+//! as a death by that signal while `exit 137` stays an exit status, and nothing the command
+//! started outlives the call.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::direct::survivors;
+use common::sandbox::*;
+use switchboard::ErrorCode;
+use switchboard::sandbox::SandboxMode;
+use switchboard::tools::bash::CALL_ID_VAR;
+
+/// What a call sees of its namespace: `$$ $PPID`, the init's name, its command line (NUL
+/// separated, shown with spaces) and how many processes `/proc` lists.
+const LOOK: &str = "echo $$ $PPID; cat /proc/1/comm; tr '\\0' ' ' < /proc/1/cmdline; echo; \
+                    ls /proc | grep -c '^[0-9]'";
+
+fn as_root() -> bool {
+    available(
+        "root (the trampoline makes the namespaces itself only as root)",
+        rustix::process::geteuid().is_root(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_every_mode_the_command_runs_under_the_forked_trampoline_as_pid_1() {
+    if !as_root() {
+        return;
+    }
+    for mode in [
+        SandboxMode::Off,
+        SandboxMode::WorkspaceWrite,
+        SandboxMode::ReadOnly,
+    ] {
+        let (_dir, ws) = temp_workspace();
+        let Some(engine) = engine(Some(&ws), config(mode)) else {
+            return;
+        };
+        let session = engine.session();
+        let r = bash(&session, LOOK).await;
+        let out = ok_text(&r);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0], "2 1",
+            "{mode}: the shell is pid 2 under the init: {out}"
+        );
+        // The kernel keeps 15 bytes of a name.
+        assert_eq!(lines[1], "switchboard-san", "{mode}: {out}");
+        // Forked: the init's command line is the trampoline's own, not a second start of it
+        // (`sandbox-exec --inner …`).
+        assert!(lines[2].contains(" sandbox-exec "), "{mode}: {out}");
+        assert!(
+            !lines[2].contains("--inner"),
+            "{mode}: a second start: {out}"
+        );
+        let visible: usize = lines[3].parse().unwrap();
+        assert!(visible < 10, "{mode}: /proc shows only the call: {out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_sandbox_off_deaths_exits_and_leftovers_are_as_under_an_init_shell() {
+    if !as_root() {
+        return;
+    }
+    let (_dir, ws) = temp_workspace();
+    let Some(engine) = engine(Some(&ws), config(SandboxMode::Off)) else {
+        return;
+    };
+    assert_eq!(engine.sandbox().describe()["trampoline"], TRAMPOLINE);
+    let session = engine.session();
+    let killed = bash(&session, "echo started; kill -9 $$").await;
+    assert_eq!(
+        error_text(&killed, ErrorCode::ExecutionError),
+        "Error [execution_error]: killed by SIGKILL; output:\nstarted"
+    );
+    let termed = bash(&session, "kill -TERM $$").await;
+    assert_eq!(
+        error_text(&termed, ErrorCode::ExecutionError),
+        "Error [execution_error]: killed by SIGTERM"
+    );
+    let exited = bash(&session, "echo plain; exit 137").await;
+    assert_eq!(ok_text(&exited), "plain\n[exit code: 137]");
+    // Off means off: the engine's TMPDIR (if any), not a private one; no limits named.
+    let cpu = bash(&session, "kill -XCPU $$").await;
+    assert_eq!(
+        error_text(&cpu, ErrorCode::ExecutionError),
+        "Error [execution_error]: killed by SIGXCPU"
+    );
+
+    // Daemons of every kind end with the call.
+    let id = common::fresh("off-daemons");
+    let command = format!(
+        "setsid sleep 300 & (sleep 300 &); nohup sleep 300 >/dev/null 2>&1 & echo ${CALL_ID_VAR}"
+    );
+    let call = bash_call(&id, &command, Duration::from_secs(60));
+    let r = session.dispatch(vec![call]).await.unwrap().remove(0);
+    assert_eq!(ok_text(&r), id);
+    assert_eq!(survivors(&id).await, Vec::<String>::new());
+}
