@@ -35,8 +35,9 @@ pub struct CallSandbox {
     /// Namespaces beside the launcher's: `--net` without network, and those of
     /// [`super::probe::CALL_NAMESPACES`] the kernel has.
     ns_flags: Vec<String>,
-    /// The engine's directory of the call: `tmp/` and `status`.
-    _dir: tempfile::TempDir,
+    /// What is removed when the call ends: the engine's directory of the call (`tmp/` and
+    /// `status`), or for an unconfined call the `status` file alone.
+    _files: CallFiles,
     tmp: PathBuf,
     status: PathBuf,
     cgroup: Option<CallCgroup>,
@@ -44,6 +45,13 @@ pub struct CallSandbox {
     cpu_seconds: u64,
     /// False for an unconfined (`off`) call: the trampoline is only the init of its namespaces.
     confined: bool,
+}
+
+/// The files of a call, removed when dropped.
+#[derive(Debug)]
+enum CallFiles {
+    Dir { _dir: tempfile::TempDir },
+    File { _file: tempfile::TempPath },
 }
 
 /// What the call's init reported once the command's shell had ended.
@@ -144,7 +152,7 @@ impl CallSandbox {
             trampoline,
             args,
             ns_flags,
-            _dir: dir,
+            _files: CallFiles::Dir { _dir: dir },
             tmp,
             status: status_file,
             cgroup: Some(cgroup),
@@ -159,21 +167,17 @@ impl CallSandbox {
     /// — what `unshare` and an init shell give, one program start cheaper, with the init's
     /// report telling a death by signal.
     pub(super) fn unconfined(trampoline: PathBuf) -> std::io::Result<CallSandbox> {
-        let dir = tempfile::Builder::new()
+        // One file (mode 0600), not a directory: the call has no `TMPDIR` of its own.
+        let status_file = tempfile::Builder::new()
             .prefix("switchboard-call-")
-            .tempdir()?;
-        let status_file = dir.path().join("status");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&status_file)?;
+            .tempfile()?
+            .into_temp_path();
         let args: Vec<OsString> = vec![
             SUBCOMMAND.into(),
             "--mode".into(),
             super::SandboxMode::Off.as_str().into(),
             "--status".into(),
-            status_file.clone().into(),
+            status_file.as_os_str().into(),
             "--parent".into(),
             std::process::id().to_string().into(),
         ];
@@ -181,9 +185,9 @@ impl CallSandbox {
             trampoline,
             args,
             ns_flags: Vec::new(),
-            tmp: dir.path().join("tmp"),
-            _dir: dir,
-            status: status_file,
+            tmp: PathBuf::new(),
+            status: status_file.to_path_buf(),
+            _files: CallFiles::File { _file: status_file },
             cgroup: None,
             limits: SandboxLimits::default(),
             cpu_seconds: 0,
@@ -200,7 +204,8 @@ impl CallSandbox {
     /// The path of the call's private temporary directory (its `TMPDIR`). With namespaces
     /// (`unshare` given to [`CallSandbox::command`]) the command finds a fresh tmpfs of
     /// `max_tmp_size` bytes there, in its own mount namespace — not this directory of the host,
-    /// which stays empty; without them, it is this directory.
+    /// which stays empty; without them, it is this directory. Empty for an unconfined call,
+    /// which has none ([`CallSandbox::confines`]).
     pub fn tmp(&self) -> &Path {
         &self.tmp
     }

@@ -1,6 +1,8 @@
 //! Nothing outlives the engine: `kill -9` of a `switchboard dispatch` process whose bash command
 //! started background jobs, a `setsid` daemon and a job ignoring SIGHUP leaves no process of
-//! that command alive (the trampoline's parent-death signal ends the call's PID namespace).
+//! that command alive (the trampoline's parent-death signal ends the call's PID namespace) —
+//! under the default sandbox, and with `--sandbox off` too, whose commands have the trampoline
+//! as the init of their namespaces as well.
 
 use crate::common;
 
@@ -27,19 +29,34 @@ fn processes_of_call(id: &str) -> Vec<u32> {
 
 #[test]
 fn kill_9_of_dispatch_leaves_no_process_of_its_command_alive() {
-    let (_dir, ws) = temp_workspace();
     // Skip only where the sandbox cannot run at all.
     if engine_available().is_none() {
         return;
     }
-    let id = format!("kill9-{}", std::process::id());
+    kill_9_leaves_nothing("workspace-write");
+}
+
+#[test]
+fn kill_9_of_dispatch_with_the_sandbox_off_leaves_no_process_of_its_command_alive_either() {
+    if !available(
+        "root (the trampoline makes the namespaces itself only as root)",
+        rustix::process::geteuid().is_root(),
+    ) {
+        return;
+    }
+    kill_9_leaves_nothing("off");
+}
+
+fn kill_9_leaves_nothing(mode: &str) {
+    let (_dir, ws) = temp_workspace();
+    let id = format!("kill9-{mode}-{}", std::process::id());
     let command = "sleep 300 & setsid sleep 301 & (trap '' HUP TERM; sleep 302) & \
                    echo up > started; wait";
     let turn = serde_json::json!({"role": "assistant", "content": [
         {"type": "tool_use", "id": id, "name": "bash", "input": {"command": command}}
     ]});
     let mut engine = Command::new(CLI)
-        .args(["dispatch", "--workspace"])
+        .args(["dispatch", "--sandbox", mode, "--workspace"])
         .arg(ws.root())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
