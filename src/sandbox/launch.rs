@@ -256,7 +256,12 @@ impl CallSandbox {
     /// `None` for an ordinary exit.
     pub fn verdict(&self, status: &ExitStatus, text: &str) -> Option<String> {
         if status.code() == Some(i32::from(TRAMPOLINE_FAILED)) && text.starts_with(FAILURE_PREFIX) {
-            return Some(format!("the sandbox could not start the command: {text}"));
+            let who = if self.confined {
+                "the sandbox"
+            } else {
+                "the namespaces' init"
+            };
+            return Some(format!("{who} could not start the command: {text}"));
         }
         let cgroup = self.cgroup.as_ref()?;
         // A memory kill is reported even if the command carried on; a refused fork only when
