@@ -12,9 +12,10 @@
 //!    init (no second program start: [`super::fork`]; a process that is not single-threaded —
 //!    an embedder's binary that started threads first — starts this binary again as
 //!    `sandbox-exec --inner --mount-proc …` instead), waits for it and exits as it did. Where
-//!    the namespaces need a user namespace (not root), it execs `unshare <flags> -- <this
-//!    binary> sandbox-exec --inner …` instead, whose `--kill-child` plays the same part;
-//!    without namespaces it runs the inner stage itself.
+//!    the namespaces need a user namespace (not root), it makes that one too and maps its user
+//!    and group to root inside it (`--user --map-root-user`); only where the kernel refuses the
+//!    namespaces does it exec `unshare <flags> -- <this binary> sandbox-exec --inner …`, whose
+//!    `--kill-child` plays the same part; without namespaces it runs the inner stage itself.
 //! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` — which it mounts
 //!    itself when the outer stage made the namespaces, with its own parent-death signal — in IPC,
 //!    UTS and cgroup namespaces of its own and, without `--allow-network`, in a network namespace
@@ -238,11 +239,11 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
         outer(&plan)?;
         if let Some(unshare) = &plan.unshare {
             let me = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
-            // The namespaces made here, then this binary again as their init: one program start
-            // fewer than `unshare` would take. Where that is refused (a user namespace is
-            // needed: not root), `unshare` does it.
+            // The namespaces made here (a user namespace mapping this user to root included,
+            // where one is needed: not root), then this process forked as their init: no
+            // program start besides the command's. Where the kernel refuses, `unshare` tries.
             if let Some(flags) = namespace_flags(&plan.ns_flags)
-                && own_namespaces(flags).is_ok()
+                && own_namespaces(flags)?
             {
                 return run_init(&me, plan);
             }
@@ -276,14 +277,20 @@ fn run_inner(plan: Plan) -> Result<ExitCode, String> {
     Err(format!("cannot run {:?}: {err}", plan.program[0]))
 }
 
-/// The namespaces `unshare` would make for `ns_flags` (`--pid --fork --mount-proc --kill-child`
-/// and the per-call ones), or `None` when they ask for something only `unshare` does (a user
-/// namespace and its mappings).
+/// The namespaces `unshare` would make for `ns_flags` (`--pid --fork --mount-proc --kill-child`,
+/// `--user --map-root-user` where needed, and the per-call ones), or `None` when they ask for
+/// something only `unshare` does (a user namespace without that mapping, an unknown flag).
 fn namespace_flags(ns_flags: &[OsString]) -> Option<rustix::thread::UnshareFlags> {
     use rustix::thread::UnshareFlags;
     let mut flags = UnshareFlags::empty();
+    let mut map_root = false;
     for flag in ns_flags {
         flags |= match flag.to_str()? {
+            "--user" => UnshareFlags::NEWUSER,
+            "--map-root-user" => {
+                map_root = true;
+                UnshareFlags::empty()
+            }
             "--pid" => UnshareFlags::NEWPID,
             "--mount-proc" | "--mount" => UnshareFlags::NEWNS,
             "--net" => UnshareFlags::NEWNET,
@@ -294,18 +301,39 @@ fn namespace_flags(ns_flags: &[OsString]) -> Option<rustix::thread::UnshareFlags
             _ => return None,
         };
     }
-    flags
-        .contains(UnshareFlags::NEWPID | UnshareFlags::NEWNS)
+    let user = flags.contains(UnshareFlags::NEWUSER);
+    (flags.contains(UnshareFlags::NEWPID | UnshareFlags::NEWNS) && user == map_root)
         .then_some(flags)
 }
 
 /// Moves this process into fresh namespaces (its next child is pid 1 of the PID namespace).
+/// `Ok(false)` when the kernel refuses them (nothing changed: `unshare` may try); with a user
+/// namespace, this user and group are then mapped to root inside it, as `unshare
+/// --map-root-user` does — a failure there is an error, the process being half-moved.
 #[allow(deprecated)]
-fn own_namespaces(flags: rustix::thread::UnshareFlags) -> Result<(), String> {
+fn own_namespaces(flags: rustix::thread::UnshareFlags) -> Result<bool, String> {
+    use rustix::thread::UnshareFlags;
     // `unshare` is sound here: the trampoline is single-threaded and the flags never include
     // `FILES` (the reason rustix deprecated the safe function in favour of an unsafe one).
-    debug_assert!(!flags.contains(rustix::thread::UnshareFlags::FILES));
-    rustix::thread::unshare(flags).map_err(|e| format!("cannot make the call's namespaces: {e}"))
+    debug_assert!(!flags.contains(UnshareFlags::FILES));
+    let (uid, gid) = (rustix::process::geteuid(), rustix::process::getegid());
+    if rustix::thread::unshare(flags).is_err() {
+        return Ok(false);
+    }
+    if flags.contains(UnshareFlags::NEWUSER) {
+        let write = |file: &str, text: String| {
+            std::fs::write(format!("/proc/self/{file}"), text)
+                .map_err(|e| format!("cannot write /proc/self/{file}: {e}"))
+        };
+        // Kernels before 3.19 have no `setgroups` file, and need none.
+        match write("setgroups", "deny".into()) {
+            Err(_) if !Path::new("/proc/self/setgroups").exists() => {}
+            other => other?,
+        }
+        write("uid_map", format!("0 {} 1", uid.as_raw()))?;
+        write("gid_map", format!("0 {} 1", gid.as_raw()))?;
+    }
+    Ok(true)
 }
 
 /// Becomes the init of the namespaces just made, waits for it and exits as it did: its code, or

@@ -102,3 +102,70 @@ async fn with_the_sandbox_off_deaths_exits_and_leftovers_are_as_under_an_init_sh
     assert_eq!(ok_text(&r), id);
     assert_eq!(survivors(&id).await, Vec::<String>::new());
 }
+
+/// `setpriv` and unprivileged user namespaces, to run the CLI as `nobody`.
+fn nobody_can_have_namespaces() -> bool {
+    let works = std::process::Command::new("setpriv")
+        .args(NOBODY)
+        .args(["unshare", "--user", "--map-root-user", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    available("setpriv and unprivileged user namespaces", works)
+}
+
+/// `setpriv` arguments that drop to `nobody`.
+const NOBODY: [&str; 3] = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+
+#[test]
+fn for_an_unprivileged_engine_the_trampoline_makes_the_user_namespace_itself() {
+    if !as_root() || !nobody_can_have_namespaces() {
+        return;
+    }
+    let (dir, ws) = temp_workspace();
+    // `nobody` may enter the temporary directory and owns the workspace.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(ws.root(), Some(65534), Some(65534)).unwrap();
+    for mode in ["workspace-write", "off"] {
+        let turn = serde_json::json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": "look", "name": "bash",
+             "input": {"command": format!("{LOOK}; id -u; touch mine && stat -c %u mine")}},
+            {"type": "tool_use", "id": "kill", "name": "bash", "input": {"command": "kill -9 $$"}},
+            {"type": "tool_use", "id": "exit", "name": "bash", "input": {"command": "exit 137"}}
+        ]});
+        let mut cli = std::process::Command::new("setpriv");
+        cli.args(NOBODY)
+            .arg(CLI)
+            .args(["dispatch", "--sandbox", mode, "--workspace"])
+            .arg(ws.root());
+        let out = common::cli::fed(cli, turn.to_string().as_bytes());
+        assert!(out.status.success(), "{mode}: {out:?}");
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let text = |i: usize| {
+            answer["content"][i]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        let look = text(0);
+        let lines: Vec<&str> = look.lines().collect();
+        assert_eq!(lines[0], "2 1", "{mode}: {look}");
+        assert_eq!(lines[1], "switchboard-san", "{mode}: {look}");
+        // Neither `unshare` nor a second start of the trampoline came in between.
+        assert!(!lines[2].contains("--inner"), "{mode}: {look}");
+        assert!(lines[2].contains("--ns-flag --user"), "{mode}: {look}");
+        let visible: usize = lines[3].parse().unwrap();
+        assert!(visible < 10, "{mode}: {look}");
+        // Root inside its namespace, the user outside: what it writes belongs to `nobody`.
+        assert_eq!(&lines[4..], ["0", "0"], "{mode}: {look}");
+        let owner = std::fs::metadata(ws.root().join("mine")).unwrap();
+        assert_eq!(std::os::unix::fs::MetadataExt::uid(&owner), 65534);
+        std::fs::remove_file(ws.root().join("mine")).unwrap();
+        assert_eq!(
+            text(1),
+            "Error [execution_error]: killed by SIGKILL",
+            "{mode}"
+        );
+        assert_eq!(text(2), "(no output)\n[exit code: 137]", "{mode}");
+    }
+}
