@@ -2,7 +2,8 @@
 //! two), in every mode — and with `--sandbox off` too, where it replaces `unshare` and an init
 //! shell: the command's shell is pid 2 under it, `/proc` shows only the call, `kill $$` is told
 //! as a death by that signal while `exit 137` stays an exit status, and nothing the command
-//! started outlives the call.
+//! started outlives the call. An engine that is not root gets the same, the trampoline making
+//! the user namespace itself (the CLI run as `nobody`).
 
 use crate::common;
 
@@ -21,7 +22,7 @@ const LOOK: &str = "echo $$ $PPID; cat /proc/1/comm; tr '\\0' ' ' < /proc/1/cmdl
 
 fn as_root() -> bool {
     available(
-        "root (the trampoline makes the namespaces itself only as root)",
+        "root (an unprivileged engine is tested by running the CLI as nobody, below)",
         rustix::process::geteuid().is_root(),
     )
 }
