@@ -616,15 +616,26 @@ impl Cluster {
             boot: self.boot.clone(),
             epoch: from.epoch + 1,
         };
-        let bytes = serde_json::to_vec(&owner).map_err(|e| err("lease", e))?;
-        match self.owners.update(id, bytes.into(), revision).await {
-            Ok(_) => {
-                self.hold(id, owner.epoch);
-                Ok(Some(owner.epoch))
+        let bytes =
+            axum::body::Bytes::from(serde_json::to_vec(&owner).map_err(|e| err("lease", e))?);
+        // Retried while JetStream settles (a NATS server just died: no stream leader for a
+        // moment). A try whose acknowledgement was lost moved the key itself: a later try then
+        // finds the revision gone and the key naming this node at the new epoch.
+        let taken = settled(|| async {
+            match self.owners.update(id, bytes.clone(), revision).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    Ok(matches!(self.owner(id).await?, Some((o, _)) if o == owner))
+                }
+                Err(e) => Err(err(&format!("cannot take session {id} over"), e)),
             }
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-            Err(e) => Err(err(&format!("cannot take session {id} over"), e)),
+        })
+        .await?;
+        if !taken {
+            return Ok(None);
         }
+        self.hold(id, owner.epoch);
+        Ok(Some(owner.epoch))
     }
 
     fn hold(&self, id: &str, epoch: u64) {
