@@ -12,7 +12,10 @@
 //!   still holds it is stopped and killed once the command ends ([`sweep`]).
 //!
 //! The bash tool adds the OS sandbox on top when the engine has one (its trampoline joins the
-//! call's cgroups and sets the parent-death signal, see `crate::sandbox`).
+//! call's cgroups and sets the parent-death signal, see `crate::sandbox`); with `--sandbox off`
+//! it still starts its commands through the trampoline, which makes the namespaces this
+//! launcher probed for and is their init, in place of `unshare` and an init shell. Hooks use the
+//! launcher as it is.
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -2,7 +2,8 @@
 //! `TMPDIR` and the report of the call's init (both removed when the call ends), the call's
 //! cgroups, the trampoline's command line, and the verdict on limits once the command has ended
 //! (a command killed by a limit is an `execution_error` naming the limit, never a silent empty
-//! output).
+//! output). An unconfined call (`--sandbox off`, [`CallSandbox::unconfined`]) has only the
+//! init's report, in a temporary file the command could write (that mode protects nothing).
 //!
 //! The init's report (`status` beside `tmp/`) is engine state the command cannot touch: it lies
 //! outside everything Landlock lets the command open, below a directory its mount namespace
@@ -324,6 +325,25 @@ impl Drop for CallSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unconfined_calls_failure_to_start_is_not_blamed_on_a_sandbox_and_names_no_limit() {
+        let call = CallSandbox::unconfined(PathBuf::from("/nonexistent/trampoline")).unwrap();
+        assert!(!call.confines());
+        let failed = ExitStatus::from_raw(i32::from(TRAMPOLINE_FAILED) << 8);
+        let text = format!("{FAILURE_PREFIX} cannot make the call's namespaces: EPERM");
+        assert_eq!(
+            call.verdict(&failed, &text).unwrap(),
+            format!("the namespaces' init could not start the command: {text}")
+        );
+        // No cgroup, no limits: a SIGXCPU or SIGXFSZ death is only a death.
+        let xcpu = ExitStatus::from_raw((128 + SIGXCPU) << 8);
+        assert_eq!(call.verdict(&xcpu, ""), None);
+        let status = call.status.clone();
+        assert!(status.exists());
+        call.finish();
+        assert!(!status.exists(), "the report file is removed with the call");
+    }
 
     #[test]
     fn the_inits_report_is_read_line_by_line() {

@@ -13,9 +13,12 @@
 //! * `mounts`: the call's mount namespace: its `/proc`, the host's socket directories and a root
 //!   engine's root-only `/etc` entries hidden, the `TMPDIR` tmpfs.
 //! * `exec`: the trampoline (`switchboard sandbox-exec`, or the small `switchboard-sandbox`
-//!   binary), which makes the call's namespaces, confines itself and execs.
+//!   binary), which makes the call's namespaces, forks their init, confines itself and runs the
+//!   command.
+//! * `fork`: the crate's one `unsafe` exception, `fork(2)` of the single-threaded trampoline.
 //! * `launch`: the engine's side of one call (the trampoline's command line, the private
-//!   `TMPDIR`, the cgroups, the verdict on limits).
+//!   `TMPDIR`, the cgroups, the verdict on limits) — confined, or unconfined (`off`) with the
+//!   trampoline only as the init of the call's namespaces.
 //!
 //! A [`Sandbox`] is built once per engine ([`Sandbox::prepare`]) and reaches every call through
 //! its [`crate::SessionScope`] (`ctx.session.sandbox()`); a context made by hand, outside an
