@@ -286,10 +286,13 @@ pub struct GroupKiller(Option<Pid>);
 impl GroupKiller {
     /// The group `child` leads (it was started with `process_group(0)`).
     pub fn of(child: &tokio::process::Child) -> GroupKiller {
+        GroupKiller::of_id(child.id())
+    }
+
+    /// The group a process of this pid leads.
+    pub fn of_id(id: Option<u32>) -> GroupKiller {
         GroupKiller(
-            child
-                .id()
-                .and_then(|id| i32::try_from(id).ok())
+            id.and_then(|id| i32::try_from(id).ok())
                 .and_then(Pid::from_raw),
         )
     }

@@ -1,6 +1,6 @@
 //! The trampoline: `switchboard sandbox-exec [options] -- PROGRAM ARGS…` (hidden from `--help`),
-//! or the same from the small `switchboard-sandbox` binary (`src/bin/`), the process the engine
-//! starts for each confined call. It confines *itself* with safe crates and then execs the
+//! or the same from the small `switchboard-sandbox` binary (`src/bin/`), the process that runs
+//! each confined call — forked by the engine's spawner (below), or started by the engine. It confines *itself* with safe crates and then execs the
 //! command, so the crate needs no `unsafe` `pre_exec` hook.
 //!
 //! Two stages, because mounting a fresh `/proc` needs privileges that Landlock takes away:
@@ -37,6 +37,10 @@
 //! `--mode off` makes the namespaces and their init and nothing else (no mounts covered, no
 //! Landlock, capabilities kept): how an unconfined call gets its PID namespace with one program
 //! start fewer than `unshare` and an init shell ([`super::Sandbox::begin_unconfined_call`]).
+//!
+//! `--spawner` makes the trampoline the engine's spawner ([`super::spawner`]): started once, it
+//! forks this same trampoline for each call, with the call's arguments, environment and stdio
+//! — so every call runs what is described here without a program start of its own.
 //!
 //! `--contain` runs the outer stage alone and then execs the program: how helpers that are not
 //! confined (MCP stdio servers) are kept under process-tree control ([`super::contain`]).
@@ -88,19 +92,50 @@ pub fn run_if_requested() -> Option<ExitCode> {
 pub fn exec_main(args: Vec<OsString>) -> ExitCode {
     // Nothing the engine's process inherited passes on to the command.
     crate::process_guard::close_inherited_fds();
-    match Plan::parse(args).and_then(run) {
+    ExitCode::from(run_args(args, None, None))
+}
+
+/// The trampoline given its arguments: its exit code, after one failure line on stderr when it
+/// could not confine the command. `env` is the command's whole environment when it is not this
+/// process's own, and `spawner` the pid of the spawner that forked this process (then its
+/// parent, whatever `--parent` says): a call started by [`super::spawner`].
+pub(super) fn run_args(
+    args: Vec<OsString>,
+    env: Option<Vec<(OsString, OsString)>>,
+    spawner: Option<i32>,
+) -> u8 {
+    let plan = Plan::parse(args).map(|mut plan| {
+        if env.is_some() {
+            plan.env = env;
+        }
+        if spawner.is_some() {
+            plan.parent = spawner;
+        }
+        plan
+    });
+    match plan.and_then(run) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{FAILURE_PREFIX} {e}");
-            ExitCode::from(TRAMPOLINE_FAILED)
+            TRAMPOLINE_FAILED
         }
     }
+}
+
+/// An exit status as a process exit code (its low byte, as the kernel keeps it).
+fn exit_code(code: i32) -> u8 {
+    u8::try_from(code & 0xff).unwrap_or(u8::MAX)
 }
 
 /// The parsed command line.
 #[derive(Debug, Default)]
 struct Plan {
     probe: bool,
+    /// `--spawner`: serve calls from the engine on stdin ([`super::spawner`]).
+    spawner: bool,
+    /// The command's whole environment, when it is not this process's (a call forked by the
+    /// spawner, which keeps none of the engine's environment).
+    env: Option<Vec<(OsString, OsString)>>,
     /// Only the outer stage, then exec the program (a helper under process-tree control, see
     /// [`super::contain`]).
     contain: bool,
@@ -139,6 +174,15 @@ struct Plan {
 }
 
 impl Plan {
+    /// A command that runs `program` with the call's environment.
+    fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut command = Command::new(program);
+        if let Some(env) = &self.env {
+            command.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        command
+    }
+
     fn parse(args: Vec<OsString>) -> Result<Plan, String> {
         let mut plan = Plan::default();
         let mut it = args.into_iter();
@@ -158,6 +202,7 @@ impl Plan {
                     break;
                 }
                 "--probe" => plan.probe = true,
+                "--spawner" => plan.spawner = true,
                 "--contain" => plan.contain = true,
                 "--inner" => plan.inner = true,
                 "--private-mounts" => plan.private_mounts = true,
@@ -216,17 +261,25 @@ impl Plan {
                 other => return Err(format!("unknown option {other}")),
             }
         }
-        if !plan.probe && plan.program.is_empty() {
+        if !plan.probe && !plan.spawner && plan.program.is_empty() {
             return Err("no command after --".into());
         }
         Ok(plan)
     }
 }
 
-fn run(plan: Plan) -> Result<ExitCode, String> {
+fn run(plan: Plan) -> Result<u8, String> {
     if plan.probe {
         println!("landlock_abi={}", landlock_rules::probe_abi());
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
+    }
+    if plan.spawner {
+        return match super::spawner::serve(plan.parent)? {
+            super::spawner::Served::Done => Ok(0),
+            super::spawner::Served::Call { args, env, spawner } => {
+                Ok(run_args(args, Some(env), Some(spawner)))
+            }
+        };
     }
     if plan.contain {
         outer(&plan)?;
@@ -247,7 +300,8 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
             {
                 return run_init(&me, plan);
             }
-            let err = Command::new(unshare)
+            let err = plan
+                .command(unshare)
                 .args(&plan.ns_flags)
                 .arg("--")
                 .arg(me)
@@ -266,9 +320,9 @@ fn run(plan: Plan) -> Result<ExitCode, String> {
 
 /// The inner stage, then the command: run by the namespace's init (pid 1) as its child, or
 /// exec'd (without namespaces).
-fn run_inner(plan: Plan) -> Result<ExitCode, String> {
+fn run_inner(plan: Plan) -> Result<u8, String> {
     let status = inner(&plan)?;
-    let mut command = Command::new(&plan.program[0]);
+    let mut command = plan.command(&plan.program[0]);
     command.args(&plan.program[1..]);
     if plan.inner && getpid().is_init() {
         return init(command, status, plan.tmp.as_deref());
@@ -342,7 +396,7 @@ fn own_namespaces(flags: rustix::thread::UnshareFlags) -> Result<bool, String> {
 /// single-threaded (an embedder's binary that started threads before the trampoline ran), this
 /// binary started again as `sandbox-exec --inner`. Either way the init mounts `/proc` itself and
 /// has its own parent-death signal, so killing this process ends it.
-fn run_init(me: &Path, mut plan: Plan) -> Result<ExitCode, String> {
+fn run_init(me: &Path, mut plan: Plan) -> Result<u8, String> {
     let init = match super::fork::fork() {
         Ok(super::fork::Forked::Child) => {
             plan.inner = true;
@@ -352,7 +406,8 @@ fn run_init(me: &Path, mut plan: Plan) -> Result<ExitCode, String> {
         }
         Ok(super::fork::Forked::Parent(pid)) => pid,
         Err(_) => {
-            let child = Command::new(me)
+            let child = plan
+                .command(me)
                 .arg(SUBCOMMAND)
                 .arg("--inner")
                 .arg("--private-mounts")
@@ -376,17 +431,13 @@ fn run_init(me: &Path, mut plan: Plan) -> Result<ExitCode, String> {
         .exit_status()
         .or_else(|| ended.terminating_signal().map(|s| 128 + s))
         .unwrap_or(128);
-    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(u8::MAX)))
+    Ok(exit_code(code))
 }
 
 /// Pid 1 of the call's namespaces: runs `command` as its child, reaps every process orphaned
 /// into the namespace, and once the child has ended reports to `status` and exits with the
 /// child's status. Non-dumpable, so the command cannot reach it (see the module docs).
-fn init(
-    mut command: Command,
-    status: Option<File>,
-    tmp: Option<&Path>,
-) -> Result<ExitCode, String> {
+fn init(mut command: Command, status: Option<File>, tmp: Option<&Path>) -> Result<u8, String> {
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| format!("cannot mark the init non-dumpable: {e}"))?;
     let child = command
@@ -422,7 +473,7 @@ fn init(
         // Best effort: a report that cannot be written leaves the plain exit status.
         let _ = status.write_all(report.as_bytes());
     }
-    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(u8::MAX)))
+    Ok(exit_code(code))
 }
 
 /// True when the file system of `dir` has no block or no inode left for an ordinary user.

@@ -15,6 +15,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::process::Command;
@@ -23,6 +24,7 @@ use super::Sandbox;
 use super::cgroup::CallCgroup;
 use super::exec::{FAILURE_PREFIX, REPORT_SIGNAL, REPORT_TMP_FULL, SUBCOMMAND, TRAMPOLINE_FAILED};
 use super::mode::{SandboxLimits, human_bytes};
+use super::spawned::{Running, SpawnerSlot};
 
 const SIGXCPU: i32 = 24;
 const SIGXFSZ: i32 = 25;
@@ -46,6 +48,8 @@ pub struct CallSandbox {
     cpu_seconds: u64,
     /// False for an unconfined (`off`) call: the trampoline is only the init of its namespaces.
     confined: bool,
+    /// The engine's spawner, which forks the trampoline ([`CallSandbox::spawn`]).
+    spawner: Arc<SpawnerSlot>,
 }
 
 /// The files of a call, removed when dropped.
@@ -160,6 +164,7 @@ impl CallSandbox {
             limits,
             cpu_seconds,
             confined: true,
+            spawner: Arc::clone(&sandbox.spawner),
         })
     }
 
@@ -167,7 +172,10 @@ impl CallSandbox {
     /// mount namespaces and a fresh `/proc`, no Landlock, limits, cgroups or private `TMPDIR`
     /// — what `unshare` and an init shell give, one program start cheaper, with the init's
     /// report telling a death by signal.
-    pub(super) fn unconfined(trampoline: PathBuf) -> std::io::Result<CallSandbox> {
+    pub(super) fn unconfined(
+        trampoline: PathBuf,
+        spawner: &Arc<SpawnerSlot>,
+    ) -> std::io::Result<CallSandbox> {
         // One file (mode 0600), not a directory: the call has no `TMPDIR` of its own.
         let status_file = tempfile::Builder::new()
             .prefix("switchboard-call-")
@@ -193,6 +201,7 @@ impl CallSandbox {
             limits: SandboxLimits::default(),
             cpu_seconds: 0,
             confined: false,
+            spawner: Arc::clone(spawner),
         })
     }
 
@@ -227,6 +236,18 @@ impl CallSandbox {
         }
         cmd.arg("--").args(program);
         cmd
+    }
+
+    /// Starts `cmd` (made by [`CallSandbox::command`], with its environment and directory set):
+    /// forked by the engine's spawner when it serves — no program start for the trampoline —
+    /// else as a child of this process. Either way stdin is `/dev/null`, stdout and stderr are
+    /// pipes, the process leads a process group of its own and is killed if dropped before it
+    /// ended; `cmd`'s own stdio, group and kill-on-drop settings count only for the child.
+    pub async fn spawn(&self, mut cmd: Command) -> std::io::Result<Running> {
+        if let Some(spawned) = self.spawner.spawn(&self.trampoline, &cmd).await {
+            return Ok(Running::Spawned(spawned));
+        }
+        cmd.spawn().map(Running::Child)
     }
 
     /// The signal that killed the command's shell, if one did: its own wait status without
@@ -328,7 +349,9 @@ mod tests {
 
     #[test]
     fn an_unconfined_calls_failure_to_start_is_not_blamed_on_a_sandbox_and_names_no_limit() {
-        let call = CallSandbox::unconfined(PathBuf::from("/nonexistent/trampoline")).unwrap();
+        let call =
+            CallSandbox::unconfined(PathBuf::from("/nonexistent/trampoline"), &Arc::default())
+                .unwrap();
         assert!(!call.confines());
         let failed = ExitStatus::from_raw(i32::from(TRAMPOLINE_FAILED) << 8);
         let text = format!("{FAILURE_PREFIX} cannot make the call's namespaces: EPERM");

@@ -16,6 +16,9 @@
 //!   binary), which makes the call's namespaces, forks their init, confines itself and runs the
 //!   command.
 //! * `fork`: the crate's one `unsafe` exception, `fork(2)` of the single-threaded trampoline.
+//! * `spawner`: the trampoline started once per engine (`sandbox-exec --spawner`), which forks
+//!   each call's trampoline on the engine's request — no program start per call but the
+//!   command's shell; `spawned`: the engine's side of it ([`Running`], [`Spawned`]).
 //! * `launch`: the engine's side of one call (the trampoline's command line, the private
 //!   `TMPDIR`, the cgroups, the verdict on limits) — confined, or unconfined (`off`) with the
 //!   trampoline only as the init of the call's namespaces.
@@ -33,6 +36,8 @@ mod launch;
 mod mode;
 mod mounts;
 mod probe;
+mod spawned;
+mod spawner;
 
 use std::path::Path;
 use std::time::Duration;
@@ -48,6 +53,7 @@ pub(crate) use mode::parse_bytes;
 pub use mode::{SandboxConfig, SandboxError, SandboxLimits, SandboxMode};
 pub use mounts::HIDDEN as HIDDEN_DIRS;
 pub use probe::{SandboxStatus, find_trampoline, this_binary_is_the_trampoline};
+pub use spawned::{OutputPipe, Running, Spawned};
 
 /// An engine's sandbox: its config and what the machine offers for it.
 #[derive(Debug, Clone)]
@@ -56,6 +62,8 @@ pub struct Sandbox {
     status: SandboxStatus,
     /// The mode's shortfalls on this machine (empty for `off`).
     degraded: Vec<String>,
+    /// The process that forks each call's trampoline, shared by every clone.
+    spawner: std::sync::Arc<spawned::SpawnerSlot>,
 }
 
 impl Sandbox {
@@ -83,6 +91,7 @@ impl Sandbox {
                     ..SandboxStatus::default()
                 },
                 degraded: Vec::new(),
+                spawner: Default::default(),
             });
         }
         let status = SandboxStatus::probe(&config);
@@ -101,6 +110,7 @@ impl Sandbox {
             config,
             status,
             degraded,
+            spawner: Default::default(),
         };
         tracing::info!(
             mode = %sandbox.config.mode,
@@ -124,7 +134,14 @@ impl Sandbox {
             config: SandboxConfig::off(),
             status: SandboxStatus::default(),
             degraded: Vec::new(),
+            spawner: Default::default(),
         }
+    }
+
+    /// The pid of the spawner that forks this engine's calls, while one runs (it starts with
+    /// the first call).
+    pub async fn spawner_pid(&self) -> Option<u32> {
+        self.spawner.pid().await
     }
 
     /// The mode in force.
@@ -209,7 +226,7 @@ impl Sandbox {
     pub fn begin_unconfined_call(&self) -> std::io::Result<Option<CallSandbox>> {
         match &self.status.trampoline {
             Some(trampoline) if !self.config.mode.confines() => {
-                CallSandbox::unconfined(trampoline.clone()).map(Some)
+                CallSandbox::unconfined(trampoline.clone(), &self.spawner).map(Some)
             }
             _ => Ok(None),
         }

@@ -20,7 +20,7 @@
 //!   command cannot write) or with `--sandbox off` (one program start instead of `unshare`
 //!   and an init shell) — else (a context made outside an engine) an init shell whose job
 //!   notice goes to a temporary file. Inside, `/proc` shows only the call's own processes, so
-//!   `/proc/$PPID/environ` (`$PPID` is that init, with the same allowlisted environment),
+//!   `/proc/$PPID/environ` (`$PPID` is that init: its environment is the allowlisted one, or empty when the engine's spawner forked it),
 //!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
 //!   probed once per tool instance (the first call); where it does not, bash runs directly and a
@@ -76,7 +76,7 @@ pub use crate::process_tree::{Isolation, Launcher, probe_launcher};
 mod exit;
 mod redirect;
 use crate::protocol::ErrorCode;
-use crate::sandbox::CallSandbox;
+use crate::sandbox::{CallSandbox, Running};
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
 use exit::{death_signal, killed_by};
@@ -221,7 +221,7 @@ impl Bash {
             (Launcher::Namespaces { .. }, None) => tempfile::NamedTempFile::new().ok(),
             _ => None,
         };
-        let mut child = shell(
+        let mut cmd = shell(
             root,
             command,
             &ctx.call_id,
@@ -229,12 +229,17 @@ impl Bash {
             launcher,
             sandbox.as_ref(),
             notice.as_ref().map(|f| f.path()),
-        )
-        .spawn()
+        );
+        // Through the engine's spawner when the call has a trampoline (one program start
+        // fewer), else as a child of this process.
+        let mut child = match &sandbox {
+            Some(sandbox) => sandbox.spawn(cmd).await,
+            None => cmd.spawn().map(Running::Child),
+        }
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
         // The first process is the group leader, so its pid is the group id.
-        let group = GroupKiller::of(&child);
-        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let group = GroupKiller::of_id(child.id());
+        let (stdout, stderr) = (child.take_stdout(), child.take_stderr());
         let mut out = Capture::new(OUTPUT_CAP);
         let mut err = Capture::new(OUTPUT_CAP);
 

@@ -17,4 +17,5 @@ mod sandbox_namespaces;
 mod sandbox_network;
 mod sandbox_read_paths;
 mod sandbox_sessions;
+mod sandbox_spawner;
 mod sandbox_tmpdir;

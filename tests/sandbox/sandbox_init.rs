@@ -1,5 +1,5 @@
-//! The init of a call's namespaces is the trampoline *forked* (one program start per call, not
-//! two), in every mode — and with `--sandbox off` too, where it replaces `unshare` and an init
+//! The init of a call's namespaces is the trampoline *forked* (from the engine's spawner: no
+//! program start per call besides the command's shell), in every mode — and with `--sandbox off` too, where it replaces `unshare` and an init
 //! shell: the command's shell is pid 2 under it, `/proc` shows only the call, `kill $$` is told
 //! as a death by that signal while `exit 137` stays an exit status, and nothing the command
 //! started outlives the call. An engine that is not root gets the same, the trampoline making
@@ -51,9 +51,12 @@ async fn in_every_mode_the_command_runs_under_the_forked_trampoline_as_pid_1() {
         );
         // The kernel keeps 15 bytes of a name.
         assert_eq!(lines[1], "switchboard-san", "{mode}: {out}");
-        // Forked: the init's command line is the trampoline's own, not a second start of it
-        // (`sandbox-exec --inner …`).
-        assert!(lines[2].contains(" sandbox-exec "), "{mode}: {out}");
+        // Forked: the init's command line is the engine's spawner's, not a start of the
+        // trampoline for the call (nor a second one, `sandbox-exec --inner …`).
+        assert!(
+            lines[2].contains(" sandbox-exec --spawner "),
+            "{mode}: {out}"
+        );
         assert!(
             !lines[2].contains("--inner"),
             "{mode}: a second start: {out}"
@@ -152,9 +155,13 @@ fn for_an_unprivileged_engine_the_trampoline_makes_the_user_namespace_itself() {
         let lines: Vec<&str> = look.lines().collect();
         assert_eq!(lines[0], "2 1", "{mode}: {look}");
         assert_eq!(lines[1], "switchboard-san", "{mode}: {look}");
-        // Neither `unshare` nor a second start of the trampoline came in between.
+        // Neither `unshare` nor a start of the trampoline came in between: the init is the
+        // engine's spawner forked, and it made the user namespace itself (root inside, below).
         assert!(!lines[2].contains("--inner"), "{mode}: {look}");
-        assert!(lines[2].contains("--ns-flag --user"), "{mode}: {look}");
+        assert!(
+            lines[2].contains(" sandbox-exec --spawner "),
+            "{mode}: {look}"
+        );
         let visible: usize = lines[3].parse().unwrap();
         assert!(visible < 10, "{mode}: {look}");
         // Root inside its namespace, the user outside: what it writes belongs to `nobody`.

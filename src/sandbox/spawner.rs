@@ -1,0 +1,415 @@
+//! The spawner: the trampoline started once per engine (`switchboard sandbox-exec --spawner
+//! --parent <engine pid>`) that forks every call's trampoline, so that a call costs no program
+//! start besides its command's shell (see `docs/sandbox.md`, "What it costs").
+//!
+//! Its stdin is one end of a Unix stream socket pair whose other end the engine keeps
+//! ([`super::spawned`]). For each call the engine sends one [`Request`] — the trampoline's
+//! arguments, exactly as it would have started it with them, the command's whole environment and
+//! its working directory — with the call's stdin, stdout and stderr attached (`SCM_RIGHTS`). The
+//! spawner forks (it is single-threaded: [`super::fork`]); the child leads a process group of its
+//! own, takes those descriptors as 0, 1 and 2, enters the directory and runs the trampoline
+//! as [`super::exec`] describes, with the spawner as its parent (its parent-death signal, its
+//! check that the parent is still there). The spawner answers `started <pid>` and, when that
+//! child has ended (its pidfd turns readable), `exited <wait status>`: the engine waits for the
+//! call as for a child of its own.
+//!
+//! It keeps none of the engine's environment (the engine starts it with an empty one), holds no
+//! descriptor but the socket, `/dev/null` and its children's pidfds — all close-on-exec, and
+//! dropped in every child it forks — and dies with the engine: parent-death signal `SIGKILL`,
+//! and an end of file on the socket (the engine dropped its end) ends it too. Either way every
+//! call it started dies with it (their parent-death signal), and with them their namespaces.
+
+use std::ffi::OsString;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::net::UnixStream;
+
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions, getpid, getppid, pidfd_open};
+
+/// The flag that makes the trampoline a spawner.
+pub(super) const FLAG: &str = "--spawner";
+/// Descriptors sent with each request: the call's stdin, stdout and stderr.
+pub(super) const STDIO_FDS: usize = 3;
+/// The largest request body accepted (the engine sends arguments that `execve` would take:
+/// far less).
+const MAX_REQUEST: usize = 64 << 20;
+/// A reply: `started`, the call's pid.
+pub(super) const STARTED: u8 = 1;
+/// A reply: `exited`, the call's raw wait status.
+pub(super) const EXITED: u8 = 2;
+/// A reply: the spawner could not fork (the value is the errno, or -1).
+pub(super) const FAILED: u8 = 3;
+/// A reply: the spawner is ready (id 0; the value is its pid).
+pub(super) const READY: u8 = 4;
+/// Bytes of one reply: the call's id (u64), the kind (u8), the value (i32), little-endian.
+pub(super) const REPLY_LEN: usize = 13;
+
+/// One call to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Request {
+    pub id: u64,
+    /// The trampoline's arguments after `sandbox-exec`.
+    pub args: Vec<OsString>,
+    /// The command's whole environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// The directory the command starts in.
+    pub cwd: OsString,
+}
+
+impl Request {
+    /// The request as sent: a little-endian u32 length, then the body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(256);
+        body.extend_from_slice(&self.id.to_le_bytes());
+        let string = |body: &mut Vec<u8>, s: &std::ffi::OsStr| {
+            body.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            body.extend_from_slice(s.as_bytes());
+        };
+        body.extend_from_slice(&(self.args.len() as u32).to_le_bytes());
+        for arg in &self.args {
+            string(&mut body, arg);
+        }
+        body.extend_from_slice(&(self.env.len() as u32).to_le_bytes());
+        for (name, value) in &self.env {
+            string(&mut body, name);
+            string(&mut body, value);
+        }
+        string(&mut body, &self.cwd);
+        let mut out = Vec::with_capacity(4 + body.len());
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// A request's body (after its length).
+    pub fn decode(body: &[u8]) -> Result<Request, String> {
+        let mut body = Cursor(body);
+        let id = u64::from_le_bytes(body.take(8)?.try_into().expect("8 bytes"));
+        let n = body.count()?;
+        let mut args = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            args.push(body.string()?);
+        }
+        let n = body.count()?;
+        let mut env = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            let name = body.string()?;
+            env.push((name, body.string()?));
+        }
+        let cwd = body.string()?;
+        if !body.0.is_empty() {
+            return Err("a request has bytes after its end".into());
+        }
+        Ok(Request { id, args, env, cwd })
+    }
+}
+
+/// What is left of a request's body.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("a request ends early".into());
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+
+    fn count(&mut self) -> Result<usize, String> {
+        let bytes = self.take(4)?.try_into().expect("4 bytes");
+        Ok(u32::from_le_bytes(bytes) as usize)
+    }
+
+    fn string(&mut self) -> Result<OsString, String> {
+        let len = self.count()?;
+        self.take(len).map(|b| OsString::from_vec(b.to_vec()))
+    }
+}
+
+/// One reply as sent.
+pub(super) fn encode_reply(id: u64, kind: u8, value: i32) -> [u8; REPLY_LEN] {
+    let mut out = [0u8; REPLY_LEN];
+    out[..8].copy_from_slice(&id.to_le_bytes());
+    out[8] = kind;
+    out[9..].copy_from_slice(&value.to_le_bytes());
+    out
+}
+
+/// One reply as received: id, kind, value.
+pub(super) fn decode_reply(bytes: &[u8; REPLY_LEN]) -> (u64, u8, i32) {
+    let id = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    let value = i32::from_le_bytes(bytes[9..].try_into().expect("4 bytes"));
+    (id, bytes[8], value)
+}
+
+/// A call the spawner started and has not yet seen end.
+struct Running {
+    id: u64,
+    pid: Pid,
+    pidfd: OwnedFd,
+}
+
+/// The spawner's main: serves requests until the engine closes its end ([`Served::Done`]). In a
+/// child it forked, returns the call to run ([`Served::Call`]).
+pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    if parent.is_none_or(|p| getppid() != Pid::from_raw(p)) {
+        return Err("the engine that started the spawner is gone".into());
+    }
+    // The socket is stdin: move it off fd 0 and put /dev/null there.
+    let socket = rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3)
+        .map_err(|e| format!("cannot take the engine's socket: {e}"))?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    rustix::stdio::dup2_stdin(&null).map_err(|e| format!("cannot replace stdin: {e}"))?;
+    drop(null);
+    let mut socket = UnixStream::from(socket);
+    let me = getpid();
+    reply(&mut socket, 0, READY, me.as_raw_nonzero().get())?;
+    let mut running: Vec<Running> = Vec::new();
+    let (request, stdio) = loop {
+        let (readable, ended) = {
+            let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&socket, PollFlags::IN))
+                .chain(running.iter().map(|r| PollFd::new(&r.pidfd, PollFlags::IN)))
+                .collect();
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            }
+            let ended: Vec<usize> = (1..fds.len())
+                .filter(|&i| !fds[i].revents().is_empty())
+                .map(|i| i - 1)
+                .collect();
+            (!fds[0].revents().is_empty(), ended)
+        };
+        // Largest index first, so that `swap_remove` moves only entries already looked at.
+        for i in ended.into_iter().rev() {
+            let call = running.swap_remove(i);
+            let status = loop {
+                match rustix::process::waitpid(Some(call.pid), WaitOptions::NOHANG) {
+                    Ok(Some((_, status))) => break Some(status.as_raw()),
+                    Ok(None) => break None,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => break None,
+                }
+            };
+            match status {
+                Some(status) => reply(&mut socket, call.id, EXITED, status)?,
+                // Not ended after all (a spurious wake-up): keep watching it.
+                None => running.push(call),
+            }
+        }
+        if !readable {
+            continue;
+        }
+        let Some((request, stdio)) = read_request(&socket)? else {
+            // The engine closed its end: it is gone or done with us.
+            return Ok(Served::Done);
+        };
+        if stdio.len() != STDIO_FDS {
+            return Err(format!(
+                "a request came with {} descriptors, not {STDIO_FDS}",
+                stdio.len()
+            ));
+        }
+        match super::fork::fork() {
+            Ok(super::fork::Forked::Child) => break (request, stdio),
+            Ok(super::fork::Forked::Parent(pid)) => {
+                // Also done by the child; whichever runs first makes the group before the
+                // engine can signal it.
+                let _ = rustix::process::setpgid(Some(pid), Some(pid));
+                drop(stdio);
+                match pidfd_open(pid, PidfdFlags::empty()) {
+                    Ok(pidfd) => {
+                        reply(&mut socket, request.id, STARTED, pid.as_raw_nonzero().get())?;
+                        running.push(Running {
+                            id: request.id,
+                            pid,
+                            pidfd,
+                        });
+                    }
+                    Err(e) => {
+                        // Without a pidfd its end would go unseen: end it now.
+                        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+                        let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+                        reply(&mut socket, request.id, FAILED, e.raw_os_error())?;
+                    }
+                }
+            }
+            Err(_) => {
+                drop(stdio);
+                reply(&mut socket, request.id, FAILED, -1)?;
+            }
+        }
+    };
+    // The child: one call's trampoline, with nothing of the spawner's but its code.
+    drop(socket);
+    drop(running);
+    let _ = rustix::process::setpgid(None, None);
+    rustix::stdio::dup2_stdin(&stdio[0])
+        .and_then(|()| rustix::stdio::dup2_stdout(&stdio[1]))
+        .and_then(|()| rustix::stdio::dup2_stderr(&stdio[2]))
+        .map_err(|e| format!("cannot take the call's stdio: {e}"))?;
+    drop(stdio);
+    rustix::process::chdir(request.cwd.as_os_str())
+        .map_err(|e| format!("cannot enter {:?}: {e}", request.cwd))?;
+    Ok(Served::Call {
+        args: request.args,
+        env: request.env,
+        spawner: me.as_raw_nonzero().get(),
+    })
+}
+
+/// How [`serve`] returned.
+pub(super) enum Served {
+    /// The engine closed its end: the spawner is done.
+    Done,
+    /// In a child it forked, with the call's stdio and directory in place: the trampoline is to
+    /// run with these arguments and environment, the spawner (pid) as its parent.
+    Call {
+        args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+        spawner: i32,
+    },
+}
+
+fn reply(socket: &mut UnixStream, id: u64, kind: u8, value: i32) -> Result<(), String> {
+    socket
+        .write_all(&encode_reply(id, kind, value))
+        .map_err(|e| format!("cannot answer the engine: {e}"))
+}
+
+/// The next request and its descriptors, or `None` at the end of the stream.
+fn read_request(socket: &UnixStream) -> Result<Option<(Request, Vec<OwnedFd>)>, String> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    while got < len.len() {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(STDIO_FDS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = match recvmsg(
+            socket,
+            &mut [IoSliceMut::new(&mut len[got..])],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(received) => received,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(format!("cannot read a request: {e}")),
+        };
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = message {
+                fds.extend(rights);
+            }
+        }
+        if received.bytes == 0 {
+            return if got == 0 {
+                Ok(None)
+            } else {
+                Err("the engine's socket closed inside a request".into())
+            };
+        }
+        got += received.bytes;
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_REQUEST {
+        return Err(format!("a request of {len} bytes"));
+    }
+    let mut body = vec![0u8; len];
+    let mut reader = socket;
+    reader
+        .read_exact(&mut body)
+        .map_err(|e| format!("cannot read a request: {e}"))?;
+    Request::decode(&body).map(|r| Some((r, fds)))
+}
+
+/// Sends `bytes` with `fds` attached to its first byte; `Ok(n)` is how many bytes went.
+pub(super) fn send_with_fds(
+    socket: impl AsFd,
+    bytes: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> rustix::io::Result<usize> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(STDIO_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(rustix::io::Errno::INVAL);
+    }
+    sendmsg(
+        socket,
+        &[IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_reads_back_as_it_was_written_and_a_torn_one_is_refused() {
+        let request = Request {
+            id: 7,
+            args: vec![
+                "--mode".into(),
+                "off".into(),
+                OsString::from_vec(vec![0xff, b'x']),
+            ],
+            env: vec![
+                ("PATH".into(), "/usr/bin".into()),
+                ("EMPTY".into(), "".into()),
+            ],
+            cwd: "/work space".into(),
+        };
+        let bytes = request.encode();
+        let len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, bytes.len() - 4);
+        assert_eq!(Request::decode(&bytes[4..]).unwrap(), request);
+        assert!(Request::decode(&bytes[4..bytes.len() - 1]).is_err());
+        let mut longer = bytes[4..].to_vec();
+        longer.push(0);
+        assert!(Request::decode(&longer).is_err());
+        assert_eq!(
+            decode_reply(&encode_reply(u64::MAX, EXITED, -9)),
+            (u64::MAX, EXITED, -9)
+        );
+    }
+
+    #[test]
+    fn descriptors_sent_with_a_request_arrive_with_it() {
+        let (engine, spawner) = UnixStream::pair().unwrap();
+        let (read, write) = rustix::pipe::pipe().unwrap();
+        let request = Request {
+            id: 1,
+            args: vec!["x".into()],
+            env: Vec::new(),
+            cwd: "/".into(),
+        };
+        let bytes = request.encode();
+        let sent = send_with_fds(
+            &engine,
+            &bytes,
+            &[write.as_fd(), write.as_fd(), read.as_fd()],
+        )
+        .unwrap();
+        (&engine).write_all(&bytes[sent..]).unwrap();
+        let (got, fds) = read_request(&spawner).unwrap().unwrap();
+        assert_eq!(got, request);
+        assert_eq!(fds.len(), 3);
+        // The received stdout is the pipe's write end.
+        rustix::io::write(&fds[1], b"hi").unwrap();
+        let mut buf = [0u8; 2];
+        rustix::io::read(&read, &mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+        drop(engine);
+        assert!(read_request(&spawner).unwrap().is_none());
+    }
+}

@@ -1,0 +1,145 @@
+//! The spawner: one process per engine, started with its first call, forks every call's
+//! trampoline (no program start per call besides the command's shell). It keeps none of the
+//! engine's environment; when it is killed, the call it was running fails with a clear error
+//! and leaves nothing behind, and the next call gets a new one; it ends with the engine.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::direct::{marked_processes, survivors};
+use common::sandbox::*;
+use switchboard::ErrorCode;
+use switchboard::sandbox::SandboxMode;
+
+/// The parent pid of `pid`, from `/proc/<pid>/stat` (the field after the name in parentheses).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    after_name.split(' ').nth(1)?.parse().ok()
+}
+
+/// True while `pid` is a live process (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|i| stat.get(i + 2..i + 3))
+            .is_some_and(|state| state != "Z")
+    })
+}
+
+/// Waits (bounded, 5 s) until the call `id` has a process, and returns one.
+async fn first_process_of(id: &str) -> u32 {
+    for _ in 0..100 {
+        if let Some(pid) = marked_processes(id).first() {
+            return pid.parse().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the call {id} never started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_spawner_per_engine_forks_every_call_and_keeps_none_of_the_engines_environment() {
+    for mode in [SandboxMode::WorkspaceWrite, SandboxMode::Off] {
+        let (_dir, ws) = temp_workspace();
+        let Some(engine) = engine(Some(&ws), config(mode)) else {
+            return;
+        };
+        assert_eq!(engine.sandbox().spawner_pid().await, None, "{mode}");
+        let session = engine.session();
+        let mut spawners = Vec::new();
+        for _ in 0..2 {
+            let id = common::fresh("spawned");
+            let call = bash_call(&id, "sleep 1; echo done", Duration::from_secs(30));
+            let running = {
+                let session = session.clone();
+                tokio::spawn(async move { session.dispatch(vec![call]).await })
+            };
+            // The command's shell (marked with the call's id) → the namespace's init → the
+            // call's trampoline → the spawner → this process.
+            let shell = first_process_of(&id).await;
+            let init = parent_of(shell).unwrap();
+            let trampoline = parent_of(init).unwrap();
+            let spawner = parent_of(trampoline).unwrap();
+            assert_eq!(parent_of(spawner), Some(std::process::id()), "{mode}");
+            assert_eq!(
+                engine.sandbox().spawner_pid().await,
+                Some(spawner),
+                "{mode}"
+            );
+            let cmdline = std::fs::read(format!("/proc/{trampoline}/cmdline")).unwrap();
+            assert!(
+                String::from_utf8_lossy(&cmdline).contains("--spawner"),
+                "{mode}: the call's trampoline is the spawner forked"
+            );
+            let environ = std::fs::read(format!("/proc/{spawner}/environ")).unwrap();
+            assert!(
+                environ.is_empty(),
+                "{mode}: the spawner keeps none of the engine's environment: {:?}",
+                String::from_utf8_lossy(&environ)
+            );
+            let r = running.await.unwrap().unwrap().remove(0);
+            assert_eq!(ok_text(&r), "done", "{mode}");
+            spawners.push(spawner);
+        }
+        assert_eq!(
+            spawners[0], spawners[1],
+            "{mode}: one spawner for both calls"
+        );
+        // It ends with the engine.
+        drop(session);
+        drop(engine);
+        let spawner = spawners[0];
+        for _ in 0..100 {
+            if !alive(spawner) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!alive(spawner), "{mode}: the spawner outlived its engine");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawner_killed_during_a_call_fails_that_call_and_leaves_nothing_and_the_next_call_works()
+{
+    let (_dir, ws) = temp_workspace();
+    let Some(engine) = engine(Some(&ws), config(SandboxMode::WorkspaceWrite)) else {
+        return;
+    };
+    let session = engine.session();
+    assert_eq!(ok_text(&bash(&session, "echo warm").await), "warm");
+    let first = engine
+        .sandbox()
+        .spawner_pid()
+        .await
+        .expect("a spawner runs");
+
+    let id = common::fresh("orphaned");
+    let command = "setsid sleep 300 & (sleep 300 &); sleep 300";
+    let call = bash_call(&id, command, Duration::from_secs(60));
+    let running = {
+        let session = session.clone();
+        tokio::spawn(async move { session.dispatch(vec![call]).await })
+    };
+    first_process_of(&id).await;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the call ends when its spawner dies")
+        .unwrap()
+        .unwrap()
+        .remove(0);
+    let text = error_text(&r, ErrorCode::ExecutionError);
+    assert!(text.contains("spawner ended"), "{text}");
+    assert_eq!(survivors(&id).await, Vec::<String>::new());
+
+    assert_eq!(ok_text(&bash(&session, "echo again").await), "again");
+    let second = engine.sandbox().spawner_pid().await.expect("a new spawner");
+    assert_ne!(first, second);
+}
