@@ -94,7 +94,7 @@ impl Containment {
                 let mut cmd = Command::new(trampoline);
                 cmd.args([SUBCOMMAND, "--contain", "--parent"])
                     .arg(std::process::id().to_string());
-                for procs in cgroup.iter().flat_map(CallCgroup::procs_files) {
+                for procs in cgroup.iter().flat_map(CallCgroup::task_files) {
                     cmd.arg("--cgroup").arg(procs);
                 }
                 cmd.arg("--").arg(program);

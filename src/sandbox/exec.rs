@@ -92,24 +92,19 @@ pub fn run_if_requested() -> Option<ExitCode> {
 pub fn exec_main(args: Vec<OsString>) -> ExitCode {
     // Nothing the engine's process inherited passes on to the command.
     crate::process_guard::close_inherited_fds();
-    ExitCode::from(run_args(args, None, None))
+    ExitCode::from(run_args(args, None))
 }
 
 /// The trampoline given its arguments: its exit code, after one failure line on stderr when it
-/// could not confine the command. `env` is the command's whole environment when it is not this
-/// process's own, and `spawner` the pid of the spawner that forked this process (then its
-/// parent, whatever `--parent` says): a call started by [`super::spawner`].
-pub(super) fn run_args(
-    args: Vec<OsString>,
-    env: Option<Vec<(OsString, OsString)>>,
-    spawner: Option<i32>,
-) -> u8 {
+/// could not confine the command. `forked`: this process is a call the spawner forked — the
+/// command's environment is the one sent, the parent whose death ends the call is the spawner
+/// (whatever `--parent` says), and a network namespace may have been made ahead.
+pub(super) fn run_args(args: Vec<OsString>, forked: Option<super::spawner::Forked>) -> u8 {
     let plan = Plan::parse(args).map(|mut plan| {
-        if env.is_some() {
-            plan.env = env;
-        }
-        if spawner.is_some() {
-            plan.parent = spawner;
+        if let Some(forked) = forked {
+            plan.env = Some(forked.env);
+            plan.parent = Some(forked.spawner);
+            plan.netns = forked.netns;
         }
         plan
     });
@@ -136,6 +131,8 @@ struct Plan {
     /// The command's whole environment, when it is not this process's (a call forked by the
     /// spawner, which keeps none of the engine's environment).
     env: Option<Vec<(OsString, OsString)>>,
+    /// A fresh network namespace to join instead of making one (from the spawner).
+    netns: Option<std::os::fd::OwnedFd>,
     /// Only the outer stage, then exec the program (a helper under process-tree control, see
     /// [`super::contain`]).
     contain: bool,
@@ -268,7 +265,7 @@ impl Plan {
     }
 }
 
-fn run(plan: Plan) -> Result<u8, String> {
+fn run(mut plan: Plan) -> Result<u8, String> {
     if plan.probe {
         println!("landlock_abi={}", landlock_rules::probe_abi());
         return Ok(0);
@@ -276,9 +273,7 @@ fn run(plan: Plan) -> Result<u8, String> {
     if plan.spawner {
         return match super::spawner::serve(plan.parent)? {
             super::spawner::Served::Done => Ok(0),
-            super::spawner::Served::Call { args, env, spawner } => {
-                Ok(run_args(args, Some(env), Some(spawner)))
-            }
+            super::spawner::Served::Call(args, forked) => Ok(run_args(args, Some(forked))),
         };
     }
     if plan.contain {
@@ -296,7 +291,7 @@ fn run(plan: Plan) -> Result<u8, String> {
             // where one is needed: not root), then this process forked as their init: no
             // program start besides the command's. Where the kernel refuses, `unshare` tries.
             if let Some(flags) = namespace_flags(&plan.ns_flags)
-                && own_namespaces(flags)?
+                && own_namespaces(join_made_netns(flags, plan.netns.take()))?
             {
                 return run_init(&me, plan);
             }
@@ -358,6 +353,24 @@ fn namespace_flags(ns_flags: &[OsString]) -> Option<rustix::thread::UnshareFlags
     let user = flags.contains(UnshareFlags::NEWUSER);
     (flags.contains(UnshareFlags::NEWPID | UnshareFlags::NEWNS) && user == map_root)
         .then_some(flags)
+}
+
+/// `flags` without the network namespace when this process joined `netns`, one made for it
+/// ahead of time (by the spawner) — never inside a user namespace of the call's own.
+fn join_made_netns(
+    mut flags: rustix::thread::UnshareFlags,
+    netns: Option<std::os::fd::OwnedFd>,
+) -> rustix::thread::UnshareFlags {
+    use rustix::thread::{LinkNameSpaceType, UnshareFlags, move_into_link_name_space};
+    use std::os::fd::AsFd;
+    if let Some(netns) = netns
+        && flags.contains(UnshareFlags::NEWNET)
+        && !flags.contains(UnshareFlags::NEWUSER)
+        && move_into_link_name_space(netns.as_fd(), Some(LinkNameSpaceType::Network)).is_ok()
+    {
+        flags.remove(UnshareFlags::NEWNET);
+    }
+    flags
 }
 
 /// Moves this process into fresh namespaces (its next child is pid 1 of the PID namespace).
@@ -491,9 +504,9 @@ fn outer(plan: &Plan) -> Result<(), String> {
     {
         return Err("the engine is gone".into());
     }
-    let me = std::process::id().to_string();
+    // `0` is the writing thread (a `tasks` file) or process (`cgroup.procs`): this one.
     for procs in &plan.cgroups {
-        std::fs::write(procs, &me)
+        std::fs::write(procs, "0")
             .map_err(|e| format!("cannot join cgroup {}: {e}", procs.display()))?;
     }
     let limits = [
@@ -632,7 +645,7 @@ mod tests {
             "--status",
             "/s",
             "--cgroup",
-            "/sys/fs/cgroup/pids/x/cgroup.procs",
+            "/sys/fs/cgroup/pids/x/tasks",
             "--fsize",
             "10",
             "--unshare",

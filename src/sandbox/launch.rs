@@ -133,7 +133,7 @@ impl CallSandbox {
         for path in super::mounts::root_secrets() {
             args.extend(["--hide".into(), path.into()]);
         }
-        for procs in cgroup.procs_files() {
+        for procs in cgroup.task_files() {
             args.extend(["--cgroup".into(), procs.into()]);
         }
         if !cgroup.limits_processes() {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::direct::{marked_processes, survivors};
 use common::sandbox::*;
 use switchboard::ErrorCode;
+use switchboard::Workspace;
 use switchboard::sandbox::SandboxMode;
 
 /// The parent pid of `pid`, from `/proc/<pid>/stat` (the field after the name in parentheses).
@@ -142,4 +143,56 @@ async fn a_spawner_killed_during_a_call_fails_that_call_and_leaves_nothing_and_t
     assert_eq!(ok_text(&bash(&session, "echo again").await), "again");
     let second = engine.sandbox().spawner_pid().await.expect("a new spawner");
     assert_ne!(first, second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_running_at_once_never_share_a_network_namespace_made_ahead() {
+    let Some(engine) = engine(None, config(SandboxMode::WorkspaceWrite)) else {
+        return;
+    };
+    // One workspace per session: commands of one workspace run one at a time.
+    let dir = tempfile::tempdir().unwrap();
+    let workspaces: Vec<Workspace> = (0..4)
+        .map(|i| {
+            let path = dir.path().join(i.to_string());
+            std::fs::create_dir(&path).unwrap();
+            Workspace::open(&path).unwrap()
+        })
+        .collect();
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    // The spawner makes the next call's network namespace while it waits (as root): whichever
+    // call gets it, no two calls running at once may have the same one, nor the host's. (A
+    // namespace's number may be reused once it is gone, so only calls that overlapped count.)
+    let look = "date +%s%N; readlink /proc/self/ns/net; sleep 0.3; date +%s%N";
+    let mut overlapping = 0;
+    for _ in 0..3 {
+        let calls: Vec<_> = workspaces
+            .iter()
+            .map(|ws| {
+                let session = engine.session_in(ws.clone());
+                tokio::spawn(async move { bash(&session, look).await })
+            })
+            .collect();
+        let mut seen: Vec<(u128, String, u128)> = Vec::new();
+        for call in calls {
+            let r = call.await.unwrap();
+            let out = ok_text(&r).to_string();
+            let lines: Vec<&str> = out.lines().collect();
+            assert_ne!(std::path::Path::new(lines[1]), host, "{out}");
+            seen.push((
+                lines[0].parse().unwrap(),
+                lines[1].to_string(),
+                lines[2].parse().unwrap(),
+            ));
+        }
+        for (i, a) in seen.iter().enumerate() {
+            for b in &seen[..i] {
+                if a.0 < b.2 && b.0 < a.2 {
+                    overlapping += 1;
+                    assert_ne!(a.1, b.1, "two calls at once shared a namespace: {seen:?}");
+                }
+            }
+        }
+    }
+    assert!(overlapping > 0, "no two calls ran at once");
 }
