@@ -1,12 +1,14 @@
 //! The trampoline: `switchboard sandbox-exec [options] -- PROGRAM ARGS…` (hidden from `--help`),
 //! or the same from the small `switchboard-sandbox` binary (`src/bin/`), the process that runs
-//! each confined call — forked by the engine's spawner (below), or started by the engine. It confines *itself* with safe crates and then execs the
-//! command, so the crate needs no `unsafe` `pre_exec` hook.
+//! each confined call — forked by the engine's spawner (below), or started by the engine. It
+//! confines *itself* with safe crates and then execs the command, so the crate needs no
+//! `unsafe` `pre_exec` hook.
 //!
 //! Two stages, because mounting a fresh `/proc` needs privileges that Landlock takes away:
 //!
-//! 1. **outer** (a child of the engine): parent-death signal `SIGKILL` (so `kill -9` of the
-//!    engine ends the call); joins the call's cgroups; sets the rlimits (`RLIMIT_FSIZE`,
+//! 1. **outer** (a child of the engine's spawner, or of the engine): parent-death signal
+//!    `SIGKILL` (so `kill -9` of the engine ends the call); joins the call's cgroups (`0` written
+//!    to their `tasks` files); sets the rlimits (`RLIMIT_FSIZE`,
 //!    `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where no cgroup bounds processes /
 //!    memory); then makes the call's namespaces itself with `unshare(2)` and **forks** their
 //!    init (no second program start: [`super::fork`]; a process that is not single-threaded —

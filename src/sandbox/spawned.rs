@@ -419,9 +419,4 @@ impl Running {
             Running::Spawned(s) => s.wait().await,
         }
     }
-
-    /// True when the engine's spawner started it.
-    pub fn spawned(&self) -> bool {
-        matches!(self, Running::Spawned(_))
-    }
 }
