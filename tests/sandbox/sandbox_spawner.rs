@@ -1,7 +1,9 @@
 //! The spawner: one process per engine, started with its first call, forks every call's
 //! trampoline (no program start per call besides the command's shell). It keeps none of the
 //! engine's environment; when it is killed, the call it was running fails with a clear error
-//! and leaves nothing behind, and the next call gets a new one; it ends with the engine.
+//! and leaves nothing behind, and the next call gets a new one; it ends with the engine. A
+//! trampoline that will not be a spawner still confines every call, started for each. Calls
+//! running at once never share a network namespace the spawner made ahead.
 
 use crate::common;
 
@@ -195,4 +197,43 @@ async fn calls_running_at_once_never_share_a_network_namespace_made_ahead() {
         }
     }
     assert!(overlapping > 0, "no two calls ran at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_spawner_each_call_starts_its_trampoline_with_the_same_confinement() {
+    // A trampoline that will not be a spawner (as an older build would refuse the flag): the
+    // engine falls back to starting the trampoline for each call.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("no-spawner");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" --spawner \"*) echo 'unknown option --spawner' >&2; exit 125;; esac\nexec {TRAMPOLINE} \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_ws_dir, ws) = temp_workspace();
+    let Some(engine) = engine(
+        Some(&ws),
+        config(SandboxMode::WorkspaceWrite).trampoline(&script),
+    ) else {
+        return;
+    };
+    let session = engine.session();
+    for _ in 0..2 {
+        let r = bash(
+            &session,
+            "echo $$; touch /etc/x 2>/dev/null || echo refused; tr '\\0' ' ' < /proc/1/cmdline",
+        )
+        .await;
+        let out = ok_text(&r);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[..2], ["2", "refused"], "{out}");
+        // The init is the trampoline started for this call, not a spawner forked.
+        assert!(!lines[2].contains("--spawner"), "{out}");
+        assert!(lines[2].contains(" sandbox-exec "), "{out}");
+    }
+    assert_eq!(engine.sandbox().spawner_pid().await, None);
 }
