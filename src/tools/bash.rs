@@ -15,8 +15,8 @@
 //!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
 //!   when plain `unshare` is refused). A tiny init is pid 1 and runs the command's shell as
 //!   pid 2, so the command behaves as usual (`kill $$` works; the init tells us when that shell
-//!   died by a signal): the sandbox's trampoline, which makes the namespaces itself and forks
-//!   the init, whenever the engine has one — sandboxed (it reports to the engine where the
+//!   died by a signal): the sandbox's trampoline (forked by the engine's spawner), which makes
+//!   the namespaces itself and forks the init, whenever the engine has one — sandboxed (it reports to the engine where the
 //!   command cannot write) or with `--sandbox off` (one program start instead of `unshare`
 //!   and an init shell) — else (a context made outside an engine) an init shell whose job
 //!   notice goes to a temporary file. Inside, `/proc` shows only the call's own processes, so
