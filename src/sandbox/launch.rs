@@ -1,9 +1,9 @@
 //! The engine's side of one confined call: a directory of its own holding the command's private
 //! `TMPDIR` and the report of the call's init (both removed when the call ends), the call's
-//! cgroups, the trampoline's command line and its start (forked by the engine's spawner, else a
-//! child of the engine: [`CallSandbox::spawn`]), and the verdict on limits once the command has ended
-//! (a command killed by a limit is an `execution_error` naming the limit, never a silent empty
-//! output). An unconfined call (`--sandbox off`, [`CallSandbox::unconfined`]) has only the
+//! cgroups, the trampoline's command line and its start (forked by the engine's spawner, else
+//! a child of the engine: [`CallSandbox::spawn`]), and the verdict on limits once the command
+//! has ended (a command killed by a limit is an `execution_error` naming the limit, never a
+//! silent empty output). An unconfined call (`--sandbox off`, [`CallSandbox::unconfined`]) has only the
 //! init's report, in a temporary file the command could write (that mode protects nothing).
 //!
 //! The init's report (`status` beside `tmp/`) is engine state the command cannot touch: it lies

@@ -2,11 +2,12 @@
 //! prepared), started with the first call that needs it and again after it died, and a call
 //! started through it ([`Spawned`]), which the engine reads and waits for as for a child.
 //!
-//! A call's trampoline command ([`super::CallSandbox::command`]) is sent as it is — its arguments,
-//! its environment, its directory — with a `/dev/null` stdin and the write ends of two fresh pipes;
-//! the spawner forks it and answers with its pid, then its wait status. Where the spawner cannot
-//! serve (it would not start, it died, no async runtime), the call starts its trampoline as a
-//! child of the engine instead, as before: same confinement, one program start dearer.
+//! A call's trampoline command ([`super::CallSandbox::command`]) is sent as it is — its
+//! arguments, its environment, its directory — with a `/dev/null` stdin and the write ends of
+//! two fresh pipes; the spawner forks it and answers with its pid, then its wait status. Where
+//! the spawner cannot serve (it would not start, it died, no async runtime), the call starts
+//! its trampoline as a child of the engine instead, as before: same confinement, one program
+//! start dearer.
 //!
 //! Nothing started through it is left running unowned: a call whose future is dropped kills its
 //! process group (as `kill_on_drop` does for a child), a `started` answer that finds nobody
