@@ -107,6 +107,8 @@ pub(super) fn run_args(args: Vec<OsString>, forked: Option<super::spawner::Forke
             plan.env = Some(forked.env);
             plan.parent = Some(forked.spawner);
             plan.netns = forked.netns;
+            plan.pid_ns_made = forked.pid_ns;
+            plan.spawner_pidfd = forked.spawner_pidfd;
         }
         plan
     });
@@ -135,6 +137,11 @@ struct Plan {
     env: Option<Vec<(OsString, OsString)>>,
     /// A fresh network namespace to join instead of making one (from the spawner).
     netns: Option<std::os::fd::OwnedFd>,
+    /// This process is already pid 1 of the call's PID namespace, which the spawner made: it
+    /// makes the other namespaces and becomes their init without forking.
+    pid_ns_made: bool,
+    /// A pidfd of the spawner that forked this process (see [`super::spawner::Forked`]).
+    spawner_pidfd: Option<std::os::fd::OwnedFd>,
     /// Only the outer stage, then exec the program (a helper under process-tree control, see
     /// [`super::contain`]).
     contain: bool,
@@ -292,10 +299,20 @@ fn run(mut plan: Plan) -> Result<u8, String> {
             // The namespaces made here (a user namespace mapping this user to root included,
             // where one is needed: not root), then this process forked as their init: no
             // program start besides the command's. Where the kernel refuses, `unshare` tries.
-            if let Some(flags) = namespace_flags(&plan.ns_flags)
-                && own_namespaces(join_made_netns(flags, plan.netns.take()))?
-            {
-                return run_init(&me, plan);
+            if let Some(mut flags) = namespace_flags(&plan.ns_flags) {
+                if plan.pid_ns_made {
+                    flags.remove(rustix::thread::UnshareFlags::NEWPID);
+                }
+                if own_namespaces(join_made_netns(flags, plan.netns.take()))? {
+                    if plan.pid_ns_made {
+                        // Pid 1 already: the init itself.
+                        plan.inner = true;
+                        plan.private_mounts = true;
+                        plan.mount_proc = true;
+                        return run_inner(plan);
+                    }
+                    return run_init(&me, plan);
+                }
             }
             let err = plan
                 .command(unshare)
@@ -500,10 +517,15 @@ fn full(dir: &Path) -> bool {
 fn outer(plan: &Plan) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
-    // The engine may have died between starting us and the line above.
-    if let Some(parent) = plan.parent
-        && getppid() != Pid::from_raw(parent)
-    {
+    // The engine may have died between starting us and the line above. In a PID namespace of
+    // its own (made by the spawner) `getppid` says 0: the spawner's pidfd tells instead.
+    let gone = match &plan.spawner_pidfd {
+        Some(pidfd) if plan.pid_ns_made => super::spawner::readable_now(pidfd),
+        _ => plan
+            .parent
+            .is_some_and(|parent| getppid() != Pid::from_raw(parent)),
+    };
+    if gone {
         return Err("the engine is gone".into());
     }
     // `0` is the writing thread (a `tasks` file) or process (`cgroup.procs`): this one.

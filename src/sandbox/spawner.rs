@@ -9,13 +9,16 @@
 //! spawner forks (it is single-threaded: [`super::fork`]); the child leads a process group of its
 //! own, takes those descriptors as 0, 1 and 2, enters the directory and runs the trampoline
 //! as [`super::exec`] describes, with the spawner as its parent (its parent-death signal, its
-//! check that the parent is still there). The spawner answers `started <pid>` and, when that
+//! check that the parent is still there). For a root engine it makes the call's PID namespace
+//! itself just before the fork ([`PidNamespaces`]): the child is then the namespace's init,
+//! and no process stands between them. The spawner answers `started <pid>` and, when that
 //! child has ended (its pidfd turns readable), `exited <wait status>`: the engine waits for the
 //! call as for a child of its own.
 //!
 //! It keeps none of the engine's environment (the engine starts it with an empty one), holds no
-//! descriptor but the socket, `/dev/null` and its children's pidfds — all close-on-exec, and
-//! dropped in every child it forks — and dies with the engine: parent-death signal `SIGKILL`,
+//! descriptor but the socket, `/dev/null`, its children's pidfds, its own namespaces and a
+//! network namespace made ahead, and a pidfd of itself — all close-on-exec, and dropped in
+//! every child it forks but for what that child is given — and dies with the engine: parent-death signal `SIGKILL`,
 //! and an end of file on the socket (the engine dropped its end) ends it too. Either way every
 //! call it started dies with it (their parent-death signal), and with them their namespaces.
 
@@ -174,7 +177,8 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
     reply(&mut socket, 0, READY, me.as_raw_nonzero().get())?;
     let mut running: Vec<Running> = Vec::new();
     let mut spare = Spare::new();
-    let (request, stdio, netns) = loop {
+    let pid_ns = PidNamespaces::new(me);
+    let (request, stdio, netns, made_pid_ns) = loop {
         // A spare network namespace is made when no request waits.
         if spare.next.is_none() && spare.home.is_some() && !waiting(&socket) {
             spare.fill()?;
@@ -225,8 +229,13 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
             ));
         }
         let netns = spare.take_for(&request.args);
-        match super::fork::fork() {
-            Ok(super::fork::Forked::Child) => break (request, stdio, netns),
+        let made_pid_ns = pid_ns.enter_new(&request.args);
+        let forked = super::fork::fork();
+        if made_pid_ns && !matches!(forked, Ok(super::fork::Forked::Child)) {
+            pid_ns.leave()?;
+        }
+        match forked {
+            Ok(super::fork::Forked::Child) => break (request, stdio, netns, made_pid_ns),
             Ok(super::fork::Forked::Parent(pid)) => {
                 drop(netns);
                 // Also done by the child; whichever runs first makes the group before the
@@ -260,6 +269,7 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
     drop(socket);
     drop(running);
     drop(spare);
+    let spawner_pidfd = pid_ns.into_pidfd();
     let _ = rustix::process::setpgid(None, None);
     rustix::stdio::dup2_stdin(&stdio[0])
         .and_then(|()| rustix::stdio::dup2_stdout(&stdio[1]))
@@ -274,6 +284,8 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
             env: request.env,
             spawner: me.as_raw_nonzero().get(),
             netns,
+            pid_ns: made_pid_ns,
+            spawner_pidfd,
         },
     ))
 }
@@ -295,6 +307,12 @@ pub(super) struct Forked {
     pub spawner: i32,
     /// A fresh network namespace made ahead of the call, when it asks for one ([`Spare`]).
     pub netns: Option<OwnedFd>,
+    /// This process is pid 1 of a PID namespace the spawner made for it (root engines): it is
+    /// the call's init itself, with no process between it and the spawner.
+    pub pid_ns: bool,
+    /// A pidfd of the spawner, readable once it has ended: how a call in a PID namespace of its
+    /// own, where `getppid` says 0, tells that its parent is still there.
+    pub spawner_pidfd: Option<OwnedFd>,
 }
 
 /// The network namespace of the next call that asks for one, made while the spawner had
@@ -351,6 +369,64 @@ impl Spare {
     }
 }
 
+/// PID namespaces made by the spawner itself for the calls of a root engine: `unshare(2)` of
+/// `CLONE_NEWPID` just before the fork makes the forked call pid 1 of a fresh namespace — its
+/// init, with no process in between (one fork and one exit fewer per call than an outer stage
+/// that makes the namespace and forks the init); the spawner then returns to its own.
+struct PidNamespaces {
+    /// The spawner's own PID namespace; `None` where it may not make others (not root).
+    home: Option<OwnedFd>,
+    /// A pidfd of the spawner, for the calls.
+    me: Option<OwnedFd>,
+}
+
+impl PidNamespaces {
+    fn new(me: Pid) -> PidNamespaces {
+        let open = || {
+            rustix::fs::open(
+                "/proc/self/ns/pid",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .ok()
+        };
+        let me = pidfd_open(me, PidfdFlags::empty()).ok();
+        let home = if rustix::process::geteuid().is_root() && me.is_some() {
+            open()
+        } else {
+            None
+        };
+        PidNamespaces { home, me }
+    }
+
+    /// Makes the next child pid 1 of a fresh PID namespace when the call's arguments ask for
+    /// one (and no user namespace, which must come first). True when it did.
+    #[allow(deprecated)]
+    fn enter_new(&self, args: &[OsString]) -> bool {
+        use rustix::thread::UnshareFlags;
+        let flag = |name: &str| args.windows(2).any(|w| w[0] == "--ns-flag" && w[1] == name);
+        // As in `exec::own_namespaces`: sound in a single-threaded process, without `FILES`.
+        self.home.is_some()
+            && args.iter().any(|a| a == "--unshare")
+            && flag("--pid")
+            && !flag("--user")
+            && rustix::thread::unshare(UnshareFlags::NEWPID).is_ok()
+    }
+
+    /// Back to the spawner's own PID namespace for the children that follow. `Err` if it
+    /// cannot (its next call would be forked into a namespace that is not its own).
+    fn leave(&self) -> Result<(), String> {
+        use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+        let home = self.home.as_ref().expect("entered only with a home");
+        move_into_link_name_space(home.as_fd(), Some(LinkNameSpaceType::ProcessID))
+            .map_err(|e| format!("cannot return to the spawner's PID namespace: {e}"))
+    }
+
+    fn into_pidfd(self) -> Option<OwnedFd> {
+        self.me
+    }
+}
+
 fn open_netns() -> rustix::io::Result<OwnedFd> {
     rustix::fs::open(
         "/proc/thread-self/ns/net",
@@ -361,7 +437,12 @@ fn open_netns() -> rustix::io::Result<OwnedFd> {
 
 /// True when a request is waiting to be read.
 fn waiting(socket: &UnixStream) -> bool {
-    let mut fds = [PollFd::new(socket, PollFlags::IN)];
+    readable_now(socket)
+}
+
+/// True when `fd` is readable now (a pidfd: its process has ended), without waiting.
+pub(super) fn readable_now(fd: impl AsFd) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     let zero = rustix::time::Timespec {
         tv_sec: 0,
         tv_nsec: 0,
