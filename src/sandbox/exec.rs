@@ -8,16 +8,18 @@
 //!
 //! 1. **outer** (a child of the engine's spawner, or of the engine): parent-death signal
 //!    `SIGKILL` (so `kill -9` of the engine ends the call); joins the call's cgroups (`0` written
-//!    to their `tasks` files); sets the rlimits (`RLIMIT_FSIZE`,
-//!    `RLIMIT_CPU`, and `RLIMIT_NPROC` / `RLIMIT_AS` where no cgroup bounds processes /
-//!    memory); then makes the call's namespaces itself with `unshare(2)` and **forks** their
-//!    init (no second program start: [`super::fork`]; a process that is not single-threaded —
-//!    an embedder's binary that started threads first — starts this binary again as
-//!    `sandbox-exec --inner --mount-proc …` instead), waits for it and exits as it did. Where
-//!    the namespaces need a user namespace (not root), it makes that one too and maps its user
-//!    and group to root inside it (`--user --map-root-user`); only where the kernel refuses the
-//!    namespaces does it exec `unshare <flags> -- <this binary> sandbox-exec --inner …`, whose
-//!    `--kill-child` plays the same part; without namespaces it runs the inner stage itself.
+//!    to their `tasks` files); sets the rlimits (`RLIMIT_FSIZE`, `RLIMIT_CPU`, and
+//!    `RLIMIT_NPROC` / `RLIMIT_AS` where no cgroup bounds processes / memory); then makes the
+//!    call's namespaces itself with `unshare(2)` and **forks** their init (no second program
+//!    start: [`super::fork`]; a process that is not single-threaded — an embedder's binary that
+//!    started threads first — starts this binary again as `sandbox-exec --inner --mount-proc …`
+//!    instead), waits for it and exits as it did. When the spawner made the call's PID
+//!    namespace (a root engine), this process is pid 1 of it already and becomes the init
+//!    itself, without a fork. Where the namespaces need a user namespace (not root), it makes
+//!    that one too and maps its user and group to root inside it (`--user --map-root-user`);
+//!    only where the kernel refuses the namespaces does it exec `unshare <flags> -- <this
+//!    binary> sandbox-exec --inner …`, whose `--kill-child` plays the same part; without
+//!    namespaces it runs the inner stage itself.
 //! 2. **inner** (pid 1 of the call's PID namespace, behind its own `/proc` — which it mounts
 //!    itself when the outer stage made the namespaces, with its own parent-death signal — in IPC,
 //!    UTS and cgroup namespaces of its own and, without `--allow-network`, in a network namespace

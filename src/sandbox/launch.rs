@@ -3,8 +3,9 @@
 //! cgroups, the trampoline's command line and its start (forked by the engine's spawner, else
 //! a child of the engine: [`CallSandbox::spawn`]), and the verdict on limits once the command
 //! has ended (a command killed by a limit is an `execution_error` naming the limit, never a
-//! silent empty output). An unconfined call (`--sandbox off`, [`CallSandbox::unconfined`]) has only the
-//! init's report, in a temporary file the command could write (that mode protects nothing).
+//! silent empty output). An unconfined call (`--sandbox off`, [`CallSandbox::unconfined`]) has
+//! only the init's report, in a temporary file the command could write (that mode protects
+//! nothing).
 //!
 //! The init's report (`status` beside `tmp/`) is engine state the command cannot touch: it lies
 //! outside everything Landlock lets the command open, below a directory its mount namespace

@@ -18,8 +18,9 @@
 //! It keeps none of the engine's environment (the engine starts it with an empty one), holds no
 //! descriptor but the socket, `/dev/null`, its children's pidfds, its own namespaces and a
 //! network namespace made ahead, and a pidfd of itself — all close-on-exec, and dropped in
-//! every child it forks but for what that child is given — and dies with the engine: parent-death signal `SIGKILL`,
-//! and an end of file on the socket (the engine dropped its end) ends it too. Either way every
+//! every child it forks but for what that child is given — and dies with the engine:
+//! parent-death signal `SIGKILL`, and an end of file on the socket (the engine dropped its end)
+//! ends it too. Either way every
 //! call it started dies with it (their parent-death signal), and with them their namespaces.
 
 use std::ffi::OsString;
@@ -360,8 +361,7 @@ impl Spare {
     /// The one made ahead, for a call whose arguments ask for a network namespace of its own
     /// (and no user namespace, inside which a namespace of the spawner's could not be joined).
     fn take_for(&mut self, args: &[OsString]) -> Option<OwnedFd> {
-        let flag = |name: &str| args.windows(2).any(|w| w[0] == "--ns-flag" && w[1] == name);
-        if flag("--net") && !flag("--user") {
+        if asks_for(args, "--net") && !asks_for(args, "--user") {
             self.next.take()
         } else {
             None
@@ -382,17 +382,9 @@ struct PidNamespaces {
 
 impl PidNamespaces {
     fn new(me: Pid) -> PidNamespaces {
-        let open = || {
-            rustix::fs::open(
-                "/proc/self/ns/pid",
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .ok()
-        };
         let me = pidfd_open(me, PidfdFlags::empty()).ok();
         let home = if rustix::process::geteuid().is_root() && me.is_some() {
-            open()
+            open_namespace("/proc/self/ns/pid").ok()
         } else {
             None
         };
@@ -404,12 +396,11 @@ impl PidNamespaces {
     #[allow(deprecated)]
     fn enter_new(&self, args: &[OsString]) -> bool {
         use rustix::thread::UnshareFlags;
-        let flag = |name: &str| args.windows(2).any(|w| w[0] == "--ns-flag" && w[1] == name);
         // As in `exec::own_namespaces`: sound in a single-threaded process, without `FILES`.
         self.home.is_some()
-            && args.iter().any(|a| a == "--unshare")
-            && flag("--pid")
-            && !flag("--user")
+            && options(args).any(|a| a == "--unshare")
+            && asks_for(args, "--pid")
+            && !asks_for(args, "--user")
             && rustix::thread::unshare(UnshareFlags::NEWPID).is_ok()
     }
 
@@ -427,9 +418,27 @@ impl PidNamespaces {
     }
 }
 
+/// The trampoline's options in a call's arguments: those before `--` (what follows is the
+/// command, whose words may look like anything).
+fn options(args: &[OsString]) -> impl Iterator<Item = &OsString> {
+    args.iter().take_while(|a| *a != "--")
+}
+
+/// True when a call's options ask for the namespace `--ns-flag <flag>` names.
+fn asks_for(args: &[OsString], flag: &str) -> bool {
+    let options: Vec<&OsString> = options(args).collect();
+    options
+        .windows(2)
+        .any(|w| *w[0] == "--ns-flag" && *w[1] == flag)
+}
+
 fn open_netns() -> rustix::io::Result<OwnedFd> {
+    open_namespace("/proc/thread-self/ns/net")
+}
+
+fn open_namespace(path: &str) -> rustix::io::Result<OwnedFd> {
     rustix::fs::open(
-        "/proc/thread-self/ns/net",
+        path,
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
@@ -551,6 +560,27 @@ mod tests {
             decode_reply(&encode_reply(u64::MAX, EXITED, -9)),
             (u64::MAX, EXITED, -9)
         );
+    }
+
+    #[test]
+    fn only_the_trampolines_options_ask_for_namespaces_never_the_commands_words() {
+        let args: Vec<OsString> = ["--unshare", "/usr/bin/unshare", "--ns-flag", "--pid"]
+            .into_iter()
+            .chain(["--ns-flag", "--net", "--", "bash", "--ns-flag", "--user"])
+            .map(OsString::from)
+            .collect();
+        assert!(asks_for(&args, "--pid") && asks_for(&args, "--net"));
+        assert!(
+            !asks_for(&args, "--user"),
+            "a word of the command is no option"
+        );
+        let command_only: Vec<OsString> =
+            ["--mode", "off", "--", "--unshare", "--ns-flag", "--pid"]
+                .into_iter()
+                .map(OsString::from)
+                .collect();
+        assert!(!asks_for(&command_only, "--pid"));
+        assert_eq!(options(&command_only).count(), 2);
     }
 
     #[test]

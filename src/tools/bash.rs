@@ -15,13 +15,16 @@
 //!   `unshare --pid --fork --mount-proc --kill-child bash -c …` (with `--user --map-root-user`
 //!   when plain `unshare` is refused). A tiny init is pid 1 and runs the command's shell as
 //!   pid 2, so the command behaves as usual (`kill $$` works; the init tells us when that shell
-//!   died by a signal): the sandbox's trampoline (forked by the engine's spawner), which makes
-//!   the namespaces itself and forks the init, whenever the engine has one — sandboxed (it reports to the engine where the
-//!   command cannot write) or with `--sandbox off` (one program start instead of `unshare`
-//!   and an init shell) — else (a context made outside an engine) an init shell whose job
-//!   notice goes to a temporary file. Inside, `/proc` shows only the call's own processes, so
-//!   `/proc/$PPID/environ` (`$PPID` is that init: its environment is the allowlisted one, or empty when the engine's spawner forked it),
-//!   `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when everything runs as root, where file permissions and the
+//!   died by a signal): the sandbox's trampoline, forked by the engine's spawner, which makes
+//!   the namespaces itself and forks the init (or, for a root engine, is forked by the spawner
+//!   into a PID namespace the spawner made, as its init), whenever the engine has one —
+//!   sandboxed (it reports to the engine where the command cannot write) or with `--sandbox
+//!   off` (one program start instead of `unshare` and an init shell) — else (a context made
+//!   outside an engine) an init shell whose job notice goes to a temporary file. Inside,
+//!   `/proc` shows only the call's own processes, so `/proc/$PPID/environ` (`$PPID` is that
+//!   init: its environment is the allowlisted one, or empty when the engine's spawner forked
+//!   it), `ps eww -A` and `/proc/<engine pid>/environ` show nothing of the engine — also when
+//!   everything runs as root, where file permissions and the
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
 //!   probed once per tool instance (the first call); where it does not, bash runs directly and a
 //!   warning is logged once.
