@@ -102,7 +102,7 @@ pub fn exec_main(args: Vec<OsString>) -> ExitCode {
 /// The trampoline given its arguments: its exit code, after one failure line on stderr when it
 /// could not confine the command. `forked`: this process is a call the spawner forked — the
 /// command's environment is the one sent, the parent whose death ends the call is the spawner
-/// (whatever `--parent` says), and a network namespace may have been made ahead.
+/// (whatever `--parent` says), and it may have been given a network namespace to join.
 pub(super) fn run_args(args: Vec<OsString>, forked: Option<super::spawner::Forked>) -> u8 {
     let plan = Plan::parse(args).map(|mut plan| {
         if let Some(forked) = forked {
@@ -137,7 +137,8 @@ struct Plan {
     /// The command's whole environment, when it is not this process's (a call forked by the
     /// spawner, which keeps none of the engine's environment).
     env: Option<Vec<(OsString, OsString)>>,
-    /// A fresh network namespace to join instead of making one (from the spawner).
+    /// A network namespace to join instead of making one (from the spawner: made ahead, or
+    /// that of a call that has ended).
     netns: Option<std::os::fd::OwnedFd>,
     /// This process is already pid 1 of the call's PID namespace, which the spawner made: it
     /// makes the other namespaces and becomes their init without forking.
@@ -376,8 +377,8 @@ fn namespace_flags(ns_flags: &[OsString]) -> Option<rustix::thread::UnshareFlags
         .then_some(flags)
 }
 
-/// `flags` without the network namespace when this process joined `netns`, one made for it
-/// ahead of time (by the spawner) — never inside a user namespace of the call's own.
+/// `flags` without the network namespace when this process joined `netns`, one the spawner
+/// made ahead or took back from an ended call — never inside a user namespace of the call's own.
 fn join_made_netns(
     mut flags: rustix::thread::UnshareFlags,
     netns: Option<std::os::fd::OwnedFd>,

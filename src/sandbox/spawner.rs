@@ -16,8 +16,8 @@
 //! call as for a child of its own.
 //!
 //! It keeps none of the engine's environment (the engine starts it with an empty one), holds no
-//! descriptor but the socket, `/dev/null`, its children's pidfds, its own namespaces and a
-//! network namespace made ahead, and a pidfd of itself — all close-on-exec, and dropped in
+//! descriptor but the socket, `/dev/null`, its children's pidfds, its own namespaces, the
+//! network namespaces it gives calls ([`Spare`]), and a pidfd of itself — all close-on-exec, and dropped in
 //! every child it forks but for what that child is given — and dies with the engine:
 //! parent-death signal `SIGKILL`, and an end of file on the socket (the engine dropped its end)
 //! ends it too. Either way every
@@ -157,6 +157,10 @@ struct Running {
     id: u64,
     pid: Pid,
     pidfd: OwnedFd,
+    /// The network namespace the call was given, back to [`Spare`] once the call has ended:
+    /// only for a call that is the init of a PID namespace the spawner made, so that its end
+    /// is the end of every process that could hold anything in the namespace.
+    netns: Option<OwnedFd>,
 }
 
 /// The spawner's main: serves requests until the engine closes its end ([`Served::Done`]). In a
@@ -180,8 +184,8 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
     let mut spare = Spare::new();
     let pid_ns = PidNamespaces::new(me);
     let (request, stdio, netns, made_pid_ns) = loop {
-        // A spare network namespace is made when no request waits.
-        if spare.next.is_none() && spare.home.is_some() && !waiting(&socket) {
+        // A network namespace is made ahead when none is ready and no request waits.
+        if spare.free.is_empty() && spare.home.is_some() && !waiting(&socket) {
             spare.fill()?;
         }
         let (readable, ended) = {
@@ -211,7 +215,10 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
                 }
             };
             match status {
-                Some(status) => reply(&mut socket, call.id, EXITED, status)?,
+                Some(status) => {
+                    spare.give_back(call.netns);
+                    reply(&mut socket, call.id, EXITED, status)?;
+                }
                 // Not ended after all (a spurious wake-up): keep watching it.
                 None => running.push(call),
             }
@@ -238,7 +245,8 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
         match forked {
             Ok(super::fork::Forked::Child) => break (request, stdio, netns, made_pid_ns),
             Ok(super::fork::Forked::Parent(pid)) => {
-                drop(netns);
+                // Kept for the next calls only when the call's end is all of its processes'.
+                let netns = netns.filter(|_| made_pid_ns);
                 // Also done by the child; whichever runs first makes the group before the
                 // engine can signal it.
                 let _ = rustix::process::setpgid(Some(pid), Some(pid));
@@ -250,18 +258,21 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
                             id: request.id,
                             pid,
                             pidfd,
+                            netns,
                         });
                     }
                     Err(e) => {
                         // Without a pidfd its end would go unseen: end it now.
                         let _ = rustix::process::kill_process_group(pid, Signal::KILL);
                         let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+                        spare.give_back(netns);
                         reply(&mut socket, request.id, FAILED, e.raw_os_error())?;
                     }
                 }
             }
             Err(_) => {
                 drop(stdio);
+                spare.give_back(netns);
                 reply(&mut socket, request.id, FAILED, -1)?;
             }
         }
@@ -306,7 +317,8 @@ pub(super) struct Forked {
     pub env: Vec<(OsString, OsString)>,
     /// The spawner's pid: the call's parent.
     pub spawner: i32,
-    /// A fresh network namespace made ahead of the call, when it asks for one ([`Spare`]).
+    /// A network namespace made ahead or given back by an ended call, when the call asks for
+    /// one ([`Spare`]).
     pub netns: Option<OwnedFd>,
     /// This process is pid 1 of a PID namespace the spawner made for it (root engines): it is
     /// the call's init itself, with no process between it and the spawner.
@@ -316,14 +328,23 @@ pub(super) struct Forked {
     pub spawner_pidfd: Option<OwnedFd>,
 }
 
-/// The network namespace of the next call that asks for one, made while the spawner had
-/// nothing else to do: making one costs about 0.45 ms here, joining one almost nothing. Only
-/// where the spawner may make network namespaces itself (root); each serves exactly one call.
+/// The network namespaces ready for the calls that ask for one: made while the spawner had
+/// nothing else to do (making one costs about 0.45 ms of CPU here, and as much again for the
+/// kernel to tear it down; joining one costs almost nothing), and those of calls that have
+/// ended, given to later calls. Only where the spawner may make network namespaces itself
+/// (root). A namespace serves one call at a time, and is given again only when every process
+/// that was in it has ended (the call was the init of its own PID namespace, whose end ends all
+/// of them): its sockets are closed with them, and nothing else of a call stays in it, since the
+/// command has no capability to change it (`lo` stays down, without an address, as the kernel
+/// makes it) — see `docs/decisions.md`.
 struct Spare {
     /// The spawner's own network namespace, which it returns to after making one.
     home: Option<OwnedFd>,
-    next: Option<OwnedFd>,
+    free: Vec<OwnedFd>,
 }
+
+/// The most namespaces kept for later calls: as many as calls ran at once, up to this.
+const MAX_FREE_NETNS: usize = 32;
 
 impl Spare {
     fn new() -> Spare {
@@ -331,18 +352,21 @@ impl Spare {
             .is_root()
             .then(open_netns)
             .and_then(Result::ok);
-        Spare { home, next: None }
+        Spare {
+            home,
+            free: Vec::new(),
+        }
     }
 
-    /// Makes the next one if there is none. `Err` only when the spawner could not return to
-    /// its own namespace (it must not fork calls from another one).
+    /// Makes one if none is ready. `Err` only when the spawner could not return to its own
+    /// namespace (it must not fork calls from another one).
     #[allow(deprecated)]
     fn fill(&mut self) -> Result<(), String> {
         use rustix::thread::{LinkNameSpaceType, UnshareFlags, move_into_link_name_space};
         let Some(home) = &self.home else {
             return Ok(());
         };
-        if self.next.is_some() {
+        if !self.free.is_empty() {
             return Ok(());
         }
         // As in `exec::own_namespaces`: sound in a single-threaded process, without `FILES`.
@@ -354,17 +378,26 @@ impl Spare {
         let made = open_netns();
         move_into_link_name_space(home.as_fd(), Some(LinkNameSpaceType::Network))
             .map_err(|e| format!("cannot return to the spawner's network namespace: {e}"))?;
-        self.next = made.ok();
+        self.free.extend(made.ok());
         Ok(())
     }
 
-    /// The one made ahead, for a call whose arguments ask for a network namespace of its own
+    /// One that is ready, for a call whose arguments ask for a network namespace of its own
     /// (and no user namespace, inside which a namespace of the spawner's could not be joined).
     fn take_for(&mut self, args: &[OsString]) -> Option<OwnedFd> {
         if asks_for(args, "--net") && !asks_for(args, "--user") {
-            self.next.take()
+            self.free.pop()
         } else {
             None
+        }
+    }
+
+    /// A namespace whose call has ended, for the next calls.
+    fn give_back(&mut self, netns: Option<OwnedFd>) {
+        if let Some(netns) = netns
+            && self.free.len() < MAX_FREE_NETNS
+        {
+            self.free.push(netns);
         }
     }
 }

@@ -3,7 +3,8 @@
 //! engine's environment; when it is killed, the call it was running fails with a clear error
 //! and leaves nothing behind, and the next call gets a new one; it ends with the engine. A
 //! trampoline that will not be a spawner still confines every call, started for each. Calls
-//! running at once never share a network namespace the spawner made ahead.
+//! running at once never share a network namespace the spawner made ahead, and one given to a
+//! later call keeps nothing of the call before.
 
 use crate::common;
 
@@ -213,6 +214,53 @@ async fn calls_running_at_once_never_share_a_network_namespace_made_ahead() {
         }
     }
     assert!(overlapping > 0, "no two calls ran at once");
+}
+
+/// A network namespace is given to a later call once every process of the call before has
+/// ended: a socket that call left bound (by a process still running when its shell exited) is
+/// gone, and its name free, for the next call in the same namespace.
+#[tokio::test]
+async fn a_network_namespace_given_again_keeps_nothing_of_the_call_before() {
+    let (_dir, ws) = temp_workspace();
+    let Some(engine) = engine(Some(&ws), config(SandboxMode::WorkspaceWrite)) else {
+        return;
+    };
+    if !available(
+        "python3 (binds the abstract unix socket)",
+        std::path::Path::new("/usr/bin/python3").exists(),
+    ) {
+        return;
+    }
+    let session = engine.session();
+    // The spawner starts with this call, which may then find no namespace made ahead; the
+    // next ones find one.
+    assert_eq!(ok_text(&bash(&session, "echo warm").await), "warm");
+    let bind = "import socket, time; s = socket.socket(socket.AF_UNIX); \
+                s.bind('\\0switchboard-test'); s.listen(); print('bound', flush=True)";
+    // The holder runs on after the shell has exited (until the call's end ends it).
+    let first = bash(
+        &session,
+        &format!(
+            "readlink /proc/self/ns/net; \
+             (/usr/bin/python3 -c \"{bind}; time.sleep(60)\" 2>/dev/null &) | head -n 1"
+        ),
+    )
+    .await;
+    let out = ok_text(&first).to_string();
+    let (netns, said) = out.split_once('\n').expect("two lines");
+    assert_eq!(said, "bound", "{out}");
+    // As root the next call gets the same namespace (given back as the call ends); any call
+    // finds the name free.
+    let again = bash(
+        &session,
+        &format!("readlink /proc/self/ns/net; /usr/bin/python3 -c \"{bind}\" 2>&1"),
+    )
+    .await;
+    let out = ok_text(&again).to_string();
+    assert!(out.ends_with("\nbound"), "{out}");
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(out.lines().next(), Some(netns), "not given again: {out}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
