@@ -1,9 +1,10 @@
 //! Per-call cgroups (cgroup v1 `pids` and `memory` controllers): the engine creates one directory
-//! per controller for each confined call, under the engine's own cgroup (read from
+//! per controller for a confined call, under the engine's own cgroup (read from
 //! `/proc/self/cgroup`), sets its limits, hands the `tasks` files to the trampoline (which
 //! moves itself in before it execs, so every process of the call is counted from the start),
-//! reads after the call whether a limit was hit, kills whatever is left and removes the
-//! directories.
+//! and reads after the call whether a limit was hit. Then it keeps them for a later call when
+//! the call left nothing in them ([`CallCgroup::recycle`], through [`super::slots`]: one call
+//! at a time), else kills whatever is left and removes the directories.
 //!
 //! The engine itself never joins these cgroups, so a limit can only ever kill the call's own
 //! processes. On cgroup v2 or where the hierarchy is not writable, [`CgroupParents::find`] finds
@@ -62,6 +63,8 @@ impl CgroupParents {
             pids: make(&self.pids),
             memory: make(&self.memory),
             limits: *limits,
+            oom_kills_before: 0,
+            refusals_before: 0,
         };
         if let Some(dir) = &call.pids
             && std::fs::write(dir.join("pids.max"), limits.max_processes.to_string()).is_err()
@@ -105,6 +108,8 @@ impl CgroupParents {
             pids,
             memory,
             limits: SandboxLimits::default(),
+            oom_kills_before: 0,
+            refusals_before: 0,
         })
     }
 }
@@ -162,7 +167,17 @@ pub struct CallCgroup {
     pids: Option<PathBuf>,
     memory: Option<PathBuf>,
     limits: SandboxLimits,
+    /// The memory cgroup's OOM kills before this call (cgroups are kept for later calls:
+    /// [`CallCgroup::recycle`]).
+    oom_kills_before: u64,
+    /// The forks the pids cgroup refused before this call.
+    refusals_before: u64,
 }
+
+/// The most memory a call's memory cgroup may still hold to be kept for a later call (what a
+/// call leaves is mostly the page cache of files it read, which the next call could reclaim;
+/// above this it is removed instead).
+const RECYCLE_MAX_USAGE: u64 = 16 << 20;
 
 impl CallCgroup {
     /// The `cgroup.procs` files: a pid written there moves that whole process in.
@@ -201,7 +216,7 @@ impl CallCgroup {
     /// the memory cgroup, or a fork was refused at the pids limit.
     pub fn limit_hit(&self) -> Option<String> {
         if let Some(dir) = &self.memory
-            && counter(&dir.join("memory.oom_control"), "oom_kill") > 0
+            && counter(&dir.join("memory.oom_control"), "oom_kill") > self.oom_kills_before
         {
             // The call's own limit applied when its usage reached it; otherwise a limit above it
             // (the engine's cgroup, the machine) made the kernel kill in this call.
@@ -223,7 +238,7 @@ impl CallCgroup {
             });
         }
         if let Some(dir) = &self.pids
-            && counter(&dir.join("pids.events"), "max") > 0
+            && counter(&dir.join("pids.events"), "max") > self.refusals_before
         {
             return Some(format!(
                 "process limit reached (limit {} processes): new processes were refused",
@@ -231,6 +246,42 @@ impl CallCgroup {
             ));
         }
         None
+    }
+
+    /// Its directories are all still there.
+    pub fn dirs_exist(&self) -> bool {
+        [&self.pids, &self.memory]
+            .into_iter()
+            .flatten()
+            .all(|d| d.is_dir())
+    }
+
+    /// Readies these cgroups for another call once their call has ended: true when no process
+    /// is left in them and the memory cgroup holds at most [`RECYCLE_MAX_USAGE`]; then its peak
+    /// is reset and the counters [`CallCgroup::limit_hit`] reads become the next call's
+    /// baseline. False: remove them instead. Blocking.
+    pub fn recycle(&mut self) -> bool {
+        let empty = [&self.pids, &self.memory].into_iter().flatten().all(|d| {
+            std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|t| t.trim().is_empty())
+        });
+        if !empty {
+            return false;
+        }
+        if let Some(dir) = &self.memory {
+            let usage = std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if usage.is_none_or(|u| u > RECYCLE_MAX_USAGE)
+                || std::fs::write(dir.join("memory.max_usage_in_bytes"), "0").is_err()
+            {
+                return false;
+            }
+            self.oom_kills_before = counter(&dir.join("memory.oom_control"), "oom_kill");
+        }
+        if let Some(dir) = &self.pids {
+            self.refusals_before = counter(&dir.join("pids.events"), "max");
+        }
+        true
     }
 
     /// Kills every process still in the call's cgroups, then removes them (retrying while the

@@ -13,7 +13,6 @@
 //! through `/proc/1/fd` or `ptrace` (see [`super::exec`]).
 
 use std::ffi::OsString;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -23,9 +22,9 @@ use std::time::Duration;
 use tokio::process::Command;
 
 use super::Sandbox;
-use super::cgroup::CallCgroup;
 use super::exec::{FAILURE_PREFIX, REPORT_SIGNAL, REPORT_TMP_FULL, SUBCOMMAND, TRAMPOLINE_FAILED};
 use super::mode::{SandboxLimits, human_bytes};
+use super::slots::{Slot, Slots};
 use super::spawned::{Running, SpawnerSlot};
 
 const SIGXCPU: i32 = 24;
@@ -40,25 +39,20 @@ pub struct CallSandbox {
     /// Namespaces beside the launcher's: `--net` without network, and those of
     /// [`super::probe::CALL_NAMESPACES`] the kernel has.
     ns_flags: Vec<String>,
-    /// What is removed when the call ends: the engine's directory of the call (`tmp/` and
-    /// `status`), or for an unconfined call the `status` file alone.
-    _files: CallFiles,
+    /// The confined call's directory (`tmp/` and `status`) and cgroups, given back to `slots`
+    /// when the call ends.
+    slot: Option<Slot>,
+    slots: Option<Arc<Slots>>,
+    /// An unconfined call's `status` file, removed when the call ends.
+    _status_file: Option<tempfile::TempPath>,
     tmp: PathBuf,
     status: PathBuf,
-    cgroup: Option<CallCgroup>,
     limits: SandboxLimits,
     cpu_seconds: u64,
     /// False for an unconfined (`off`) call: the trampoline is only the init of its namespaces.
     confined: bool,
     /// The engine's spawner, which forks the trampoline ([`CallSandbox::spawn`]).
     spawner: Arc<SpawnerSlot>,
-}
-
-/// The files of a call, removed when dropped.
-#[derive(Debug)]
-enum CallFiles {
-    Dir { _dir: tempfile::TempDir },
-    File { _file: tempfile::TempPath },
 }
 
 /// What the call's init reported once the command's shell had ended.
@@ -96,19 +90,9 @@ impl CallSandbox {
             .trampoline
             .clone()
             .ok_or_else(|| std::io::Error::other("no trampoline"))?;
-        let dir = tempfile::Builder::new()
-            .prefix("switchboard-call-")
-            .tempdir()?;
-        let tmp = dir.path().join("tmp");
-        std::fs::DirBuilder::new().mode(0o700).create(&tmp)?;
-        let status_file = dir.path().join("status");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&status_file)?;
         let limits = config.limits;
-        let cgroup = status.cgroups.create_call(&limits);
+        let slot = sandbox.slots.take(&status.cgroups, &limits)?;
+        let (tmp, status_file, cgroup) = (slot.tmp.clone(), slot.status.clone(), slot.cgroup());
         let cpu_seconds = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
         let mut args: Vec<OsString> = vec![
             SUBCOMMAND.into(),
@@ -159,10 +143,11 @@ impl CallSandbox {
             trampoline,
             args,
             ns_flags,
-            _files: CallFiles::Dir { _dir: dir },
+            slot: Some(slot),
+            slots: Some(Arc::clone(&sandbox.slots)),
+            _status_file: None,
             tmp,
             status: status_file,
-            cgroup: Some(cgroup),
             limits,
             cpu_seconds,
             confined: true,
@@ -198,8 +183,9 @@ impl CallSandbox {
             ns_flags: Vec::new(),
             tmp: PathBuf::new(),
             status: status_file.to_path_buf(),
-            _files: CallFiles::File { _file: status_file },
-            cgroup: None,
+            _status_file: Some(status_file),
+            slot: None,
+            slots: None,
             limits: SandboxLimits::default(),
             cpu_seconds: 0,
             confined: false,
@@ -287,7 +273,7 @@ impl CallSandbox {
             };
             return Some(format!("{who} could not start the command: {text}"));
         }
-        let cgroup = self.cgroup.as_ref()?;
+        let cgroup = self.slot.as_ref()?.cgroup();
         // A memory kill is reported even if the command carried on; a refused fork only when
         // the command failed.
         if let Some(hit) = cgroup.limit_hit()
@@ -320,11 +306,13 @@ impl CallSandbox {
 
     /// The limit the call ran into, if any (for a call that timed out or was cancelled).
     pub fn limit_hit(&self) -> Option<String> {
-        self.cgroup.as_ref()?.limit_hit()
+        self.slot.as_ref()?.cgroup().limit_hit()
     }
 
-    /// Ends the call: kills what is left in its cgroups and removes them (off the async runtime,
-    /// not waited for), and removes its directory (the `TMPDIR` and the init's report).
+    /// Ends the call: its directory and cgroups are kept for a later call when nothing of this
+    /// one is left in them, else what is left in the cgroups is killed and they and the
+    /// directory are removed — off the async runtime, not waited for. An unconfined call's
+    /// report file is removed.
     pub fn finish(self) {
         drop(self);
     }
@@ -332,14 +320,14 @@ impl CallSandbox {
 
 impl Drop for CallSandbox {
     fn drop(&mut self) {
-        if let Some(cgroup) = self.cgroup.take() {
-            // Dropped without finish (the call's future was dropped): clean up off the async
+        if let (Some(slot), Some(slots)) = (self.slot.take(), self.slots.take()) {
+            // Also when dropped without finish (the call's future was dropped): off the async
             // runtime when there is one, else here (bounded either way).
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    runtime.spawn_blocking(move || cgroup.remove());
+                    runtime.spawn_blocking(move || slots.give_back(slot));
                 }
-                Err(_) => cgroup.remove(),
+                Err(_) => slots.give_back(slot),
             }
         }
     }

@@ -36,6 +36,7 @@ mod launch;
 mod mode;
 mod mounts;
 mod probe;
+mod slots;
 mod spawned;
 mod spawner;
 
@@ -64,6 +65,8 @@ pub struct Sandbox {
     degraded: Vec<String>,
     /// The process that forks each call's trampoline, shared by every clone.
     spawner: std::sync::Arc<spawned::SpawnerSlot>,
+    /// Confined calls' directories and cgroups kept for later calls, shared by every clone.
+    slots: std::sync::Arc<slots::Slots>,
 }
 
 impl Sandbox {
@@ -92,6 +95,7 @@ impl Sandbox {
                 },
                 degraded: Vec::new(),
                 spawner: Default::default(),
+                slots: Default::default(),
             });
         }
         let status = SandboxStatus::probe(&config);
@@ -111,6 +115,7 @@ impl Sandbox {
             status,
             degraded,
             spawner: Default::default(),
+            slots: Default::default(),
         };
         tracing::info!(
             mode = %sandbox.config.mode,
@@ -135,6 +140,7 @@ impl Sandbox {
             status: SandboxStatus::default(),
             degraded: Vec::new(),
             spawner: Default::default(),
+            slots: Default::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! Per-call limits: a fork bomb inside a 3 s timeout ends in `execution_error` or `timeout` and
 //! the next call of the turn runs; a memory bomb is killed with the limit named (the call's, or
-//! one above it: the engine's cgroup); a `kill -9` is not called out of memory; a file past the
+//! one above it: the engine's cgroup), and a later call given the same cgroups is not said to
+//! have hit a limit; a `kill -9` is not called out of memory; a file past the
 //! size limit is an `execution_error` naming it. The bombs run only when the pids / memory
 //! cgroup of the call is in force (never on a machine where they could take the host down).
 
@@ -46,7 +47,11 @@ async fn a_fork_bomb_ends_and_the_next_call_of_the_turn_runs() {
     let session = engine.session();
     let results = session
         .dispatch(vec![
-            bash_call("bomb", "f(){ f|f; }; f", Duration::from_secs(3)),
+            bash_call(
+                "bomb",
+                "echo \"$TMPDIR\"; f(){ f|f; }; f",
+                Duration::from_secs(3),
+            ),
             bash_call("next", "echo still-here", Duration::from_secs(60)),
         ])
         .await
@@ -67,6 +72,38 @@ async fn a_fork_bomb_ends_and_the_next_call_of_the_turn_runs() {
         results[0].content
     );
     assert_eq!(ok_text(&results[1]), "still-here");
+    // A later call given the bomb's cgroups is not said to have hit the limit.
+    let tmpdir = tmpdir_of(&results[0].content);
+    let r = in_the_same_slot(&session, &tmpdir, "echo \"$TMPDIR\"; exit 3").await;
+    assert_eq!(r.content, format!("{tmpdir}\n[exit code: 3]"));
+}
+
+/// The `TMPDIR` a call printed first (after the error's own line, when it failed).
+fn tmpdir_of(content: &str) -> String {
+    content
+        .lines()
+        .find(|l| l.starts_with('/') && l.ends_with("/tmp"))
+        .unwrap_or_else(|| panic!("no TMPDIR in {content}"))
+        .to_string()
+}
+
+/// Runs `command` (which prints its `TMPDIR` first) until a call runs with the directory and
+/// cgroups of the call whose `TMPDIR` was `tmpdir` — kept for a later call once that call
+/// ended (given back off the runtime, so not always to the very next call) — and returns that
+/// call's result. Bounded: 40 calls.
+async fn in_the_same_slot(
+    session: &switchboard::Session,
+    tmpdir: &str,
+    command: &str,
+) -> switchboard::ToolDispatchResult {
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let r = bash(session, command).await;
+        if r.content.lines().any(|l| l == tmpdir) {
+            return r;
+        }
+    }
+    panic!("no later call was given the directory and cgroups of the call of {tmpdir}");
 }
 
 #[tokio::test]
@@ -85,7 +122,7 @@ async fn a_memory_bomb_is_killed_with_the_limit_named() {
     // 600 MiB held in one shell variable, against a 256 MiB limit.
     let r = bash(
         &session,
-        "x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}",
+        "echo \"$TMPDIR\"; x=$(head -c 629145600 /dev/zero | tr '\\0' a); echo ${#x}",
     )
     .await;
     let text = error_text(&r, ErrorCode::ExecutionError);
@@ -95,6 +132,10 @@ async fn a_memory_bomb_is_killed_with_the_limit_named() {
     );
     // The engine (this process) is alive and the next call runs.
     assert_eq!(ok_text(&bash(&session, "echo ok").await), "ok");
+    // A later call given the killed call's memory cgroup is not said killed.
+    let tmpdir = tmpdir_of(text);
+    let r = in_the_same_slot(&session, &tmpdir, "echo \"$TMPDIR\"").await;
+    assert_eq!(ok_text(&r), tmpdir);
 }
 
 /// A command killed by SIGKILL that the OOM killer did not kill is just that: no guessed
