@@ -99,6 +99,7 @@ impl Sandbox {
             });
         }
         let status = SandboxStatus::probe(&config);
+        slots::remove_stale();
         let missing = status.missing(&config);
         let mut degraded = missing.degraded;
         if !missing.required.is_empty() {

@@ -12,7 +12,8 @@
 //! call with a mount namespace wrote into a tmpfs mounted over it, which ended with the
 //! namespace), and its report is emptied. The limit counters a verdict reads are taken as the
 //! next call's baseline then ([`super::cgroup::CallCgroup`]). Anything else is removed, as every
-//! slot is when the engine's sandbox is dropped.
+//! slot is when the engine's sandbox is dropped; what an engine killed with `kill -9` left is
+//! removed by the next engine ([`remove_stale`]).
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -25,6 +26,46 @@ use super::mode::SandboxLimits;
 
 /// The most slots kept for later calls: as many as calls ran at once, up to this.
 const MAX_FREE: usize = 32;
+
+/// The start of a slot directory's name, before the engine's pid.
+const DIR_PREFIX: &str = "switchboard-call-";
+
+/// Removes, once per process and in a thread of its own, the slot directories that engines
+/// killed with `kill -9` left in the temporary directory (their calls died with them, the
+/// directories did not), as [`CgroupParents::find`] does for their cgroups. Directories of
+/// live engines stay.
+pub(super) fn remove_stale() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = std::thread::Builder::new()
+            .name("switchboard-stale".into())
+            .spawn(|| remove_stale_in(&std::env::temp_dir()));
+    });
+}
+
+fn remove_stale_in(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((pid, _)) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists()
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
 
 /// The engine's slots not in use.
 #[derive(Debug, Default)]
@@ -81,8 +122,10 @@ impl Slots {
 
 impl Slot {
     fn new(parents: &CgroupParents, limits: &SandboxLimits) -> std::io::Result<Slot> {
+        // Named after this process, so that an engine killed with `kill -9` leaves nothing
+        // that the next engine does not remove ([`remove_stale`]).
         let dir = tempfile::Builder::new()
-            .prefix("switchboard-call-")
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()?;
         let tmp = dir.path().join("tmp");
         std::fs::DirBuilder::new().mode(0o700).create(&tmp)?;
@@ -148,5 +191,30 @@ impl Drop for Slot {
         if let Some(cgroup) = self.cgroup.take() {
             cgroup.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_slot_directories_of_engines_that_are_gone_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Pid 0 is never a process; this test's is alive.
+        let gone = tmp.path().join(format!("{DIR_PREFIX}0-abc123"));
+        let live = tmp
+            .path()
+            .join(format!("{DIR_PREFIX}{}-abc123", std::process::id()));
+        // An unconfined call's report file, and a name of another shape.
+        let file = tmp.path().join(format!("{DIR_PREFIX}0-report"));
+        let other = tmp.path().join(format!("{DIR_PREFIX}abc123"));
+        for dir in [&gone, &live, &other] {
+            std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        }
+        std::fs::write(&file, "").unwrap();
+        remove_stale_in(tmp.path());
+        assert!(!gone.exists());
+        assert!(live.exists() && file.exists() && other.exists());
     }
 }
