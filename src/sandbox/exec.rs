@@ -183,6 +183,43 @@ struct Plan {
 }
 
 impl Plan {
+    /// Where `program` is, found as `execvp` would find it — in the directories of the
+    /// command's `PATH` (this process's without an environment of the command's own) — once this
+    /// process is confined (what the command can run is what it can see). Found ahead so that
+    /// the command starts by `posix_spawn`, without copying this process's page tables (the
+    /// standard library forks instead for a bare name when the command's environment sets its
+    /// own `PATH`): about a fifth of a millisecond per call here. A name with a `/`, or one found
+    /// nowhere, is left as it is (then the start fails as it would have).
+    fn path_of(&self, program: &OsStr) -> PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        if program.as_bytes().contains(&b'/') || program.is_empty() {
+            return program.into();
+        }
+        let path = match &self.env {
+            Some(env) => env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.clone()),
+            None => std::env::var_os("PATH"),
+        };
+        // `execvp`'s own default when there is no `PATH`.
+        let path = path.unwrap_or_else(|| "/bin:/usr/bin".into());
+        for dir in std::env::split_paths(&path) {
+            // An empty entry is the working directory, as for `execvp`.
+            let candidate = if dir.as_os_str().is_empty() {
+                PathBuf::from(".").join(program)
+            } else {
+                dir.join(program)
+            };
+            let executable = rustix::fs::access(&candidate, rustix::fs::Access::EXEC_OK).is_ok()
+                && std::fs::metadata(&candidate).is_ok_and(|m| m.is_file());
+            if executable {
+                return candidate;
+            }
+        }
+        program.into()
+    }
+
     /// A command that runs `program` with the call's environment.
     fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut command = Command::new(program);
@@ -339,8 +376,8 @@ fn run(mut plan: Plan) -> Result<u8, String> {
 /// exec'd (without namespaces).
 fn run_inner(plan: Plan) -> Result<u8, String> {
     let status = inner(&plan)?;
-    let mut command = plan.command(&plan.program[0]);
-    command.args(&plan.program[1..]);
+    let mut command = plan.command(plan.path_of(&plan.program[0]));
+    command.arg0(&plan.program[0]).args(&plan.program[1..]);
     if plan.inner && getpid().is_init() {
         return init(command, status, plan.tmp.as_deref());
     }
@@ -653,6 +690,31 @@ fn drop_capabilities(best_effort: bool) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_is_found_in_the_commands_path_as_execvp_would() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(b.join("sub")).unwrap();
+        // Not executable in `a`, executable in `b`; a directory of that name is no program.
+        std::fs::write(a.join("tool"), "").unwrap();
+        std::fs::write(b.join("tool"), "").unwrap();
+        std::fs::set_permissions(b.join("tool"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths([&a, &b]).unwrap();
+        let plan = Plan {
+            env: Some(vec![("PATH".into(), path)]),
+            ..Plan::default()
+        };
+        assert_eq!(plan.path_of(OsStr::new("tool")), b.join("tool"));
+        assert_eq!(plan.path_of(OsStr::new("sub")), PathBuf::from("sub"));
+        assert_eq!(
+            plan.path_of(OsStr::new("missing")),
+            PathBuf::from("missing")
+        );
+        assert_eq!(plan.path_of(OsStr::new("./tool")), PathBuf::from("./tool"));
+    }
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
