@@ -5,7 +5,7 @@
 //! Landlock (before ABI 9) does not mediate `connect` on a path-based unix socket, so a command
 //! that knows a socket's path — a Docker socket in `/run`, an `SSH_AUTH_SOCK` in `/tmp`, a user's
 //! agent under `/home` — could reach it. In the call's own mount namespace (made by `unshare
-//! --mount-proc`, private), the trampoline covers [`HIDDEN`] with empty tmpfs mounts, after
+//! --mount-proc`, private), the trampoline covers [`HIDDEN`] with one empty tmpfs, after
 //! taking a detached copy of the workspace (and of the read paths) when they lie below one of
 //! them, and puts those copies back at their usual paths. The `TMPDIR` gets a fresh tmpfs of its
 //! own, of the call's `max_tmp_size`: all its files together cannot outgrow it (a write past it
@@ -181,15 +181,23 @@ pub fn hide_host_dirs(keep: &[&Path], scratch: &Scratch<'_>) -> Result<(), Strin
             kept.push((path, tree));
         }
     }
-    for dir in &hidden {
-        mount(
-            "tmpfs",
-            *dir,
-            "tmpfs",
-            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-            c"mode=755,size=64k",
-        )
-        .map_err(|e| format!("cannot cover {}: {e}", dir.display()))?;
+    // One empty tmpfs covers them all: mounted on the first, bound on the others (a bind costs
+    // about half of a tmpfs of its own, made and torn down with each call). What the engine
+    // creates in it below — mount points of kept paths and of the `TMPDIR` — shows as empty
+    // directories under each covered path, which Landlock lets the command neither list nor
+    // open.
+    for (i, dir) in hidden.iter().enumerate() {
+        let covered = match i {
+            0 => mount(
+                "tmpfs",
+                *dir,
+                "tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                c"mode=755,size=64k",
+            ),
+            _ => rustix::mount::mount_bind(hidden[0], *dir),
+        };
+        covered.map_err(|e| format!("cannot cover {}: {e}", dir.display()))?;
     }
     for (path, tree) in kept {
         std::fs::create_dir_all(&path)
