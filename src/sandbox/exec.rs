@@ -111,6 +111,7 @@ pub(super) fn run_args(args: Vec<OsString>, forked: Option<super::spawner::Forke
             plan.netns = forked.netns;
             plan.pid_ns_made = forked.pid_ns;
             plan.spawner_pidfd = forked.spawner_pidfd;
+            plan.bounding_set_empty = forked.bounding_set_empty;
         }
         plan
     });
@@ -145,6 +146,8 @@ struct Plan {
     pid_ns_made: bool,
     /// A pidfd of the spawner that forked this process (see [`super::spawner::Forked`]).
     spawner_pidfd: Option<std::os::fd::OwnedFd>,
+    /// The spawner that forked this process had emptied its bounding set (so this one has).
+    bounding_set_empty: bool,
     /// Only the outer stage, then exec the program (a helper under process-tree control, see
     /// [`super::contain`]).
     contain: bool,
@@ -655,24 +658,40 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
         Err(_) if plan.best_effort => {}
         Err(e) => return Err(e),
     }
-    drop_capabilities(plan.best_effort)?;
+    drop_capabilities(plan.best_effort, plan.bounding_set_empty)?;
     Ok(status)
 }
 
-/// Empties the bounding set (so an exec as root regains nothing) and then every capability set.
+/// Empties the bounding set of this thread — what an exec can ever give it, and every process
+/// it forks from then on — so that not even a root command regains a capability; when it may
+/// (`CAP_SETPCAP`: else there is nothing to drop). Its capability sets stay as they are.
+pub(super) fn empty_bounding_set() -> Result<(), String> {
+    use rustix::thread::CapabilitySet;
+    let held = rustix::thread::capabilities(None).map_err(|e| format!("capget: {e}"))?;
+    if !held.effective.contains(CapabilitySet::SETPCAP) {
+        return Ok(());
+    }
+    for cap in CapabilitySet::all().iter() {
+        match rustix::thread::remove_capability_from_bounding_set(cap) {
+            // EINVAL: a capability this kernel does not know.
+            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(format!("cannot drop capabilities: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// Empties the bounding set (so an exec as root regains nothing; unless `bounding_set_empty`:
+/// the spawner that forked this process emptied its own) and then every capability set.
 /// Without `CAP_SETPCAP` (not root) the bounding set cannot shrink, but then there is nothing to
 /// drop either; `best_effort` ignores failures.
-fn drop_capabilities(best_effort: bool) -> Result<(), String> {
+fn drop_capabilities(best_effort: bool, bounding_set_empty: bool) -> Result<(), String> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
-    let held = rustix::thread::capabilities(None).map_err(|e| format!("capget: {e}"))?;
-    if held.effective.contains(CapabilitySet::SETPCAP) {
-        for cap in CapabilitySet::all().iter() {
-            match rustix::thread::remove_capability_from_bounding_set(cap) {
-                // EINVAL: a capability this kernel does not know.
-                Ok(()) | Err(rustix::io::Errno::INVAL) => {}
-                Err(e) if !best_effort => return Err(format!("cannot drop capabilities: {e}")),
-                Err(_) => {}
-            }
+    if !bounding_set_empty {
+        match empty_bounding_set() {
+            Ok(()) => {}
+            Err(e) if !best_effort => return Err(e),
+            Err(_) => {}
         }
     }
     let none = CapabilitySets {

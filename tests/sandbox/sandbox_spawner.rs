@@ -216,6 +216,31 @@ async fn calls_running_at_once_never_share_a_network_namespace_made_ahead() {
     assert!(overlapping > 0, "no two calls ran at once");
 }
 
+/// Every call the spawner forks has no capability, and none it could regain: its effective,
+/// permitted and bounding sets are empty (the spawner empties its bounding set once, before
+/// its first confined call, and its calls inherit it).
+#[tokio::test]
+async fn calls_forked_by_the_spawner_hold_no_capability_and_can_gain_none() {
+    let (_dir, ws) = temp_workspace();
+    let Some(engine) = engine(Some(&ws), config(SandboxMode::WorkspaceWrite)) else {
+        return;
+    };
+    let session = engine.session();
+    for _ in 0..2 {
+        let r = bash(
+            &session,
+            "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status",
+        )
+        .await;
+        let text = ok_text(&r).to_string();
+        assert_eq!(text.lines().count(), 4, "{text}");
+        for line in text.lines() {
+            assert!(line.ends_with("\t0000000000000000"), "{text}");
+        }
+    }
+    assert!(engine.sandbox().spawner_pid().await.is_some());
+}
+
 /// A network namespace is given to a later call once every process of the call before has
 /// ended: a socket that call left bound (by a process still running when its shell exited) is
 /// gone, and its name free, for the next call in the same namespace.
