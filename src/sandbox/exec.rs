@@ -662,25 +662,6 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
     Ok(status)
 }
 
-/// Empties the bounding set of this thread — what an exec can ever give it, and every process
-/// it forks from then on — so that not even a root command regains a capability; when it may
-/// (`CAP_SETPCAP`: else there is nothing to drop). Its capability sets stay as they are.
-pub(super) fn empty_bounding_set() -> Result<(), String> {
-    use rustix::thread::CapabilitySet;
-    let held = rustix::thread::capabilities(None).map_err(|e| format!("capget: {e}"))?;
-    if !held.effective.contains(CapabilitySet::SETPCAP) {
-        return Ok(());
-    }
-    for cap in CapabilitySet::all().iter() {
-        match rustix::thread::remove_capability_from_bounding_set(cap) {
-            // EINVAL: a capability this kernel does not know.
-            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
-            Err(e) => return Err(format!("cannot drop capabilities: {e}")),
-        }
-    }
-    Ok(())
-}
-
 /// Empties the bounding set (so an exec as root regains nothing; unless `bounding_set_empty`:
 /// the spawner that forked this process emptied its own) and then every capability set.
 /// Without `CAP_SETPCAP` (not root) the bounding set cannot shrink, but then there is nothing to
@@ -688,7 +669,7 @@ pub(super) fn empty_bounding_set() -> Result<(), String> {
 fn drop_capabilities(best_effort: bool, bounding_set_empty: bool) -> Result<(), String> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
     if !bounding_set_empty {
-        match empty_bounding_set() {
+        match super::caps::empty_bounding_set() {
             Ok(()) => {}
             Err(e) if !best_effort => return Err(e),
             Err(_) => {}

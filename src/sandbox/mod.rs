@@ -27,6 +27,7 @@
 //! its [`crate::SessionScope`] (`ctx.session.sandbox()`); a context made by hand, outside an
 //! engine, carries none and its commands run unconfined.
 
+mod caps;
 mod cgroup;
 mod contain;
 mod exec;

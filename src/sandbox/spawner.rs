@@ -245,7 +245,7 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
         if confined && bounding_set == BoundingSet::Full {
             // Once for all calls rather than in each (about 40 system calls, 50 µs): the
             // spawner keeps its own capabilities, its calls inherit the empty set.
-            bounding_set = match super::exec::empty_bounding_set() {
+            bounding_set = match super::caps::empty_bounding_set() {
                 Ok(()) => BoundingSet::Empty,
                 Err(_) => BoundingSet::Touched,
             };
