@@ -151,9 +151,9 @@ impl Slot {
             .expect("present until the slot is removed")
     }
 
-    /// Its directory and cgroups are still there.
+    /// Its directory, report and cgroups are still there.
     fn intact(&self) -> bool {
-        self.tmp.is_dir() && self.cgroup().dirs_exist()
+        self.tmp.is_dir() && self.status.is_file() && self.cgroup().dirs_exist()
     }
 
     /// Readies the slot for another call; false when something of the last one is left in it
