@@ -639,7 +639,7 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
             path: tmp,
             size: plan.tmp_size,
         };
-        let hidden = super::mounts::hide_host_dirs(&keep, &scratch)
+        let hidden = super::mounts::hide_host_dirs(&keep, &scratch, plan.mount_proc)
             .and_then(|()| super::mounts::hide_secrets(&plan.hide));
         match hidden {
             Ok(()) => {}

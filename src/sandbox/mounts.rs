@@ -151,13 +151,16 @@ pub fn mount_proc() -> Result<(), String> {
 /// Covers [`HIDDEN`], keeping `keep` (the workspace, the read paths) visible where it was, and
 /// mounts `scratch`. Call it only in a private mount namespace, before Landlock (which forbids
 /// mounting).
-pub fn hide_host_dirs(keep: &[&Path], scratch: &Scratch<'_>) -> Result<(), String> {
+/// `private`: [`mount_proc`] made every mount private already.
+pub fn hide_host_dirs(keep: &[&Path], scratch: &Scratch<'_>, private: bool) -> Result<(), String> {
     // Nothing done here may reach the parent namespace.
-    mount_change(
-        "/",
-        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
-    )
-    .map_err(|e| format!("cannot make the mounts private: {e}"))?;
+    if !private {
+        mount_change(
+            "/",
+            MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+        )
+        .map_err(|e| format!("cannot make the mounts private: {e}"))?;
+    }
     let hidden: Vec<&Path> = HIDDEN
         .iter()
         .map(Path::new)

@@ -21,7 +21,8 @@
 //!
 //! It keeps none of the engine's environment (the engine starts it with an empty one), holds no
 //! descriptor but the socket, `/dev/null`, its children's pidfds, its own namespaces, the
-//! network namespaces it gives calls ([`Spare`]), and a pidfd of itself — all close-on-exec, and dropped in
+//! network namespaces it gives calls ([`Spare`]), `O_PATH` descriptors of the system paths
+//! every call's Landlock rules name ([`super::landlock_rules::preopen`]), and a pidfd of itself — all close-on-exec, and dropped in
 //! every child it forks but for what that child is given — and dies with the engine:
 //! parent-death signal `SIGKILL`, and an end of file on the socket (the engine dropped its end)
 //! ends it too. Either way every
@@ -186,6 +187,7 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
     reply(&mut socket, 0, READY, me.as_raw_nonzero().get())?;
     let mut running: Vec<Running> = Vec::new();
     let mut spare = Spare::new();
+    super::landlock_rules::preopen();
     let pid_ns = PidNamespaces::new(me);
     let mut bounding_set = BoundingSet::Full;
     let (request, stdio, netns, made_pid_ns) = loop {
