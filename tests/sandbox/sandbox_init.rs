@@ -16,9 +16,9 @@ use switchboard::sandbox::SandboxMode;
 use switchboard::tools::bash::CALL_ID_VAR;
 
 /// What a call sees of its namespace: `$$ $PPID`, the init's name, its command line (NUL
-/// separated, shown with spaces) and how many processes `/proc` lists.
+/// separated, shown with spaces), how many processes `/proc` lists, and the shell's `$0`.
 const LOOK: &str = "echo $$ $PPID; cat /proc/1/comm; tr '\\0' ' ' < /proc/1/cmdline; echo; \
-                    ls /proc | grep -c '^[0-9]'";
+                    ls /proc | grep -c '^[0-9]'; echo \"$0\"";
 
 fn as_root() -> bool {
     available(
@@ -63,6 +63,8 @@ async fn in_every_mode_the_command_runs_under_the_forked_trampoline_as_pid_1() {
         );
         let visible: usize = lines[3].parse().unwrap();
         assert!(visible < 10, "{mode}: /proc shows only the call: {out}");
+        // Found in the command's PATH by the init, started under the name it was given.
+        assert_eq!(lines[4], "bash", "{mode}: {out}");
     }
 }
 
@@ -164,8 +166,9 @@ fn for_an_unprivileged_engine_the_trampoline_makes_the_user_namespace_itself() {
         );
         let visible: usize = lines[3].parse().unwrap();
         assert!(visible < 10, "{mode}: {look}");
+        assert_eq!(lines[4], "bash", "{mode}: {look}");
         // Root inside its namespace, the user outside: what it writes belongs to `nobody`.
-        assert_eq!(&lines[4..], ["0", "0"], "{mode}: {look}");
+        assert_eq!(&lines[5..], ["0", "0"], "{mode}: {look}");
         let owner = std::fs::metadata(ws.root().join("mine")).unwrap();
         assert_eq!(std::os::unix::fs::MetadataExt::uid(&owner), 65534);
         std::fs::remove_file(ws.root().join("mine")).unwrap();
