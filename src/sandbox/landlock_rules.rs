@@ -10,6 +10,9 @@
 //! also *scoped*: no signals to processes outside it, no connecting to abstract unix sockets
 //! created outside it. Without a network namespace, Landlock's TCP rules (ABI ≥ 4) refuse every
 //! TCP `bind` and `connect`.
+//!
+//! The engine's spawner opens the fixed paths once ([`preopen`]); the calls it forks add their
+//! rules from those descriptors and open only their own paths.
 
 use std::os::fd::AsFd;
 use std::path::Path;

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use super::cgroup::{CallCgroup, CgroupParents};
 use super::mode::SandboxLimits;
@@ -110,7 +110,7 @@ impl Slots {
     /// Takes back the slot of a call that has ended: kept for a later call when nothing of that
     /// call is left in it, else removed. Blocking (file system and cgroup writes): run it off
     /// the async runtime.
-    pub fn give_back(self: &Arc<Self>, mut slot: Slot) {
+    pub fn give_back(&self, mut slot: Slot) {
         if slot.recycle() {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
             if free.len() < MAX_FREE {

@@ -22,11 +22,11 @@
 //! It keeps none of the engine's environment (the engine starts it with an empty one), holds no
 //! descriptor but the socket, `/dev/null`, its children's pidfds, its own namespaces, the
 //! network namespaces it gives calls ([`Spare`]), `O_PATH` descriptors of the system paths
-//! every call's Landlock rules name ([`super::landlock_rules::preopen`]), and a pidfd of itself — all close-on-exec, and dropped in
-//! every child it forks but for what that child is given — and dies with the engine:
-//! parent-death signal `SIGKILL`, and an end of file on the socket (the engine dropped its end)
-//! ends it too. Either way every
-//! call it started dies with it (their parent-death signal), and with them their namespaces.
+//! every call's Landlock rules name ([`super::landlock_rules::preopen`]), and a pidfd of itself
+//! — all close-on-exec, and dropped in every child it forks but for what that child is given —
+//! and dies with the engine: parent-death signal `SIGKILL`, and an end of file on the socket
+//! (the engine dropped its end) ends it too. Either way every call it started dies with it
+//! (their parent-death signal), and with them their namespaces.
 
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
@@ -371,12 +371,14 @@ enum BoundingSet {
     Touched,
 }
 
-/// True when a call's options confine it (a `--mode` other than `off`).
+/// True when a call's options confine it: its `--mode` is one that confines (the trampoline
+/// reads it the same way).
 fn confines(args: &[OsString]) -> bool {
-    let options: Vec<&OsString> = options(args).collect();
-    options
-        .windows(2)
-        .any(|w| *w[0] == "--mode" && *w[1] != "off")
+    option_values(args, "--mode").any(|mode| {
+        mode.to_string_lossy()
+            .parse::<super::SandboxMode>()
+            .is_ok_and(super::SandboxMode::confines)
+    })
 }
 
 /// The network namespaces ready for the calls that ask for one: made while the spawner had
@@ -508,12 +510,23 @@ fn options(args: &[OsString]) -> impl Iterator<Item = &OsString> {
     args.iter().take_while(|a| *a != "--")
 }
 
+/// The values a call's options give `option` (`--mode <value>`, `--ns-flag <value>`…).
+fn option_values<'a>(
+    args: &'a [OsString],
+    option: &'a str,
+) -> impl Iterator<Item = &'a OsString> + 'a {
+    let options: Vec<&OsString> = options(args).collect();
+    let values: Vec<&OsString> = options
+        .windows(2)
+        .filter(|w| *w[0] == option)
+        .map(|w| w[1])
+        .collect();
+    values.into_iter()
+}
+
 /// True when a call's options ask for the namespace `--ns-flag <flag>` names.
 fn asks_for(args: &[OsString], flag: &str) -> bool {
-    let options: Vec<&OsString> = options(args).collect();
-    options
-        .windows(2)
-        .any(|w| *w[0] == "--ns-flag" && *w[1] == flag)
+    option_values(args, "--ns-flag").any(|v| v == flag)
 }
 
 fn open_netns() -> rustix::io::Result<OwnedFd> {

@@ -165,7 +165,7 @@ async fn a_spawner_killed_during_a_call_fails_that_call_and_leaves_nothing_and_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_running_at_once_never_share_a_network_namespace_made_ahead() {
+async fn calls_running_at_once_never_share_a_network_namespace() {
     let Some(engine) = engine(None, config(SandboxMode::WorkspaceWrite)) else {
         return;
     };
@@ -179,9 +179,10 @@ async fn calls_running_at_once_never_share_a_network_namespace_made_ahead() {
         })
         .collect();
     let host = std::fs::read_link("/proc/self/ns/net").unwrap();
-    // The spawner makes the next call's network namespace while it waits (as root): whichever
-    // call gets it, no two calls running at once may have the same one, nor the host's. (A
-    // namespace's number may be reused once it is gone, so only calls that overlapped count.)
+    // The spawner makes network namespaces while it waits and gives those of ended calls again
+    // (as root): whichever call gets which, no two calls running at once may have the same
+    // one, nor the host's. (Namespaces are given again, and a namespace's number may be reused
+    // once it is gone, so only calls that overlapped count.)
     let look = "date +%s%N; readlink /proc/self/ns/net; sleep 0.3; date +%s%N";
     let mut overlapping = 0;
     for _ in 0..3 {
