@@ -22,10 +22,23 @@ pub struct JournalArgs {
     /// answered outcome_unknown instead of running twice.
     #[arg(long, value_name = "DIR")]
     pub journal: Option<PathBuf>,
-    /// How long the journal keeps answered calls (default 24h).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+    /// How long the journal keeps answers in full (default 24h, at least 1m): an older answer
+    /// leaves a tombstone, so a late retry of its call is refused, never run.
+    #[arg(long, value_name = "DURATION", value_parser = journal_retention,
           requires = "journal")]
     pub journal_retention: Option<std::time::Duration>,
+}
+
+/// A `--journal-retention` value: a duration of at least [`crate::journal::MIN_RETENTION`].
+fn journal_retention(text: &str) -> Result<std::time::Duration, String> {
+    let retention = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if retention < crate::journal::MIN_RETENTION {
+        return Err(format!(
+            "at least {} (a client's retry can come minutes after the first copy)",
+            humantime::format_duration(crate::journal::MIN_RETENTION)
+        ));
+    }
+    Ok(retention)
 }
 
 impl JournalArgs {

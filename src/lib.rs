@@ -162,6 +162,10 @@ mod doc_examples {
     struct Testing;
     #[doc = include_str!("../docs/history.md")]
     struct History;
+    #[doc = include_str!("../docs/retries.md")]
+    struct Retries;
+    #[doc = include_str!("../docs/idempotency.md")]
+    struct Idempotency;
 }
 
 pub use engine::{

@@ -94,6 +94,9 @@ pub const JOURNAL_FLUSHES_TOTAL: &str = "switchboard_journal_flushes_total";
 pub const JOURNAL_RECORDS_PER_FLUSH: &str = "switchboard_journal_records_per_flush";
 /// How long one journal flush took (write and fsync).
 pub const JOURNAL_FLUSH_SECONDS: &str = "switchboard_journal_flush_seconds";
+/// 1 while the call journal can record calls, 0 while it is failing (a full disk, its file
+/// removed).
+pub const JOURNAL_HEALTHY: &str = "switchboard_journal_healthy";
 /// Calls answered from a session's stored answers (a re-sent `tool_use_id`), without running.
 pub const DEDUP_HITS_TOTAL: &str = "switchboard_dedup_hits_total";
 /// Calls answered `outcome_unknown`: retried after a crash that interrupted their run.
@@ -339,6 +342,13 @@ pub const METRICS: &[MetricDef] = &[
         help: "Records (intents, results, session records) made durable by one journal flush.",
     },
     MetricDef {
+        name: JOURNAL_HEALTHY,
+        kind: Kind::Gauge,
+        unit: Unit::Count,
+        labels: &[],
+        help: "1 while the call journal can record calls; 0 while it is failing (a full disk, its file removed or replaced): side-effect calls are refused until it recovers.",
+    },
+    MetricDef {
         name: JOURNAL_FLUSH_SECONDS,
         kind: Kind::Histogram,
         unit: Unit::Seconds,
@@ -499,6 +509,7 @@ pub struct EngineMetrics {
 /// Handles of the journal's metrics.
 #[derive(Debug, Clone)]
 pub struct JournalMetrics {
+    healthy: Gauge,
     flushes: Counter,
     records: Histogram,
     seconds: Histogram,
@@ -507,11 +518,19 @@ pub struct JournalMetrics {
 impl JournalMetrics {
     /// Handles from the recorder installed now.
     pub fn new() -> Self {
+        let healthy = gauge!(JOURNAL_HEALTHY);
+        healthy.set(1.0);
         JournalMetrics {
+            healthy,
             flushes: zeroed(counter!(JOURNAL_FLUSHES_TOTAL)),
             records: histogram!(JOURNAL_RECORDS_PER_FLUSH),
             seconds: histogram!(JOURNAL_FLUSH_SECONDS),
         }
+    }
+
+    /// Whether the journal can record calls now.
+    pub fn healthy(&self, healthy: bool) {
+        self.healthy.set(if healthy { 1.0 } else { 0.0 });
     }
 
     /// One flush of `records` records took `elapsed`.

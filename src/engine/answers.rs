@@ -7,17 +7,22 @@
 //! * answered before with the same tool and arguments → the stored answer;
 //! * still running (an earlier copy of the turn) → waits for that run's answer;
 //! * used before with another tool or other arguments → `invalid_arguments`, nothing runs;
-//! * answered so long ago that the answer was dropped (retention) → `invalid_arguments` saying
-//!   so, nothing runs;
+//! * answered so long ago that the answer was dropped (the session's retention, or the
+//!   journal's: a tombstone) → `invalid_arguments` saying so, nothing runs;
 //! * with a journal, unknown here but found in it → its stored answer, or, when only the intent
-//!   is there (the engine stopped while the call ran), a run again for a read-only or idempotent
-//!   tool and `outcome_unknown` for a side-effect tool;
+//!   is there, the rule for a call that *may have run* ([`may_run_again`]);
+//! * a journal that cannot be read → `execution_error`, nothing runs (never taken for "new");
 //! * otherwise a new call: it runs, and its answer is remembered (and journaled).
 //!
+//! **May have run.** A call whose first run may or may not have taken effect — its turn was
+//! dropped by its caller, the engine stopped while it ran, or its answer could not be recorded —
+//! runs again when a copy comes if its tool is read-only or idempotent, and is answered
+//! `outcome_unknown` otherwise. One rule, here, for all three.
+//!
 //! A turn the engine refuses whole (a duplicate or empty `tool_use_id`) is not remembered.
-//! Retention is per session, bounded by answers and bytes ([`Retention`]); the ids of dropped
-//! answers are kept (as 64-bit hashes, up to [`FORGOTTEN_IDS`]) so a late retry is refused rather
-//! than run again.
+//! Retention is per session, bounded by answers and bytes ([`Retention`]); without a journal the
+//! ids of dropped answers are kept (as 64-bit hashes, up to [`FORGOTTEN_IDS`]) so a late retry is
+//! refused rather than run again; with one, the journal answers for them.
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -29,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sha2::{Digest as _, Sha256};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::journal::{CallRecord, Journal, StoredAnswer, Write};
+use crate::journal::{CallRecord, Journal, RecordState, StoredAnswer, Write};
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::Snapshot;
 use crate::tool::Effect;
@@ -260,9 +265,14 @@ fn refusal(call: &ToolCall, detail: String) -> ToolDispatchResult {
 
 /// The `outcome_unknown` answer of a call whose run was interrupted.
 pub(crate) fn outcome_unknown(call: &ToolCall, why: &str) -> ToolDispatchResult {
+    outcome_unknown_of(&call.id, &call.name, why)
+}
+
+/// [`outcome_unknown`] of call `id` of tool `name`.
+pub(crate) fn outcome_unknown_of(id: &Arc<str>, name: &Arc<str>, why: &str) -> ToolDispatchResult {
     ToolDispatchResult::error(
-        Arc::clone(&call.id),
-        Arc::clone(&call.name),
+        Arc::clone(id),
+        Arc::clone(name),
         ErrorCode::OutcomeUnknown,
         &format!(
             "{why} while this call was running; it may or may not have taken effect — check \
@@ -312,31 +322,34 @@ impl Answers {
         !calls.iter().all(|c| seen.insert(&*c.id))
     }
 
-    /// Decides what each call of a turn gets; calls that run are registered as running.
-    pub(crate) fn plan(&self, calls: &[ToolCall], view: &Snapshot) -> Vec<Plan> {
+    /// Decides what each call of a turn gets; calls that run are registered as running. With a
+    /// journal, ids this session does not know are looked up there first — without holding the
+    /// session's lock, and on the blocking pool when the file may hold them; a lookup that fails
+    /// runs none of them.
+    pub(crate) async fn plan(&self, calls: &[ToolCall], view: &Snapshot) -> Vec<Plan> {
         let durable = self.journal.is_some();
         let digests: Vec<Digest> = calls.iter().map(|c| Digest::of(c, durable)).collect();
-        let mut state = self.lock();
-        // The journal is read only for ids this session does not know (after a restart, or
-        // beyond the memory retention), in one read.
-        let misses: Vec<usize> = (0..calls.len())
-            .filter(|&i| !state.map.contains_key(&calls[i].id))
-            .collect();
-        let mut records: Vec<Option<CallRecord>> = Vec::new();
-        if let (Some(journal), false) = (&self.journal, misses.is_empty()) {
-            let ids: Vec<&str> = misses.iter().map(|&i| &*calls[i].id).collect();
-            match journal.lookup(&self.session, &ids) {
-                Ok(found) => records = found,
-                Err(e) => {
-                    tracing::error!(error = %e, "journal lookup failed; treating the calls as new")
+        let mut records: HashMap<usize, Option<CallRecord>> = HashMap::new();
+        let mut unreadable: Option<String> = None;
+        if let Some(journal) = &self.journal {
+            let misses: Vec<usize> = {
+                let state = self.lock();
+                (0..calls.len())
+                    .filter(|&i| !state.map.contains_key(&calls[i].id))
+                    .collect()
+            };
+            if !misses.is_empty() {
+                let ids: Vec<&str> = misses.iter().map(|&i| &*calls[i].id).collect();
+                match journal.lookup(&self.session, &ids).await {
+                    Ok(found) => records = misses.into_iter().zip(found).collect(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "journal lookup failed; the calls it was for are not run");
+                        unreadable = Some(e.to_string());
+                    }
                 }
             }
         }
-        let mut records = misses
-            .iter()
-            .copied()
-            .zip(records)
-            .collect::<HashMap<_, _>>();
+        let mut state = self.lock();
         calls
             .iter()
             .zip(digests)
@@ -363,6 +376,11 @@ impl Answers {
                             state
                                 .map
                                 .insert(Arc::clone(&call.id), Entry::Running { digest });
+                            // The one rule for a call that may have run: a read-only or
+                            // idempotent call runs again, any other is `outcome_unknown`.
+                            if may_run_again(effect) {
+                                return Plan::Run { digest, effect };
+                            }
                             Plan::Decided {
                                 digest,
                                 effect,
@@ -373,42 +391,62 @@ impl Answers {
                         }
                     }
                     None => {
+                        if let Some(detail) = &unreadable {
+                            let result = ToolDispatchResult::error(
+                                Arc::clone(&call.id),
+                                Arc::clone(&call.name),
+                                ErrorCode::ExecutionError,
+                                &format!(
+                                    "not run: the journal cannot be read, so whether this call \
+                                     ran before is not known ({detail})"
+                                ),
+                                Timing::default(),
+                            );
+                            return Plan::Answer(result, Hit::Refused);
+                        }
                         if let Some(record) = records.remove(&i).flatten() {
                             if record.digest != digest.hex() {
                                 return Plan::Answer(other_arguments(call), Hit::Refused);
                             }
-                            if let Some(answer) = &record.answer {
-                                let result = answer.to_result();
-                                state.remember(&call.id, digest, Arc::new(result.clone()), self);
-                                return Plan::Answer(result, Hit::Stored);
-                            }
-                            let recorded = Effect::parse(&record.effect).unwrap_or_default();
-                            if recorded == Effect::SideEffect {
-                                state
-                                    .map
-                                    .insert(Arc::clone(&call.id), Entry::Running { digest });
-                                return Plan::Decided {
-                                    digest,
-                                    effect,
-                                    result: outcome_unknown(call, "the engine stopped"),
-                                };
+                            match record.state() {
+                                RecordState::Answered(answer) => {
+                                    let result = answer.to_result();
+                                    state.remember(
+                                        &call.id,
+                                        digest,
+                                        Arc::new(result.clone()),
+                                        self,
+                                    );
+                                    return Plan::Answer(result, Hit::Stored);
+                                }
+                                RecordState::Tombstone(_) => {
+                                    return Plan::Answer(
+                                        no_longer_kept(call, "the journal's retention"),
+                                        Hit::Refused,
+                                    );
+                                }
+                                RecordState::Started => {
+                                    let recorded = Effect::parse(&record.effect);
+                                    if !may_run_again(recorded) {
+                                        state.map.insert(
+                                            Arc::clone(&call.id),
+                                            Entry::Running { digest },
+                                        );
+                                        return Plan::Decided {
+                                            digest,
+                                            effect,
+                                            result: outcome_unknown(call, ENGINE_STOPPED),
+                                        };
+                                    }
+                                }
                             }
                         } else if state.forgotten.contains(&self.id_hash(&call.id)) {
-                            return Plan::Answer(
-                                refusal(
-                                    call,
-                                    format!(
-                                        "tool_use_id {} was answered earlier in this session and \
-                                         its answer is no longer kept (a session keeps its last \
-                                         {} answers, {} MiB); it is not run again — send the call \
-                                         with a new tool_use_id",
-                                        call.id,
-                                        self.retention.answers,
-                                        self.retention.bytes >> 20
-                                    ),
-                                ),
-                                Hit::Refused,
+                            let kept = format!(
+                                "a session keeps its last {} answers, {} MiB",
+                                self.retention.answers,
+                                self.retention.bytes >> 20
                             );
+                            return Plan::Answer(no_longer_kept(call, &kept), Hit::Refused);
                         }
                         state
                             .map
@@ -423,7 +461,7 @@ impl Answers {
     /// The journal's intent records of the calls about to run (read-only tools and unknown
     /// names need none).
     pub(crate) fn intents(&self, calls: &[ToolCall], plans: &[Plan]) -> Vec<Write> {
-        let at_ms = crate::journal::now_ms();
+        let at_ms = self.journal.as_ref().map_or(0, Journal::now_ms);
         calls
             .iter()
             .zip(plans)
@@ -441,6 +479,7 @@ impl Answers {
                         effect: effect.as_str().to_string(),
                         at_ms,
                         answer: None,
+                        dropped: None,
                     }),
                 }),
                 _ => None,
@@ -462,8 +501,9 @@ impl Answers {
                 tool: result.tool_name.to_string(),
                 digest: digest.hex(),
                 effect: effect.unwrap_or_default().as_str().to_string(),
-                at_ms: crate::journal::now_ms(),
+                at_ms: self.journal.as_ref().map_or(0, Journal::now_ms),
                 answer: Some(StoredAnswer::of(result)),
+                dropped: None,
             }),
         }
     }
@@ -532,6 +572,29 @@ impl Answers {
 }
 
 const ABANDONED: &str = "the turn running it was abandoned by its caller";
+
+/// Why a call whose intent the journal holds, and no answer, is `outcome_unknown`: the engine
+/// stopped while it ran, or its journal could not record the answer (then the answer given, and
+/// the one a later copy reads from the journal's intent, are the same).
+pub(crate) const ENGINE_STOPPED: &str =
+    "the engine stopped, or its journal failed to record the answer,";
+
+/// Whether a call that may have run (its turn was dropped, the engine stopped, its answer was
+/// not recorded) runs again when a copy of it comes: only a read-only or idempotent one.
+pub(crate) fn may_run_again(effect: Option<Effect>) -> bool {
+    matches!(effect, Some(Effect::ReadOnly | Effect::Idempotent))
+}
+
+fn no_longer_kept(call: &ToolCall, why: &str) -> ToolDispatchResult {
+    refusal(
+        call,
+        format!(
+            "tool_use_id {} was answered earlier in this session and its answer is no longer \
+             kept ({why}); it is not run again — send the call with a new tool_use_id",
+            call.id
+        ),
+    )
+}
 
 struct Waiting<'a>(&'a AtomicUsize);
 

@@ -304,7 +304,7 @@ impl Session {
             return Err(EngineError::ShutDown);
         };
         let view = self.view().await;
-        let plans = answers.plan(&calls, &view);
+        let plans = answers.plan(&calls, &view).await;
         // Until every call registered as running here has its answer remembered: if this
         // future is dropped first, those calls are marked abandoned (their copies are answered
         // `outcome_unknown`), never left running forever.
@@ -430,7 +430,18 @@ impl Session {
                     return Err(EngineError::Moved(session));
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "journal: the answers of a turn were not recorded")
+                    // An answer that is not durable does not leave: a side-effect call's is
+                    // `outcome_unknown`, as a copy after a crash would read from its intent.
+                    tracing::error!(error = %e, "journal: the answers of a turn were not recorded");
+                    if sink.is_none() && journal_failed.is_none() {
+                        for &i in &runs {
+                            if let (Plan::Run { effect, .. }, Some(result)) =
+                                (&plans[i], &mut out[i])
+                            {
+                                unrecorded(result, *effect);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -503,8 +514,10 @@ impl Session {
         let answers = &self.inner.answers;
         let forward = async {
             let mut seen = 0;
+            // Answers the journal could not record, as they were sent instead.
+            let mut replaced = Vec::new();
             while seen < n {
-                let Some((j, result)) = rx.recv().await else {
+                let Some((j, mut result)) = rx.recv().await else {
                     break;
                 };
                 seen += 1;
@@ -518,15 +531,23 @@ impl Session {
                         // Fenced: this node may publish nothing more for the session.
                         Err(crate::journal::JournalError::Fenced { .. }) => continue,
                         Err(e) => {
-                            tracing::error!(error = %e, "journal: an answer was not recorded")
+                            tracing::error!(error = %e, "journal: an answer was not recorded");
+                            if unrecorded(&mut result, *effect) {
+                                replaced.push((j, result.clone()));
+                            }
                         }
                     }
                 }
                 let _ = outer.send((i, result));
             }
+            replaced
         };
-        let (results, ()) = tokio::join!(self.engine_turn(sub, cancel, Some(tx)), forward);
-        results
+        let (results, replaced) = tokio::join!(self.engine_turn(sub, cancel, Some(tx)), forward);
+        let mut results = results?;
+        for (j, result) in replaced {
+            results[j] = result;
+        }
+        Ok(results)
     }
 
     /// A turn straight to the engine (no answers remembered).
@@ -592,6 +613,22 @@ impl Session {
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
     }
+}
+
+/// The answer of a call that ran but whose answer the journal could not record: a side-effect
+/// call's becomes `outcome_unknown` (what a copy after a crash reads from its intent); a
+/// read-only or idempotent call's stays (such a call runs again after a crash). True when
+/// replaced.
+fn unrecorded(result: &mut ToolDispatchResult, effect: Option<crate::tool::Effect>) -> bool {
+    if super::answers::may_run_again(effect) {
+        return false;
+    }
+    *result = super::answers::outcome_unknown_of(
+        &result.tool_use_id,
+        &result.tool_name,
+        super::answers::ENGINE_STOPPED,
+    );
+    true
 }
 
 impl Engine {

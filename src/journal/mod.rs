@@ -15,40 +15,39 @@
 //! running totals ([`Journal::flush_counts`]) beside its metrics, so a caller can see how many
 //! records each flush carried without a recorder.
 //!
-//! **Compaction.** Records answered longer ago than the retention (default 24 hours) are deleted
-//! when the journal opens and then hourly; so are intents that old that were never answered.
-//!
-//! **Damage.** A file that does not open as a journal stops start-up with a message naming it
-//! and how to move it aside ([`JournalError::Damaged`]); a journal is never silently replaced by
-//! an empty one.
+//! **Retention, health, damage and the clock** are the embedded store's ([`local`]): answers
+//! older than the retention become tombstones (a late retry is recognised, never run), a full disk
+//! heals without a restart, only a missing file starts an empty journal, and records are stamped
+//! with a clock that wall-clock steps do not move.
 //!
 //! **Replicated.** In cluster mode the same interface is kept in a NATS JetStream stream instead
 //! ([`replicated`]): one subject per session, every write fenced by the session's last sequence.
 //! This file holds the embedded store and what both share.
 
+mod local;
 pub mod replicated;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::JournalMetrics;
+use crate::locks::lock;
 use crate::protocol::{Block, ErrorCode, Image, Timing, ToolDispatchResult, ToolReference};
 
-const CALLS: TableDefinition<&str, &[u8]> = TableDefinition::new("calls");
-const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
+pub use local::Compacted;
 
 /// The journal file's name inside its directory.
 pub const FILE_NAME: &str = "journal.redb";
 
 /// Default retention of answered calls.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// The shortest retention a journal accepts: a client's retry (a timed-out request sent again, a
+/// harness restarted) can come minutes after the first copy.
+pub const MIN_RETENTION: Duration = Duration::from_secs(60);
 
 /// Why the journal cannot be used.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -82,6 +81,17 @@ pub enum JournalError {
         /// What failed.
         detail: String,
     },
+    /// The retention asked for is shorter than [`MIN_RETENTION`].
+    #[error(
+        "a journal retention of {} is too short: the floor is {} (a client's retry can come \
+         minutes after the first copy)",
+        humantime::format_duration(*retention),
+        humantime::format_duration(MIN_RETENTION)
+    )]
+    Retention {
+        /// The retention asked for.
+        retention: Duration,
+    },
     /// The journal's writer has stopped (the engine is shutting down).
     #[error("the journal is closed")]
     Closed,
@@ -107,10 +117,46 @@ pub struct CallRecord {
     /// The tool's effect class when the call was made (`read_only`, `idempotent`,
     /// `side_effect`).
     pub effect: String,
-    /// Unix milliseconds when the record was last written.
+    /// When the record was last written, in milliseconds of the journal's clock
+    /// ([`Journal::now_ms`]).
     pub at_ms: u64,
-    /// The answer; `None` while only the intent is recorded.
+    /// The answer; `None` while only the intent is recorded, or once it was dropped.
     pub answer: Option<StoredAnswer>,
+    /// Set once retention dropped the answer's content: what is left of it (a tombstone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<Dropped>,
+}
+
+/// What a tombstone keeps of an answer whose content retention dropped.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Dropped {
+    /// The answer's error code, if it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether a handler ran.
+    pub ran: bool,
+}
+
+/// Where a call stands in the journal ([`CallRecord::state`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RecordState<'a> {
+    /// Only its intent: it started and its answer was never recorded.
+    Started,
+    /// Answered: the stored answer.
+    Answered(&'a StoredAnswer),
+    /// Answered long ago: only a tombstone is left.
+    Tombstone(&'a Dropped),
+}
+
+impl CallRecord {
+    /// Where the call stands.
+    pub fn state(&self) -> RecordState<'_> {
+        match (&self.answer, &self.dropped) {
+            (Some(answer), _) => RecordState::Answered(answer),
+            (None, Some(dropped)) => RecordState::Tombstone(dropped),
+            (None, None) => RecordState::Started,
+        }
+    }
 }
 
 /// A stored answer: enough to hand back the same `tool_result`, byte for byte.
@@ -282,10 +328,9 @@ enum Backend {
     Replicated(Arc<replicated::Replicated>),
 }
 
+/// The embedded store: what its writer shares with the engine, and the way to the writer.
 struct Inner {
-    db: Arc<Database>,
-    file: PathBuf,
-    retention: Duration,
+    shared: Arc<local::Shared>,
     /// The writer's running totals (locked once per flush).
     counts: Arc<std::sync::Mutex<FlushCounts>>,
     queue: std::sync::Mutex<Option<mpsc::Sender<Batch>>>,
@@ -314,7 +359,7 @@ impl std::fmt::Debug for Journal {
         match &self.backend {
             Backend::Local(inner) => f
                 .debug_struct("Journal")
-                .field("file", &inner.file)
+                .field("file", &inner.shared.file)
                 .finish(),
             Backend::Replicated(r) => f
                 .debug_struct("Journal")
@@ -324,7 +369,7 @@ impl std::fmt::Debug for Journal {
     }
 }
 
-/// Unix milliseconds now.
+/// Unix milliseconds now (the wall clock).
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -341,58 +386,40 @@ fn call_key(session: &str, id: &str) -> String {
 }
 
 impl Journal {
-    /// Opens (or creates) the journal in directory `dir` (created if missing), keeping answered
-    /// calls for `retention`, and compacts it.
+    /// Opens (or creates, when the file is missing) the journal in directory `dir` (created if
+    /// missing), keeping answers for `retention` (at least [`MIN_RETENTION`]), checks every page
+    /// of it, and compacts it.
     pub fn open(dir: &Path, retention: Duration) -> Result<Journal, JournalError> {
+        if retention < MIN_RETENTION {
+            return Err(JournalError::Retention { retention });
+        }
         let file = dir.join(FILE_NAME);
         std::fs::create_dir_all(dir).map_err(|e| JournalError::Io {
             file: file.clone(),
             detail: format!("cannot create the directory {}: {e}", dir.display()),
         })?;
-        let db = open_db(&file)?;
-        // Make sure both tables exist (and that a foreign redb file is refused now).
-        let txn = db.begin_write().map_err(|e| damaged(&file, e))?;
-        {
-            txn.open_table(CALLS).map_err(|e| damaged(&file, e))?;
-            txn.open_table(SESSIONS).map_err(|e| damaged(&file, e))?;
-        }
-        txn.commit().map_err(|e| damaged(&file, e))?;
-        let db = Arc::new(db);
+        // Taken on the caller's thread: an engine built under a local recorder
+        // (`metrics::with_local_recorder`) records its journal there too.
+        let shared = Arc::new(local::open(&file, retention)?);
+        local::compact(&shared)?;
         let (tx, rx) = mpsc::channel::<Batch>();
-        let writer_db = Arc::clone(&db);
-        let writer_file = file.clone();
         let counts = Arc::new(std::sync::Mutex::new(FlushCounts::default()));
         let writer_counts = Arc::clone(&counts);
-        // Taken here, on the caller's thread: an engine built under a local recorder
-        // (`metrics::with_local_recorder`) records its journal there too.
-        let metrics = JournalMetrics::new();
+        let writer_shared = Arc::clone(&shared);
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || {
-                writer(
-                    writer_db,
-                    writer_file,
-                    rx,
-                    metrics,
-                    &writer_counts,
-                    retention,
-                )
-            })
+            .spawn(move || local::writer(writer_shared, rx, &writer_counts))
             .map_err(|e| JournalError::Io {
                 file: file.clone(),
                 detail: format!("cannot start the writer thread: {e}"),
             })?;
-        let inner = Arc::new(Inner {
-            db,
-            file,
-            retention,
-            counts,
-            queue: std::sync::Mutex::new(Some(tx)),
-            writer: std::sync::Mutex::new(Some(writer)),
-        });
-        compact(&inner.db, &inner.file, inner.retention)?;
         Ok(Journal {
-            backend: Backend::Local(inner),
+            backend: Backend::Local(Arc::new(Inner {
+                shared,
+                counts,
+                queue: std::sync::Mutex::new(Some(tx)),
+                writer: std::sync::Mutex::new(Some(writer)),
+            })),
         })
     }
 
@@ -414,8 +441,27 @@ impl Journal {
     /// How long answered calls are kept.
     pub fn retention(&self) -> Duration {
         match &self.backend {
-            Backend::Local(inner) => inner.retention,
+            Backend::Local(inner) => inner.shared.retention,
             Backend::Replicated(r) => r.retention(),
+        }
+    }
+
+    /// The time records are stamped with, in milliseconds: the embedded journal's own clock,
+    /// which advances only while an engine has it open (wall-clock steps do not move it); the
+    /// wall clock for a replicated journal (its stream ages messages by it).
+    pub fn now_ms(&self) -> u64 {
+        match &self.backend {
+            Backend::Local(inner) => inner.shared.clock.now_ms(),
+            Backend::Replicated(_) => now_ms(),
+        }
+    }
+
+    /// `Ok` while the journal can record calls; why not while it cannot (its file removed or
+    /// replaced, a write failed — a full disk — and it has not reopened yet).
+    pub fn health(&self) -> Result<(), String> {
+        match &self.backend {
+            Backend::Local(inner) => inner.shared.health(),
+            Backend::Replicated(_) => Ok(()),
         }
     }
 
@@ -427,14 +473,12 @@ impl Journal {
             Backend::Local(inner) => &inner.counts,
             Backend::Replicated(r) => r.counts(),
         };
-        *counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *lock(counts)
     }
 
     /// Makes `writes` durable, together with every other write waiting now (one transaction,
     /// one fsync; replicated: one acknowledged publish per session). Returns once they are
-    /// durable.
+    /// durable; refused at once while the journal is failing ([`Journal::health`]).
     pub async fn write(&self, writes: Vec<Write>) -> Result<(), JournalError> {
         if writes.is_empty() {
             return Ok(());
@@ -445,10 +489,7 @@ impl Journal {
         };
         let (done, wait) = tokio::sync::oneshot::channel();
         {
-            let queue = inner
-                .queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let queue = lock(&inner.queue);
             let Some(queue) = queue.as_ref() else {
                 return Err(JournalError::Closed);
             };
@@ -459,9 +500,11 @@ impl Journal {
         wait.await.unwrap_or(Err(JournalError::Closed))
     }
 
-    /// The records of calls `ids` of `session` (one read transaction), `None` where there is
-    /// none.
-    pub fn lookup(
+    /// The records of calls `ids` of `session`, `None` where there is none. An id the file
+    /// certainly does not hold (the usual case: a new call) is answered without a read; the
+    /// others are read in one transaction on tokio's blocking pool. A read that fails is an
+    /// error — never "none".
+    pub async fn lookup(
         &self,
         session: &str,
         ids: &[&str],
@@ -470,48 +513,41 @@ impl Journal {
             Backend::Local(inner) => inner,
             Backend::Replicated(r) => return Ok(r.lookup(session, ids)),
         };
-        let file = &inner.file;
-        let txn = inner.db.begin_read().map_err(|e| io(file, e))?;
-        let table = txn.open_table(CALLS).map_err(|e| io(file, e))?;
-        ids.iter()
-            .map(|id| {
-                let Some(value) = table
-                    .get(call_key(session, id).as_str())
-                    .map_err(|e| io(file, e))?
-                else {
-                    return Ok(None);
-                };
-                serde_json::from_slice(value.value())
-                    .map(Some)
-                    .map_err(|e| damaged(file, format!("a call record does not decode: {e}")))
-            })
-            .collect()
+        let keys: Vec<String> = ids.iter().map(|id| call_key(session, id)).collect();
+        let held: Vec<usize> = (0..keys.len())
+            .filter(|&i| inner.shared.may_hold(&keys[i]))
+            .collect();
+        let mut out = vec![None; keys.len()];
+        if held.is_empty() {
+            return Ok(out);
+        }
+        let shared = Arc::clone(&inner.shared);
+        let wanted: Vec<String> = held.iter().map(|&i| keys[i].clone()).collect();
+        let read = tokio::task::spawn_blocking(move || shared.read(&wanted))
+            .await
+            .map_err(|e| local::io(&inner.shared.file, format!("the read stopped: {e}")))??;
+        for (i, record) in held.into_iter().zip(read) {
+            out[i] = record;
+        }
+        Ok(out)
     }
 
     /// Every session record: `(id, bytes)`. Replicated: none — a cluster node claims sessions
     /// one at a time, when a request names one ([`replicated::Replicated::claim`]).
     pub fn sessions(&self) -> Result<Vec<(String, Vec<u8>)>, JournalError> {
-        let inner = match &self.backend {
-            Backend::Local(inner) => inner,
-            Backend::Replicated(_) => return Ok(Vec::new()),
-        };
-        let file = &inner.file;
-        let txn = inner.db.begin_read().map_err(|e| io(file, e))?;
-        let table = txn.open_table(SESSIONS).map_err(|e| io(file, e))?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| io(file, e))? {
-            let (k, v) = entry.map_err(|e| io(file, e))?;
-            out.push((k.value().to_string(), v.value().to_vec()));
+        match &self.backend {
+            Backend::Local(inner) => inner.shared.sessions(),
+            Backend::Replicated(_) => Ok(Vec::new()),
         }
-        Ok(out)
     }
 
-    /// Deletes call records older than the retention (answered or not); returns how many.
-    /// Replicated: the stream's own age limit does it (0 here).
-    pub fn compact(&self) -> Result<usize, JournalError> {
+    /// Replaces answers older than the retention with tombstones and forgets sessions without a
+    /// session record and no call that recent (the writer does it every quarter retention, at
+    /// most hourly). Replicated: the stream's own age limit does it (nothing here).
+    pub fn compact(&self) -> Result<Compacted, JournalError> {
         match &self.backend {
-            Backend::Local(inner) => compact(&inner.db, &inner.file, inner.retention),
-            Backend::Replicated(_) => Ok(0),
+            Backend::Local(inner) => local::compact(&inner.shared),
+            Backend::Replicated(_) => Ok(Compacted::default()),
         }
     }
 
@@ -520,164 +556,10 @@ impl Journal {
     pub fn close(&self) {
         match &self.backend {
             Backend::Local(inner) => {
-                inner
-                    .queue
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
+                lock(&inner.queue).take();
             }
             Backend::Replicated(r) => r.close(),
         }
-    }
-}
-
-/// How often the writer compacts the journal (besides at open).
-const COMPACT_EVERY: Duration = Duration::from_secs(3600);
-
-/// Deletes call records older than `retention`; returns how many.
-fn compact(db: &Database, file: &Path, retention: Duration) -> Result<usize, JournalError> {
-    let cutoff = now_ms().saturating_sub(retention.as_millis() as u64);
-    let mut txn = db.begin_write().map_err(|e| io(file, e))?;
-    txn.set_durability(Durability::Immediate)
-        .map_err(|e| io(file, e))?;
-    let removed = {
-        let mut table = txn.open_table(CALLS).map_err(|e| io(file, e))?;
-        let before = table.len().map_err(|e| io(file, e))?;
-        table
-            .retain(|_, v| serde_json::from_slice::<CallRecord>(v).is_ok_and(|r| r.at_ms >= cutoff))
-            .map_err(|e| io(file, e))?;
-        before - table.len().map_err(|e| io(file, e))?
-    };
-    txn.commit().map_err(|e| io(file, e))?;
-    Ok(removed as usize)
-}
-
-/// The writer thread: one transaction and one durable commit per round, covering every batch
-/// waiting when the round began; every [`COMPACT_EVERY`], a compaction.
-fn writer(
-    db: Arc<Database>,
-    file: PathBuf,
-    rx: mpsc::Receiver<Batch>,
-    metrics: JournalMetrics,
-    counts: &std::sync::Mutex<FlushCounts>,
-    retention: Duration,
-) {
-    let mut compacted = Instant::now();
-    loop {
-        if compacted.elapsed() >= COMPACT_EVERY {
-            if let Err(e) = compact(&db, &file, retention) {
-                tracing::error!(journal = %file.display(), error = %e, "journal compaction failed");
-            }
-            compacted = Instant::now();
-        }
-        let first = match rx.recv_timeout(COMPACT_EVERY.saturating_sub(compacted.elapsed())) {
-            Ok(first) => first,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        };
-        let mut batches = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            batches.push(more);
-        }
-        let started = Instant::now();
-        let records: usize = batches.iter().map(|b| b.writes.len()).sum();
-        let outcome = commit(&db, &file, &batches);
-        let elapsed = started.elapsed();
-        metrics.flush(records, elapsed);
-        counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .add(records, elapsed);
-        if let Err(e) = &outcome {
-            tracing::error!(journal = %file.display(), error = %e, "journal flush failed");
-        }
-        for batch in batches {
-            let _ = batch.done.send(outcome.clone());
-        }
-    }
-}
-
-fn commit(db: &Database, file: &Path, batches: &[Batch]) -> Result<(), JournalError> {
-    let mut txn = db.begin_write().map_err(|e| io(file, e))?;
-    txn.set_durability(Durability::Immediate)
-        .map_err(|e| io(file, e))?;
-    {
-        let mut calls = txn.open_table(CALLS).map_err(|e| io(file, e))?;
-        let mut sessions = txn.open_table(SESSIONS).map_err(|e| io(file, e))?;
-        for write in batches.iter().flat_map(|b| &b.writes) {
-            match write {
-                Write::Call {
-                    session,
-                    id,
-                    record,
-                } => {
-                    let bytes = serde_json::to_vec(record).map_err(|e| io(file, e))?;
-                    calls
-                        .insert(call_key(session, id).as_str(), bytes.as_slice())
-                        .map_err(|e| io(file, e))?;
-                }
-                Write::Session { id, bytes } => {
-                    sessions
-                        .insert(id.as_str(), bytes.as_slice())
-                        .map_err(|e| io(file, e))?;
-                }
-                Write::ForgetSession { id } => {
-                    sessions.remove(id.as_str()).map_err(|e| io(file, e))?;
-                }
-            }
-        }
-    }
-    txn.commit().map_err(|e| io(file, e))
-}
-
-/// How long opening waits for another process to let go of the file: a process killed a moment
-/// ago may still have it open through a child it was starting (until the child's `exec`).
-const LOCK_WAIT: Duration = Duration::from_secs(5);
-
-fn open_db(file: &Path) -> Result<Database, JournalError> {
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        // The integrity check at open (checksums of every page) turns a damaged file into an
-        // error here, instead of a wrong read later.
-        match Database::builder()
-            .set_check_integrity_on_open(true)
-            .create(file)
-        {
-            Ok(db) => return Ok(db),
-            Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => return Err(open_error(file, e)),
-        }
-    }
-}
-
-fn io(file: &Path, e: impl std::fmt::Display) -> JournalError {
-    JournalError::Io {
-        file: file.to_path_buf(),
-        detail: e.to_string(),
-    }
-}
-
-fn damaged(file: &Path, e: impl std::fmt::Display) -> JournalError {
-    JournalError::Damaged {
-        file: file.to_path_buf(),
-        detail: e.to_string(),
-    }
-}
-
-fn open_error(file: &Path, e: redb::DatabaseError) -> JournalError {
-    match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => JournalError::InUse {
-            file: file.to_path_buf(),
-        },
-        redb::DatabaseError::Storage(redb::StorageError::Io(e))
-            if e.kind() != std::io::ErrorKind::InvalidData
-                && e.kind() != std::io::ErrorKind::UnexpectedEof =>
-        {
-            io(file, e)
-        }
-        other => damaged(file, other),
     }
 }
 
@@ -692,7 +574,26 @@ mod tests {
             effect: "side_effect".into(),
             at_ms: now_ms(),
             answer,
+            dropped: None,
         }
+    }
+
+    fn call(session: &str, id: &str, record: CallRecord) -> Write {
+        Write::Call {
+            session: session.into(),
+            id: id.into(),
+            record: Box::new(record),
+        }
+    }
+
+    fn ok_answer(id: &str) -> StoredAnswer {
+        StoredAnswer::of(&ToolDispatchResult::error(
+            id.into(),
+            "bash".into(),
+            ErrorCode::Timeout,
+            "slow",
+            Timing::default(),
+        ))
     }
 
     #[tokio::test]
@@ -707,17 +608,17 @@ mod tests {
         );
         {
             let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
-            j.write(vec![Write::Call {
-                session: "s".into(),
-                id: "t1".into(),
-                record: Box::new(record("bash", Some(StoredAnswer::of(&result)))),
-            }])
+            j.write(vec![call(
+                "s",
+                "t1",
+                record("bash", Some(StoredAnswer::of(&result))),
+            )])
             .await
             .unwrap();
             j.close();
         }
         let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
-        let found = j.lookup("s", &["t1", "t2"]).unwrap();
+        let found = j.lookup("s", &["t1", "t2"]).await.unwrap();
         assert_eq!(
             found[0]
                 .as_ref()
@@ -731,29 +632,108 @@ mod tests {
         assert!(found[1].is_none());
     }
 
+    #[test]
+    fn a_retention_below_the_floor_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Journal::open(dir.path(), Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(e, JournalError::Retention { .. }), "{e}");
+        assert!(
+            e.to_string().contains("2s") && e.to_string().contains("1m"),
+            "{e}"
+        );
+        assert!(!dir.path().join(FILE_NAME).exists());
+        assert!(Journal::open(dir.path(), MIN_RETENTION).is_ok());
+    }
+
     #[tokio::test]
-    async fn compaction_drops_only_old_records() {
+    async fn compaction_keeps_every_id_it_saw_as_long_as_its_session_lives() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path(), Duration::from_secs(60)).unwrap();
-        let mut old = record("bash", None);
-        old.at_ms -= 120_000;
+        let aged = |mut r: CallRecord| {
+            r.at_ms = j.now_ms().saturating_sub(120_000);
+            r
+        };
         j.write(vec![
-            Write::Call {
-                session: "s".into(),
-                id: "old".into(),
-                record: Box::new(old),
+            // A session the front end recorded: its old answer becomes a tombstone, its old
+            // intent stays as it is.
+            Write::Session {
+                id: "kept".into(),
+                bytes: b"{}".to_vec(),
             },
-            Write::Call {
-                session: "s".into(),
-                id: "new".into(),
-                record: Box::new(record("bash", None)),
-            },
+            call(
+                "kept",
+                "answered",
+                aged(record("bash", Some(ok_answer("answered")))),
+            ),
+            call("kept", "started", aged(record("bash", None))),
+            // A session without a record, active lately: the same.
+            call("live", "old", aged(record("bash", Some(ok_answer("old"))))),
+            call("live", "new", record("bash", Some(ok_answer("new")))),
+            // A session without a record whose last call is older than the retention: forgotten.
+            call("gone", "a", aged(record("bash", Some(ok_answer("a"))))),
+            call("gone", "b", aged(record("bash", None))),
         ])
         .await
         .unwrap();
-        assert_eq!(j.compact().unwrap(), 1);
-        let found = j.lookup("s", &["old", "new"]).unwrap();
-        assert!(found[0].is_none() && found[1].is_some());
+        let done = j.compact().unwrap();
+        assert_eq!(
+            done,
+            Compacted {
+                tombstoned: 2,
+                deleted: 2
+            }
+        );
+        let kept = j.lookup("kept", &["answered", "started"]).await.unwrap();
+        let tomb = kept[0].as_ref().unwrap();
+        assert_eq!(
+            tomb.state(),
+            RecordState::Tombstone(&Dropped {
+                error: Some("timeout".into()),
+                ran: false
+            })
+        );
+        assert_eq!(tomb.digest, "d");
+        assert_eq!(kept[1].as_ref().unwrap().state(), RecordState::Started);
+        let live = j.lookup("live", &["old", "new"]).await.unwrap();
+        assert!(matches!(
+            live[0].as_ref().unwrap().state(),
+            RecordState::Tombstone(_)
+        ));
+        assert!(matches!(
+            live[1].as_ref().unwrap().state(),
+            RecordState::Answered(_)
+        ));
+        assert!(
+            j.lookup("gone", &["a", "b"])
+                .await
+                .unwrap()
+                .iter()
+                .all(Option::is_none)
+        );
+        // A second pass has nothing left to do.
+        assert_eq!(j.compact().unwrap(), Compacted::default());
+    }
+
+    #[tokio::test]
+    async fn forgetting_a_session_deletes_its_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
+        j.write(vec![
+            Write::Session {
+                id: "s".into(),
+                bytes: b"{}".to_vec(),
+            },
+            call("s", "a", record("bash", None)),
+            call("s2", "a", record("bash", None)),
+        ])
+        .await
+        .unwrap();
+        j.write(vec![Write::ForgetSession { id: "s".into() }])
+            .await
+            .unwrap();
+        assert!(j.lookup("s", &["a"]).await.unwrap()[0].is_none());
+        assert!(j.lookup("s2", &["a"]).await.unwrap()[0].is_some());
+        assert!(j.sessions().unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -761,16 +741,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
         let start = j.flush_counts();
-        let call = |id: &str| Write::Call {
-            session: "s".into(),
-            id: id.into(),
-            record: Box::new(record("noop", None)),
-        };
+        let noop = |id: &str| call("s", id, record("noop", None));
         // Awaited one after the other: nothing else waits, so each write is one flush.
-        j.write(vec![call("a"), call("b"), call("c")])
+        j.write(vec![noop("a"), noop("b"), noop("c")])
             .await
             .unwrap();
-        j.write(vec![call("d")]).await.unwrap();
+        j.write(vec![noop("d")]).await.unwrap();
         j.write(Vec::new()).await.unwrap();
         let counted = j.flush_counts().since(start);
         assert_eq!((counted.flushes, counted.records), (2, 4));
@@ -786,20 +762,24 @@ mod tests {
         let j = metrics::with_local_recorder(&recorder, || {
             Journal::open(dir.path(), DEFAULT_RETENTION).unwrap()
         });
-        j.write(vec![Write::Call {
-            session: "s".into(),
-            id: "a".into(),
-            record: Box::new(record("noop", None)),
-        }])
-        .await
-        .unwrap();
-        let flushes = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, ..)| key.key().name() == crate::metrics::JOURNAL_FLUSHES_TOTAL)
-            .map(|(.., value)| value);
-        assert_eq!(flushes, Some(DebugValue::Counter(1)));
+        j.write(vec![call("s", "a", record("noop", None))])
+            .await
+            .unwrap();
+        let snapshot = snapshotter.snapshot().into_vec();
+        let value = |name: &str| {
+            snapshot
+                .iter()
+                .find(|(key, ..)| key.key().name() == name)
+                .map(|(.., value)| value)
+        };
+        assert_eq!(
+            value(crate::metrics::JOURNAL_FLUSHES_TOTAL),
+            Some(&DebugValue::Counter(1))
+        );
+        assert_eq!(
+            value(crate::metrics::JOURNAL_HEALTHY),
+            Some(&DebugValue::Gauge(1.0.into()))
+        );
     }
 
     #[test]
@@ -810,5 +790,120 @@ mod tests {
         let text = e.to_string();
         assert!(matches!(e, JournalError::Damaged { .. }), "{text}");
         assert!(text.contains(FILE_NAME) && text.contains("mv "), "{text}");
+    }
+
+    #[test]
+    fn an_empty_file_is_refused_not_taken_for_a_new_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), b"").unwrap();
+        let e = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap_err();
+        assert!(matches!(e, JournalError::Damaged { .. }), "{e}");
+        assert!(e.to_string().contains("empty"), "{e}");
+        assert_eq!(
+            std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len(),
+            0
+        );
+    }
+
+    /// A journal holding one answered call `a` of session `s`: the file's bytes as a `kill -9`
+    /// right after the answer was acknowledged leaves them (read while the journal is open).
+    async fn journal_with_one_answer(dir: &Path) -> Vec<u8> {
+        let j = Journal::open(dir, DEFAULT_RETENTION).unwrap();
+        j.write(vec![call("s", "a", record("bash", Some(ok_answer("a"))))])
+            .await
+            .unwrap();
+        let bytes = std::fs::read(dir.join(FILE_NAME)).unwrap();
+        j.close();
+        drop(j);
+        bytes
+    }
+
+    #[tokio::test]
+    async fn a_bit_flipped_in_the_primary_commit_slot_is_refused_not_rolled_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = journal_with_one_answer(dir.path()).await;
+        // redb's header: the god byte at 9 (bit 0: which of the two 128-byte commit slots, at
+        // 64 and 192, is the primary).
+        let primary = if bytes[9] & 1 == 0 { 64 } else { 192 };
+        bytes[primary + 40] ^= 0x10;
+        std::fs::write(dir.path().join(FILE_NAME), &bytes).unwrap();
+        let e = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap_err();
+        assert!(matches!(e, JournalError::Damaged { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_bit_flipped_in_the_other_commit_slot_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = journal_with_one_answer(dir.path()).await;
+        let secondary = if bytes[9] & 1 == 0 { 192 } else { 64 };
+        bytes[secondary + 40] ^= 0x10;
+        std::fs::write(dir.path().join(FILE_NAME), &bytes).unwrap();
+        // The slot no commit relies on: the journal opens with its acknowledged answer.
+        let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
+        let found = j.lookup("s", &["a"]).await.unwrap();
+        assert!(matches!(
+            found[0].as_ref().unwrap().state(),
+            RecordState::Answered(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_bit_flipped_in_a_data_page_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = journal_with_one_answer(dir.path()).await;
+        // Every page past the header, one at a time: none opens as a silently different journal.
+        let mut refused = 0;
+        let mut opened_intact = 0;
+        for page in (4096..bytes.len()).step_by(4096) {
+            let mut damaged = bytes.clone();
+            damaged[page + 100] ^= 0x01;
+            std::fs::write(dir.path().join(FILE_NAME), &damaged).unwrap();
+            match Journal::open(dir.path(), DEFAULT_RETENTION) {
+                Err(JournalError::Damaged { .. }) => refused += 1,
+                Err(e) => panic!("page {page}: {e}"),
+                Ok(j) => {
+                    // A free page: the acknowledged answer must still be there.
+                    let found = j.lookup("s", &["a"]).await.unwrap();
+                    assert!(
+                        matches!(
+                            found[0].as_ref().map(CallRecord::state),
+                            Some(RecordState::Answered(_))
+                        ),
+                        "page {page} opened without the answer"
+                    );
+                    opened_intact += 1;
+                    j.close();
+                }
+            }
+        }
+        assert!(
+            refused > 0,
+            "no damaged page was noticed ({opened_intact} opened)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_journal_whose_directory_is_moved_away_refuses_writes_until_it_is_back() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("j");
+        let moved = parent.path().join("j.moved");
+        let j = Journal::open(&dir, DEFAULT_RETENTION).unwrap();
+        j.write(vec![call("s", "a", record("bash", None))])
+            .await
+            .unwrap();
+        std::fs::rename(&dir, &moved).unwrap();
+        let e = j
+            .write(vec![call("s", "b", record("bash", None))])
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("gone"), "{e}");
+        assert!(j.health().unwrap_err().contains(FILE_NAME));
+        std::fs::rename(&moved, &dir).unwrap();
+        j.write(vec![call("s", "c", record("bash", None))])
+            .await
+            .unwrap();
+        assert!(j.health().is_ok());
+        let found = j.lookup("s", &["a", "b", "c"]).await.unwrap();
+        assert!(found[0].is_some() && found[1].is_none() && found[2].is_some());
     }
 }

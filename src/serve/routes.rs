@@ -254,7 +254,7 @@ async fn session_tools(
 ) -> Result<Response, ApiError> {
     let id = session_id(id)?;
     let format = catalog_format(query.as_deref())?;
-    let session = app.sessions.get(&id)?;
+    let session = app.sessions.open(&id).await?;
     let catalog = session
         .session()
         .catalog(format)
@@ -274,7 +274,7 @@ async fn cancel_turn(
     let Path((id, turn_id)) =
         ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
     super::turns::check_turn_id(&turn_id)?;
-    let session = app.sessions.get(&id)?;
+    let session = app.sessions.open(&id).await?;
     let found = session.turn_ids().cancel(&turn_id);
     let body = json!({"turn_id": turn_id, "state": found.as_str()});
     Ok(json_response(StatusCode::OK, body.to_string()))
@@ -285,7 +285,7 @@ async fn session_info(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = session_id(id)?;
-    let session = app.sessions.get(&id)?;
+    let session = app.sessions.open(&id).await?;
     let mut info = session.info();
     if let Some(cluster) = &app.cluster {
         info["node"] = serde_json::json!(cluster.node());
@@ -298,7 +298,7 @@ async fn cancel_session(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = session_id(id)?;
-    let session = app.sessions.get(&id)?;
+    let session = app.sessions.open(&id).await?;
     session.cancel_turns();
     Ok(json_response(StatusCode::OK, session.info().to_string()))
 }
@@ -312,6 +312,10 @@ async fn delete_session(
         // A session taken over without its workspace: closed for good all the same.
         let info =
             json!({"session_id": id, "workspace": dir.to_string_lossy(), "workspace_lost": true});
+        return Ok(json_response(StatusCode::OK, info.to_string()));
+    }
+    // A session kept in the journal but not open (after a restart): forgotten all the same.
+    if let Some(info) = app.sessions.remove_dormant(&id).await? {
         return Ok(json_response(StatusCode::OK, info.to_string()));
     }
     let session = app.sessions.remove(&id)?;
@@ -349,11 +353,24 @@ async fn openapi() -> Response {
     json_response(StatusCode::OK, OPENAPI_JSON.to_string())
 }
 
-/// Liveness, and the sandbox in force for the sessions' commands (mode, Landlock ABI, network,
-/// limits), so an operator can check confinement without reading the start-up log.
+/// Readiness, and the sandbox in force for the sessions' commands (mode, Landlock ABI, network,
+/// limits), so an operator can check confinement without reading the start-up log. With a
+/// journal, its health too: while it cannot record calls (a full disk, its file removed) the
+/// answer is `503` with `"status": "degraded"` — side-effect calls are refused meanwhile.
 async fn healthz(State(app): State<Arc<App>>) -> Response {
-    let body = serde_json::json!({"status": "ok", "sandbox": app.engine.sandbox().describe()});
-    json_response(StatusCode::OK, body.to_string())
+    let mut body = serde_json::json!({"status": "ok", "sandbox": app.engine.sandbox().describe()});
+    let mut status = StatusCode::OK;
+    if let Some(journal) = app.engine.journal() {
+        body["journal"] = match journal.health() {
+            Ok(()) => serde_json::json!({"status": "ok"}),
+            Err(detail) => {
+                status = StatusCode::SERVICE_UNAVAILABLE;
+                body["status"] = "degraded".into();
+                serde_json::json!({"status": "failing", "error": detail})
+            }
+        };
+    }
+    json_response(status, body.to_string())
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {

@@ -3,7 +3,7 @@
 //! is the complete ordered answer, byte for byte the non-streaming body. Between them, `event:
 //! approval_required` for a call that waits for the client's approval and `event: call` for a
 //! client-tool call the client runs (`{"call_id", "tool_use_id", "name", "input",
-//! "deadline_ms"}`).
+//! "deadline_ms", "idempotency_key"}`).
 //!
 //! A forwarding task turns the engine's per-call results (the collector's result sink) into
 //! events; when the client goes away the forwarder stops and drops its end of the sink, while

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod a_failing_journal_runs_nothing_it_cannot_record;
 mod access_graph_equals_serial;
 mod backpressure_and_supervision;
 mod bad_protocol_input;

@@ -295,7 +295,7 @@ async fn intent_only(
     }
     let digest = {
         let j = Journal::open(probe.path(), Duration::from_secs(3600)).unwrap();
-        j.lookup("conv-1", &[id]).unwrap()[0]
+        j.lookup("conv-1", &[id]).await.unwrap()[0]
             .as_ref()
             .unwrap()
             .digest
@@ -309,8 +309,9 @@ async fn intent_only(
             tool: tool.into(),
             digest,
             effect: effect.as_str().into(),
-            at_ms: switchboard::journal::now_ms(),
+            at_ms: j.now_ms(),
             answer: None,
+            dropped: None,
         }),
     }])
     .await

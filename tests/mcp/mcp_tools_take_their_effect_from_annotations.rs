@@ -57,6 +57,7 @@ async fn journaled_effects(extra: serde_json::Value) -> Vec<String> {
     }
     let j = Journal::open(journal.path(), Duration::from_secs(3600)).unwrap();
     j.lookup("e", &["r", "w", "b"])
+        .await
         .unwrap()
         .into_iter()
         .map(|r| r.expect("every call is journaled").effect)
