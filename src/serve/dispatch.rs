@@ -8,7 +8,8 @@
 //! its permit and lock are released, and no other session is touched. Its client-tool calls
 //! waiting for an answer are answered `cancelled` at once (nobody is left to answer them).
 //!
-//! Order of checks, so that a refused request has run nothing: shutting down → session known →
+//! Order of checks, so that a refused request has run nothing: shutting down → session known
+//! (one kept in the journal but not open is reopened here, or refused and kept) →
 //! a place in the session's share (`overloaded`, 503 with `Retry-After`, when the session has
 //! `--max-session-turns` turns running or waiting already) → the turn id
 //! (registered now, with the turn's cancellation token, so a turn-addressed or session cancel
@@ -155,6 +156,8 @@ async fn run(
     if let Some(dir) = app.sessions.lost(&id) {
         return lost(app, &id, &dir, ask, headers, body, body_read).await;
     }
+    // A session kept in the journal but not open (after a restart) is reopened first.
+    app.sessions.wake(&id).await?;
     let session = app.sessions.enter(&id)?;
     let share = session.admit()?;
     let turn: Arc<str> = Arc::from(chosen.unwrap_or_else(|| app.sessions.new_turn_id()));
@@ -308,7 +311,7 @@ pub async fn approve(
 ) -> Result<Response, ApiError> {
     let Path((id, approval_id)) =
         ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
-    let session = app.sessions.get(&id)?;
+    let session = app.sessions.open(&id).await?;
     let text = app.read_body(&headers, body).await?;
     let allow = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
@@ -337,7 +340,7 @@ pub async fn answer_call(
     use super::client_tools::Refused;
     let Path((id, call_id)) =
         ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
-    let session = app.sessions.get(&id)?;
+    let session = app.sessions.open(&id).await?;
     let text = app.read_body(&headers, body).await?;
     let outcome = super::client_tools::parse_answer(&text)?;
     let delegate = session

@@ -13,6 +13,11 @@ use serde_json::json;
 /// Seconds a client is told to wait (`Retry-After`) after `overloaded`.
 pub const RETRY_AFTER_SECONDS: u64 = 1;
 
+/// Seconds a client is told to wait (`Retry-After`) before naming again a session kept in the
+/// journal that the full table cannot reopen yet: a place frees when a session is deleted or
+/// closed as idle, seldom within a second.
+pub const KEPT_RETRY_AFTER_SECONDS: u64 = 5;
+
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApiError {
@@ -37,6 +42,10 @@ pub enum ApiError {
     /// As many sessions are open as the server allows (429): the number, and what set it
     /// (`--max-sessions`, or the open-file limit).
     TooManySessions(usize, &'static str),
+    /// A session kept in the journal that could not be reopened after a restart is named while
+    /// the table is full (429 `too_many_sessions` with `Retry-After`): its id, the number of
+    /// sessions open, and what set it. It stays kept and is reopened when a place frees.
+    SessionKept(String, usize, &'static str),
     /// Too many turns running across sessions; nothing ran (503 with `Retry-After`).
     Overloaded,
     /// This session has as many turns running or waiting as one session may have
@@ -128,7 +137,7 @@ impl ApiError {
             ApiError::TurnInProgress(_) => "turn_in_progress",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
-            ApiError::TooManySessions(..) => "too_many_sessions",
+            ApiError::TooManySessions(..) | ApiError::SessionKept(..) => "too_many_sessions",
             ApiError::Overloaded | ApiError::SessionBusy(_) => "overloaded",
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::ShuttingDown => "shutting_down",
@@ -153,7 +162,9 @@ impl ApiError {
             | ApiError::TurnInProgress(_) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::TooManySessions(..) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManySessions(..) | ApiError::SessionKept(..) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Overloaded
             | ApiError::SessionBusy(_)
@@ -194,6 +205,9 @@ impl ApiError {
             ApiError::TooManySessions(max, by) => {
                 format!("{max} sessions are open already ({by}); delete one first")
             }
+            ApiError::SessionKept(id, max, by) => format!(
+                "session `{id}` is kept in the journal but not open: {max} sessions are open already ({by}); it is reopened when a request names it and a place is free (retry in {KEPT_RETRY_AFTER_SECONDS} s, or delete another session); nothing ran"
+            ),
             ApiError::Overloaded => format!(
                 "too many turns running (--max-requests); nothing ran, retry in {RETRY_AFTER_SECONDS} s"
             ),
@@ -234,6 +248,12 @@ impl IntoResponse for ApiError {
             ApiError::Overloaded | ApiError::SessionBusy(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
             }
+            ApiError::SessionKept(..) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(KEPT_RETRY_AFTER_SECONDS),
+                );
+            }
             ApiError::SessionMoved(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
                 response.extensions_mut().insert(Moved);
@@ -267,6 +287,7 @@ mod tests {
             ApiError::BadRequest("x".into()),
             ApiError::PayloadTooLarge(1),
             ApiError::TooManySessions(1, "--max-sessions"),
+            ApiError::SessionKept("s1".into(), 1, "--max-sessions"),
             ApiError::Overloaded,
             ApiError::SessionBusy(1),
             ApiError::RequestTimeout(std::time::Duration::from_secs(1)),
@@ -283,6 +304,20 @@ mod tests {
             );
         }
         assert_eq!(ApiError::Internal("x".into()).status(), 500);
+    }
+
+    #[test]
+    fn a_kept_session_is_too_many_sessions_with_when_to_retry() {
+        let e = ApiError::SessionKept("s1".into(), 4, "--max-sessions");
+        assert_eq!(e.code(), "too_many_sessions");
+        let text = e.message();
+        assert!(
+            text.contains("s1") && text.contains("kept") && text.contains("reopened"),
+            "{text}"
+        );
+        let r = e.into_response();
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "5");
     }
 
     #[test]

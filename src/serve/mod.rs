@@ -10,7 +10,7 @@
 //! | `routes.rs` | the route table, the small handlers, the token check, request metrics |
 //! | `dispatch.rs` | one turn over HTTP: ordering, cancellation, a session's share of turns and the server's places for running ones |
 //! | `sse.rs` | the streamed answer (`event: result` per call, then `event: done`) |
-//! | `sessions.rs` | the sessions table, workspaces (private ones under `@sessions/`), each session's turn share, idle expiry |
+//! | `sessions.rs` | the sessions table, workspaces (private ones under `@sessions/`), each session's turn share, idle expiry, sessions restored from the journal (or kept there until they can be reopened) |
 //! | `auth.rs` | the bearer token |
 //! | `cluster.rs` | cluster mode: each session's requests served by its owner, takeover, placement, drain |
 //! | `errors.rs` | the JSON error answers and their codes |
@@ -279,6 +279,7 @@ impl Server {
             path: config.workspace_root.clone(),
             source,
         };
+        let root_was_there = config.workspace_root.is_dir();
         std::fs::create_dir_all(&config.workspace_root).map_err(|e| root_error("create", e))?;
         let root =
             std::fs::canonicalize(&config.workspace_root).map_err(|e| root_error("resolve", e))?;
@@ -389,10 +390,17 @@ impl Server {
             table = table.with_cluster(Arc::clone(cluster));
         }
         let sessions = Arc::new(table);
-        // With a journal, the sessions of the last run are back under their ids.
+        // With a journal, the sessions of the last run are back under their ids; those that
+        // cannot be reopened now stay in the journal, to be reopened when a request names them.
         let restored = sessions.restore().await;
         if restored > 0 {
             tracing::info!(sessions = restored, "journal: sessions reopened");
+        }
+        if !root_was_there && sessions.dormant() > 0 {
+            tracing::warn!(
+                root = %config.workspace_root.display(),
+                "serve: the workspace root did not exist and was created empty; the journal's sessions wait for their workspaces (put the root back: a session is reopened at its next request)"
+            );
         }
         let app = Arc::new(App {
             engine,

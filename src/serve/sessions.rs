@@ -8,6 +8,14 @@
 //! concurrently. `cancel` answers the running and pending turns `cancelled` and leaves the
 //! session usable; `DELETE` cancels and frees it. A session with no request in flight for
 //! longer than the idle timeout is closed by the reaper (its workspace stays on disk).
+//!
+//! With a journal, the sessions of the last run are reopened at start under their ids. One the
+//! server cannot reopen now — the table is full (a lower `--max-sessions`), its workspace
+//! directory is missing, or another failure — stays in the journal and is kept here *dormant*:
+//! its id, where its workspace is, and its idle clock (started at the restart). A request naming
+//! it reopens it when it can (exactly as at start); meanwhile the request is refused
+//! (`too_many_sessions` while the table is full, `internal` naming a missing workspace) and the
+//! session is kept. Only `DELETE` and the idle timeout end it.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -64,6 +72,65 @@ pub struct HttpSession {
     last_used_ms: AtomicU64,
     /// What the journal keeps of it (with a journal).
     persisted: Option<Mutex<Persisted>>,
+}
+
+/// A journaled session that is not open (see the module docs); its id is the key.
+#[derive(Debug)]
+struct Dormant {
+    /// Where its workspace is.
+    place: Place,
+    /// Milliseconds since the table's start when it was restored or last named by a request.
+    last_used_ms: u64,
+    /// A request is reopening it now (the reaper leaves it alone).
+    reopening: bool,
+}
+
+/// Where a dormant session's workspace is.
+#[derive(Debug, Clone)]
+enum Place {
+    /// A fresh one, `<root>/@sessions/<id>`.
+    Fresh,
+    /// A named one, `<root>/<name>`.
+    Named(Box<str>),
+    /// Not known: its journal record does not decode here.
+    Unknown,
+}
+
+impl Place {
+    fn of(p: &Persisted) -> Place {
+        match &p.workspace {
+            None => Place::Fresh,
+            Some(name) if check_name(name).is_ok() => Place::Named(name.as_str().into()),
+            Some(_) => Place::Unknown,
+        }
+    }
+}
+
+/// Why a journaled session is not open.
+#[derive(Debug)]
+enum Unopened {
+    /// The table is full.
+    Full,
+    /// Its workspace directory is missing.
+    NoWorkspace(PathBuf),
+    /// Anything else (a record this server cannot read, a policy it does not offer …).
+    Failed(String),
+}
+
+/// How many sessions were left dormant for one reason at start, and one example.
+#[derive(Debug, Default)]
+struct Tally {
+    count: usize,
+    example: String,
+}
+
+impl Tally {
+    fn add(&mut self, example: impl FnOnce() -> String) {
+        if self.count == 0 {
+            self.example = example();
+        }
+        self.count += 1;
+    }
 }
 
 /// What the journal keeps of a session, to reopen it under the same id after a restart: what
@@ -359,6 +426,13 @@ pub struct SessionTable {
     /// Cluster mode: sessions taken over here whose workspace directory is missing on this
     /// node, and that directory.
     lost: Mutex<HashMap<String, PathBuf>>,
+    /// Journaled sessions not open now (see the module docs).
+    dormant: Mutex<HashMap<Arc<str>, Dormant>>,
+    /// How many there are (read without the lock on every request).
+    dormant_count: AtomicUsize,
+    /// Held while a dormant session is reopened or deleted: one at a time, so that a session is
+    /// never reopened twice, nor reopened after its `DELETE`.
+    reopening: tokio::sync::Mutex<()>,
 }
 
 /// Checks a workspace name: one path component of `[A-Za-z0-9._-]`, 1 to 128 characters, not
@@ -403,6 +477,9 @@ impl SessionTable {
             next: AtomicU64::new(0),
             cluster: None,
             lost: Mutex::new(HashMap::new()),
+            dormant: Mutex::new(HashMap::new()),
+            dormant_count: AtomicUsize::new(0),
+            reopening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -503,7 +580,14 @@ impl SessionTable {
     }
 
     fn new_id(&self) -> String {
-        format!("s{:016x}", self.random())
+        loop {
+            let id = format!("s{:016x}", self.random());
+            if self.dormant_count.load(Ordering::Acquire) == 0
+                || !lock(&self.dormant).contains_key(id.as_str())
+            {
+                return id;
+            }
+        }
     }
 
     /// A turn id for a dispatch that brought none.
@@ -563,7 +647,9 @@ impl SessionTable {
     }
 
     /// Reopens every session the journal holds, under its id (after a restart); returns how
-    /// many. A session that cannot be reopened (its workspace is gone) is logged and forgotten.
+    /// many. A session that cannot be reopened now (the table is full, its workspace is missing,
+    /// any other failure) stays in the journal and is kept dormant, to be reopened when a request
+    /// names it; one line per reason is logged.
     pub async fn restore(&self) -> usize {
         let Some(journal) = self.engine.journal() else {
             return 0;
@@ -576,34 +662,258 @@ impl SessionTable {
             }
         };
         let mut restored = 0;
+        let (mut full, mut missing, mut failed) =
+            (Tally::default(), Tally::default(), Tally::default());
         for (id, bytes) in records {
-            let reopened = match serde_json::from_slice::<Persisted>(&bytes) {
-                Err(e) => Err(format!("its record does not decode: {e}")),
-                Ok(p) => match p.to_new() {
-                    Err(e) => Err(e),
-                    Ok(new) => self
-                        .create_as(new, Some(id.clone()), Some(p.clone()))
-                        .await
-                        .map(|http| (http, p))
-                        .map_err(|e| e.message()),
-                },
-            };
-            match reopened {
-                Ok((http, p)) => {
-                    let names: Vec<Arc<str>> =
-                        p.revealed.iter().map(|n| Arc::from(n.as_str())).collect();
-                    http.session.restore_revealed(&names);
+            let place = match self.reopen(&id, &bytes).await {
+                Ok(_) => {
                     restored += 1;
+                    continue;
                 }
-                Err(why) => {
-                    tracing::warn!(session = %id, reason = %why, "journal: a session cannot be reopened; forgotten");
-                    let _ = journal
-                        .write(vec![crate::journal::Write::ForgetSession { id }])
-                        .await;
+                Err((place, Unopened::Full)) => {
+                    full.add(|| id.clone());
+                    place
+                }
+                Err((place, Unopened::NoWorkspace(dir))) => {
+                    missing.add(|| dir.display().to_string());
+                    place
+                }
+                Err((place, Unopened::Failed(why))) => {
+                    failed.add(|| format!("session {id}: {why}"));
+                    place
+                }
+            };
+            lock(&self.dormant).insert(
+                Arc::from(id.as_str()),
+                Dormant {
+                    place,
+                    last_used_ms: self.now_ms(),
+                    reopening: false,
+                },
+            );
+        }
+        let kept = lock(&self.dormant).len();
+        self.dormant_count.store(kept, Ordering::Release);
+        if full.count > 0 {
+            tracing::warn!(
+                sessions = full.count,
+                open = restored,
+                "journal: {} kept but not reopened: the table is full ({} sessions, {}); each is reopened when a request names it and a place is free",
+                sessions_word(full.count),
+                self.max,
+                self.max_by
+            );
+        }
+        if missing.count > 0 {
+            tracing::warn!(
+                sessions = missing.count,
+                example = %missing.example,
+                "journal: {} kept but not reopened: the workspace directory is missing (moved, deleted or not mounted); each is reopened when a request names it once its directory is back",
+                sessions_word(missing.count)
+            );
+        }
+        if failed.count > 0 {
+            tracing::warn!(
+                sessions = failed.count,
+                example = %failed.example,
+                "journal: {} kept but not reopened: this server cannot reopen them; a request naming one is refused until it can",
+                sessions_word(failed.count)
+            );
+        }
+        restored
+    }
+
+    /// How many journaled sessions are kept without being open.
+    pub fn dormant(&self) -> usize {
+        self.dormant_count.load(Ordering::Acquire)
+    }
+
+    /// The workspace directory of a session of id `id` at `place`.
+    fn dir_of(&self, id: &str, place: &Place) -> Option<PathBuf> {
+        match place {
+            Place::Fresh => Some(self.root.join(FRESH_DIR).join(id)),
+            Place::Named(name) => Some(self.root.join(&**name)),
+            Place::Unknown => None,
+        }
+    }
+
+    /// Reopens session `id` from its journal record `bytes`, exactly as it was: its workspace
+    /// (which must exist: a missing one is never replaced by an empty directory), client tools,
+    /// sandbox, policy and revealed tools.
+    async fn reopen(&self, id: &str, bytes: &[u8]) -> Result<Arc<HttpSession>, (Place, Unopened)> {
+        let p = serde_json::from_slice::<Persisted>(bytes).map_err(|e| {
+            (
+                Place::Unknown,
+                Unopened::Failed(format!("its journal record does not decode: {e}")),
+            )
+        })?;
+        let place = Place::of(&p);
+        if let Some(dir) = self.dir_of(id, &place)
+            && !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
+        {
+            return Err((place, Unopened::NoWorkspace(dir)));
+        }
+        if self.full().is_err() {
+            return Err((place, Unopened::Full));
+        }
+        let new = match p.to_new() {
+            Ok(new) => new,
+            Err(e) => return Err((place, Unopened::Failed(e))),
+        };
+        let http = match self
+            .create_as(new, Some(id.to_string()), Some(p.clone()))
+            .await
+        {
+            Ok(http) => http,
+            Err(ApiError::TooManySessions(..)) => return Err((place, Unopened::Full)),
+            Err(e) => return Err((place, Unopened::Failed(e.message()))),
+        };
+        let names: Vec<Arc<str>> = p.revealed.iter().map(|n| Arc::from(n.as_str())).collect();
+        http.session.restore_revealed(&names);
+        Ok(http)
+    }
+
+    /// If session `id` is dormant, reopens it: `Ok` when it is open now (or is not a dormant
+    /// session: the caller then looks it up as usual). Refused, it stays dormant:
+    /// `too_many_sessions` while the table is full, `internal` naming its missing workspace or
+    /// what else keeps it closed. A request naming it restarts its idle clock either way.
+    ///
+    /// The reopening runs on a task of its own: a client that goes away meanwhile leaves no
+    /// session half reopened.
+    pub async fn wake(self: &Arc<Self>, id: &str) -> Result<(), ApiError> {
+        if self.dormant_count.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        match lock(&self.dormant).get_mut(id) {
+            None => return Ok(()),
+            Some(d) => d.last_used_ms = self.now_ms(),
+        }
+        let (table, id) = (Arc::clone(self), id.to_string());
+        tokio::spawn(async move { table.wake_dormant(&id).await })
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Internal(format!("reopening failed: {e}"))))
+    }
+
+    /// [`SessionTable::wake`] of a session that was dormant a moment ago.
+    async fn wake_dormant(&self, id: &str) -> Result<(), ApiError> {
+        let _one = self.reopening.lock().await;
+        let place = match lock(&self.dormant).get_mut(id) {
+            // Reopened by another request meanwhile, or closed.
+            None => return Ok(()),
+            Some(d) => {
+                d.reopening = true;
+                d.place.clone()
+            }
+        };
+        let outcome = self.wake_now(id, &place).await;
+        let mut dormant = lock(&self.dormant);
+        match &outcome {
+            Ok(()) => {
+                dormant.remove(id);
+            }
+            Err(_) => {
+                if let Some(d) = dormant.get_mut(id) {
+                    d.reopening = false;
+                    d.last_used_ms = self.now_ms();
                 }
             }
         }
-        restored
+        self.dormant_count.store(dormant.len(), Ordering::Release);
+        outcome
+    }
+
+    /// Reopens dormant session `id` (the reopening lock held).
+    async fn wake_now(&self, id: &str, place: &Place) -> Result<(), ApiError> {
+        if lock(&self.sessions).contains_key(id) {
+            return Ok(());
+        }
+        if let Some(dir) = self.dir_of(id, place)
+            && !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
+        {
+            return Err(workspace_missing(id, &dir));
+        }
+        if self.full().is_err() {
+            return Err(ApiError::SessionKept(id.to_string(), self.max, self.max_by));
+        }
+        let Some(journal) = self.engine.journal() else {
+            return Err(ApiError::UnknownSession(id.to_string()));
+        };
+        let journal = journal.clone();
+        let records = tokio::task::spawn_blocking(move || journal.sessions())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|read| read.map_err(|e| e.to_string()))
+            .map_err(|e| {
+                ApiError::Internal(format!(
+                    "session `{id}` is kept, but the journal cannot be read now: {e}"
+                ))
+            })?;
+        let Some((_, bytes)) = records.into_iter().find(|(k, _)| k == id) else {
+            // Not in the journal any more: nothing to reopen.
+            lock(&self.dormant).remove(id);
+            return Err(ApiError::UnknownSession(id.to_string()));
+        };
+        match self.reopen(id, &bytes).await {
+            Ok(_) => Ok(()),
+            Err((_, Unopened::Full)) => {
+                Err(ApiError::SessionKept(id.to_string(), self.max, self.max_by))
+            }
+            Err((_, Unopened::NoWorkspace(dir))) => Err(workspace_missing(id, &dir)),
+            Err((_, Unopened::Failed(why))) => Err(ApiError::Internal(format!(
+                "session `{id}` is kept in the journal, but this server cannot reopen it: {why}; nothing ran (DELETE closes it for good)"
+            ))),
+        }
+    }
+
+    /// Closes dormant session `id` for good (`DELETE`): its journal record is deleted before
+    /// this returns. Its answer, as for an open session; `None` if it is no dormant session.
+    /// (On a task of its own, like [`SessionTable::wake`].)
+    pub async fn remove_dormant(self: &Arc<Self>, id: &str) -> Result<Option<Value>, ApiError> {
+        if self.dormant_count.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        let (table, id) = (Arc::clone(self), id.to_string());
+        tokio::spawn(async move { table.forget_dormant(&id).await })
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Internal(format!("deleting failed: {e}"))))
+    }
+
+    /// [`SessionTable::remove_dormant`] on its task.
+    async fn forget_dormant(&self, id: &str) -> Result<Option<Value>, ApiError> {
+        let _one = self.reopening.lock().await;
+        let Some((key, d)) = lock(&self.dormant).remove_entry(id) else {
+            return Ok(None);
+        };
+        if let Some(journal) = self.engine.journal()
+            && let Err(e) = journal
+                .write(vec![crate::journal::Write::ForgetSession {
+                    id: id.to_string(),
+                }])
+                .await
+        {
+            lock(&self.dormant).insert(key, d);
+            return Err(ApiError::Internal(format!(
+                "the journal cannot forget session `{id}`: {e}"
+            )));
+        }
+        self.dormant_count
+            .store(lock(&self.dormant).len(), Ordering::Release);
+        let workspace = self
+            .dir_of(id, &d.place)
+            .map(|dir| Value::String(dir.to_string_lossy().into_owned()));
+        Ok(Some(json!({
+            "session_id": id,
+            "workspace": workspace,
+            "turns": 0,
+            "calls": 0,
+            "in_flight": 0,
+        })))
+    }
+
+    /// The session `id`, reopened first if it is dormant (see [`SessionTable::wake`]).
+    pub async fn open(self: &Arc<Self>, id: &str) -> Result<Arc<HttpSession>, ApiError> {
+        self.wake(id).await?;
+        self.get(id)
     }
 
     /// Records the deferred tools `session` has been shown since it was last recorded (with a
@@ -827,6 +1137,17 @@ impl SessionTable {
             keep
         });
         drop(sessions);
+        if self.dormant_count.load(Ordering::Acquire) > 0 {
+            let mut dormant = lock(&self.dormant);
+            dormant.retain(|id, d| {
+                let keep = d.reopening || now.saturating_sub(d.last_used_ms) <= limit;
+                if !keep {
+                    closed.push(Arc::clone(id));
+                }
+                keep
+            });
+            self.dormant_count.store(dormant.len(), Ordering::Release);
+        }
         let n = closed.len();
         self.forget(closed);
         n
@@ -836,6 +1157,29 @@ impl SessionTable {
     pub fn idle_timeout(&self) -> Duration {
         self.idle_timeout
     }
+}
+
+/// "1 session", "8 sessions".
+fn sessions_word(n: usize) -> String {
+    if n == 1 {
+        "1 session".into()
+    } else {
+        format!("{n} sessions")
+    }
+}
+
+/// The refusal of a request naming a dormant session whose workspace `dir` is missing (or is
+/// not a directory: a symlink is never followed to one).
+fn workspace_missing(id: &str, dir: &Path) -> ApiError {
+    let what = if std::fs::symlink_metadata(dir).is_ok() {
+        "is not a directory (a symlink or a file)"
+    } else {
+        "does not exist on this server (moved, deleted or not mounted)"
+    };
+    ApiError::Internal(format!(
+        "session `{id}` is kept in the journal, but its workspace {} {what}; nothing ran. Put the directory back and retry (the session is then reopened), or DELETE the session",
+        dir.display()
+    ))
 }
 
 fn cannot_create(dir: &Path, e: &std::io::Error) -> ApiError {

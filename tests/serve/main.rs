@@ -11,6 +11,7 @@ mod serve_client_tools;
 mod serve_is_fair_and_bounded;
 mod serve_load;
 mod serve_process;
+mod serve_restart_keeps_sessions;
 mod serve_retries;
 mod serve_routes_and_errors;
 mod serve_sessions;

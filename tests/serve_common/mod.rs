@@ -182,7 +182,16 @@ pub fn events(body: &str) -> Vec<(String, String)> {
 
 /// Starts a `switchboard serve` process and returns it with its base URL (read from its ready
 /// line, `listening on …`); the rest of stderr is drained on a thread.
-pub fn spawn_server(mut cmd: std::process::Command) -> (std::process::Child, String) {
+pub fn spawn_server(cmd: std::process::Command) -> (std::process::Child, String) {
+    let (child, base, _) = spawn_server_logged(cmd);
+    (child, base)
+}
+
+/// [`spawn_server`], also returning the lines the server printed before its ready line (what
+/// it logged while starting).
+pub fn spawn_server_logged(
+    mut cmd: std::process::Command,
+) -> (std::process::Child, String, Vec<String>) {
     use std::io::BufRead;
     let mut child = cmd.spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
@@ -200,7 +209,51 @@ pub fn spawn_server(mut cmd: std::process::Command) -> (std::process::Child, Str
     std::thread::spawn(move || for _ in lines {});
     let base = base
         .unwrap_or_else(|| panic!("no ready line; the server printed:\n{}", printed.join("\n")));
-    (child, base)
+    (child, base, printed)
+}
+
+/// Starts the real binary as `serve --journal JOURNAL --workspace-root ROOT --no-auth` on a free
+/// loopback port, with `extra` flags: the child, its base URL and its start-up lines.
+pub fn serve_journaled(
+    root: &std::path::Path,
+    journal: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, String, Vec<String>) {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    cmd.arg("serve")
+        .arg("--workspace-root")
+        .arg(root)
+        .arg("--journal")
+        .arg(journal)
+        .args(["--listen", "127.0.0.1:0", "--no-auth"])
+        .args(extra)
+        .env_remove("SWITCHBOARD_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    spawn_server_logged(cmd)
+}
+
+/// Stops a server process with SIGTERM and waits for it to exit 0 (60 s at most).
+pub fn terminate(mut child: std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0), "the server exits 0 on SIGTERM");
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server did not exit within 60 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// How many workspaces exist under `root`: named ones, and the fresh ones under `@sessions`.
