@@ -35,8 +35,10 @@ pub use crate::protocol::{Block, Image, ToolError, ToolOutput, ToolReference, ca
 pub type ToolOutcome = Result<ToolOutput, ToolError>;
 
 mod access;
+mod idempotency;
 mod subject;
 pub use access::{Access, AccessFn, AccessFnSig, Mode, Resource, access_of};
+pub use idempotency::idempotency_key;
 pub use subject::{Subject, SubjectFn, SubjectOf};
 
 /// What a handler knows about the call it serves: which call, of which tool, in which session
@@ -89,6 +91,29 @@ impl ToolContext {
     /// The id of the session the call belongs to.
     pub fn session_id(&self) -> &str {
         self.session.id()
+    }
+
+    /// The call's idempotency key ([`idempotency_key`]): the same for every copy of this call —
+    /// a retried turn, a run after a restart of the engine — and another for a new
+    /// `tool_use_id` or another session. Send it to the service behind the tool (an
+    /// `Idempotency-Key` header) so that it can recognise a call it has already seen. Computed
+    /// when asked, never stored (see `docs/idempotency.md`).
+    ///
+    /// Derived from the session id and the `tool_use_id` for now: the turn id will join it when
+    /// the client gives one, once the context carries it.
+    ///
+    /// ```
+    /// use switchboard::{Handler, ToolSpec};
+    /// let charge = ToolSpec::new("charge", "Charges a card.", serde_json::json!({"type": "object"}),
+    ///     Handler::future(|args, ctx| async move {
+    ///         let key = ctx.idempotency_key(); // "sb1-…": the payment API's Idempotency-Key
+    ///         # let _ = args;
+    ///         Ok(format!("charged with key {key}"))
+    ///     }));
+    /// # let _ = charge;
+    /// ```
+    pub fn idempotency_key(&self) -> String {
+        idempotency_key(self.session.id(), None, &self.call_id)
     }
 
     /// The session's workspace, or an `execution_error` saying that the session has none (the

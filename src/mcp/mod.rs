@@ -41,6 +41,7 @@ use kameo::prelude::ActorRef;
 
 pub use config::{ConfigError, ListLimits, McpConfig, ServerSpec, Transport, valid_server_name};
 pub use server_conn::{Server, ServerState, ServerStatus, ToolEntry};
+pub use tools::IDEMPOTENCY_META_KEY;
 
 use std::sync::Arc;
 

@@ -15,6 +15,9 @@
 //! * A response the transport could not read (over the message limit, a lone surrogate escape,
 //!   …) answers the call at once: `execution_error` naming the cause. A block of an unknown
 //!   kind is a note; the known blocks are kept.
+//! * Every `tools/call` carries the call's idempotency key in its `_meta`, under
+//!   [`IDEMPOTENCY_META_KEY`]: the same for every copy of the call, so a server can recognise a
+//!   call it has already run (see `docs/idempotency.md`).
 //! * Timeout or cancellation drops the request; rmcp then sends `notifications/cancelled` with the
 //!   request id, and the late response is dropped. A server that exits mid-call answers the call
 //!   `execution_error` at once.
@@ -23,7 +26,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::ServiceError;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents, Tool};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, RequestMetaObject, ResourceContents, Tool,
+};
 use serde_json::Value;
 
 use super::link::{Link, Live, Shared, ToolEntry};
@@ -33,6 +38,11 @@ use crate::protocol::ErrorCode;
 use crate::tool::{
     Block, Effect, Handler, ToolContext, ToolError, ToolOutcome, ToolOutput, ToolSpec,
 };
+
+/// The `_meta` key of a `tools/call` that holds the call's idempotency key
+/// ([`ToolContext::idempotency_key`]). MCP reserves prefixes whose second label is `mcp` or
+/// `modelcontextprotocol`; this one is Switchboard's own, in reverse-DNS form.
+pub const IDEMPOTENCY_META_KEY: &str = "io.switchboard/idempotency-key";
 
 /// How long a call whose connection closed waits for the supervisor to notice the exit.
 const EXIT_NOTICE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -190,6 +200,12 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
     if let Value::Object(map) = args {
         params = params.with_arguments(map);
     }
+    let mut meta = RequestMetaObject::new();
+    meta.0.0.insert(
+        IDEMPOTENCY_META_KEY.to_string(),
+        Value::String(ctx.idempotency_key()),
+    );
+    params.meta = Some(meta);
     let started = Instant::now();
     // Dropping this future (on stop, or when the engine drops the handler) makes rmcp send
     // `notifications/cancelled` for the request; its late response is then dropped.

@@ -2,7 +2,8 @@
 //! its client runs. The engine treats a call of one like any call — validation, planning by its
 //! access declaration, policy, deadline, output cap, metrics — and its handler hands the call to
 //! the client instead of running anything: an `event: call` on the turn's stream, answered by
-//! `POST /v1/sessions/{id}/calls/{call_id}`.
+//! `POST /v1/sessions/{id}/calls/{call_id}`. The event carries the call's idempotency key
+//! (`idempotency_key`), which the clients hand to the tool's function.
 //!
 //! Exactly one answer per call, decided under one lock ([`Delegate`]): the client's answer, or
 //! the engine's own when the call is given up first — its deadline passed (`timeout`), its turn
@@ -517,6 +518,7 @@ impl Delegate {
                 "name": &*name,
                 "input": input,
                 "deadline_ms": u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+                "idempotency_key": ctx.idempotency_key(),
             });
             if link.events.send(event).is_err() {
                 return Err(ToolError::new(
@@ -951,6 +953,10 @@ mod tests {
         let event = events.recv().await.unwrap();
         assert_eq!(event["tool_use_id"], "toolu_1");
         assert_eq!(event["input"], json!({"q": 1}));
+        assert_eq!(
+            event["idempotency_key"],
+            crate::tool::idempotency_key("s", None, "toolu_1")
+        );
         let id = event["call_id"].as_str().unwrap().to_string();
         assert_eq!(d.answer(&id, Ok(ToolOutput::text("one"))), Ok(()));
         assert_eq!(

@@ -7,7 +7,9 @@
 //!   `LANG`, `LANGUAGE`, the standard locale categories (`LC_ALL`, `LC_CTYPE`, … — see
 //!   [`INHERITED_ENV`]) and `TMPDIR` are copied from the engine if present; `HOME` and `PWD` are
 //!   the workspace root; `SWITCHBOARD_CALL_ID` is the call's id (a marker naming the call, so
-//!   its processes can be found). Nothing else of the engine's environment reaches the command,
+//!   its processes can be found); `SWITCHBOARD_IDEMPOTENCY_KEY` is the call's idempotency key
+//!   ([`ToolContext::idempotency_key`], for a command that calls a service which deduplicates;
+//!   see `docs/idempotency.md`). Nothing else of the engine's environment reaches the command,
 //!   whatever its name: API keys, `DATABASE_URL`, `SSH_AUTH_SOCK`, `BASH_ENV`, `ENV`,
 //!   `LD_PRELOAD` included. The working directory is the workspace root; stdin is `/dev/null`.
 //! * **The engine's own environment is out of reach.** When the system allows it (root, or
@@ -100,6 +102,9 @@ pub const DANGEROUS_SUBSTRINGS: [&str; 5] = ["rm -rf /", "sudo", "shutdown", "re
 pub use crate::process_env::TOOL_ENV as INHERITED_ENV;
 /// The marker variable naming the call in every process it starts.
 pub const CALL_ID_VAR: &str = "SWITCHBOARD_CALL_ID";
+/// The variable holding the call's idempotency key ([`ToolContext::idempotency_key`]): the same
+/// for every copy of the call, so a command can pass it to a service that deduplicates.
+pub const IDEMPOTENCY_KEY_VAR: &str = "SWITCHBOARD_IDEMPOTENCY_KEY";
 /// How long the pipes are still read after the shell itself has exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
 /// How long the pipes are still read after the call's processes were killed.
@@ -227,7 +232,7 @@ impl Bash {
         let mut cmd = shell(
             root,
             command,
-            &ctx.call_id,
+            &ctx,
             token.as_deref(),
             launcher,
             sandbox.as_ref(),
@@ -366,7 +371,7 @@ fn timeout_arg(args: &Value) -> Result<Duration, ToolError> {
 fn shell(
     root: &Path,
     command: &str,
-    call_id: &str,
+    ctx: &ToolContext,
     token: Option<&str>,
     launcher: &Launcher,
     sandbox: Option<&CallSandbox>,
@@ -405,7 +410,8 @@ fn shell(
     }
     cmd.env("HOME", root)
         .env("PWD", root)
-        .env(CALL_ID_VAR, call_id);
+        .env(CALL_ID_VAR, &*ctx.call_id)
+        .env(IDEMPOTENCY_KEY_VAR, ctx.idempotency_key());
     Launcher::mark(&mut cmd, token);
     cmd.current_dir(root)
         .stdin(Stdio::null())

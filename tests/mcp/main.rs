@@ -1,11 +1,13 @@
-//! MCP: the command line, misbehaving and third-party servers, `mcp-serve` with the
-//! TypeScript client and with `--order arrival`, and the overhead figure (ignored by default).
+//! MCP: the command line, misbehaving and third-party servers, the idempotency key of a call,
+//! `mcp-serve` with the TypeScript client and with `--order arrival`, and the overhead figure
+//! (ignored by default).
 //!
 //! One test binary for the area; each module is one suite (filter with `<module>::`).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod mcp_calls_carry_their_idempotency_key;
 mod mcp_cli;
 mod mcp_misbehaving_servers;
 mod mcp_overhead_figure;

@@ -36,6 +36,8 @@ OPTIONS_JSON, a JSON object, adds behaviour:
                         {"server": its own pid, "grandchild": the sleep's pid}
   "linger": true        at the end of stdin, does not exit but sleeps (a server that does not
                         watch its stdin)
+  "meta": true          page 2 also lists meta (answers the request's params._meta as JSON,
+                        null when it has none)
 """
 import json
 import os
@@ -98,6 +100,8 @@ def tools():
         page2 += [tool("huge"), tool("surrogate"), tool("hologram")]
     if OPTIONS.get("grandchild"):
         page2.append(tool("spawn_grandchild"))
+    if OPTIONS.get("meta"):
+        page2.append(tool("meta"))
     return page1, page2
 
 
@@ -114,7 +118,7 @@ def text(t, is_error=False):
     return {"content": [{"type": "text", "text": t}], "isError": is_error}
 
 
-def call(mid, name, args):
+def call(mid, name, args, meta=None):
     global changed
     log("call %s %s" % (json.dumps(mid), name))
     if "named" in OPTIONS:
@@ -158,6 +162,8 @@ def call(mid, name, args):
         return {"content": [{"type": "text", "text": "before"},
                             {"type": "hologram", "data": "3d"},
                             {"type": "text", "text": "after"}]}
+    if name == "meta":
+        return text(json.dumps(meta, sort_keys=True))
     if name == "spawn_grandchild":
         child = subprocess.Popen(["setsid", "sleep", "1000"], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -191,7 +197,7 @@ for line in sys.stdin:
         else:
             send({"jsonrpc": "2.0", "id": mid, "result": {"tools": page1, "nextCursor": "page2"}})
     elif method == "tools/call":
-        result = call(mid, params.get("name"), params.get("arguments") or {})
+        result = call(mid, params.get("name"), params.get("arguments") or {}, params.get("_meta"))
         if result is None:
             continue
         if "__error__" in result:

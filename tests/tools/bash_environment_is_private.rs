@@ -26,7 +26,8 @@ fn snoop(engine_pid: u32) -> String {
     )
 }
 
-/// Names set by `env` that may appear: the allowlist, the call marker, and bash's own.
+/// Names set by `env` that may appear: the allowlist, the call marker, the call's idempotency
+/// key, and bash's own.
 fn assert_only_allowed_names(env_output: &str) {
     let names: BTreeSet<&str> = env_output
         .lines()
@@ -42,6 +43,7 @@ fn assert_only_allowed_names(env_output: &str) {
                     "HOME",
                     "PWD",
                     "SWITCHBOARD_CALL_ID",
+                    "SWITCHBOARD_IDEMPOTENCY_KEY",
                     "SWITCHBOARD_CALL_TOKEN",
                     "SHLVL",
                     "_",

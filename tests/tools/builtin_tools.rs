@@ -264,7 +264,14 @@ async fn bash_sees_only_allowlisted_environment_with_home_and_pwd_at_the_workspa
         .map(|(k, _)| k)
         .collect();
     let bash_own = ["PWD", "SHLVL", "_", "OLDPWD"];
-    let ours = ["PATH", "LANG", "TMPDIR", "HOME", "SWITCHBOARD_CALL_ID"];
+    let ours = [
+        "PATH",
+        "LANG",
+        "TMPDIR",
+        "HOME",
+        "SWITCHBOARD_CALL_ID",
+        "SWITCHBOARD_IDEMPOTENCY_KEY",
+    ];
     for name in &names {
         assert!(
             ours.contains(name) || bash_own.contains(name) || name.starts_with("LC_"),

@@ -1,5 +1,5 @@
 //! The built-in tools: their behaviour, workspace confinement under attack, bash's process
-//! control and private environment, atomic writes, bounded outputs and path forms.
+//! control, private environment and idempotency key, atomic writes, bounded outputs and path forms.
 //!
 //! One test binary for the area; each module is one suite (filter with `<module>::`).
 
@@ -8,6 +8,7 @@ mod common;
 
 mod adversarial_paths;
 mod atomic_writes;
+mod bash_commands_see_their_idempotency_key;
 mod bash_environment_is_private;
 mod bash_process_control;
 mod bounded_outputs;

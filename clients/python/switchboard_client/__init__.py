@@ -20,13 +20,15 @@ platform's own functions) as the server hands their calls over. ``session.start`
 in the background with a handle to cancel it. ``AsyncClient`` is the same with
 ``async``/``await``. Every failure raises :class:`SwitchboardError`, whose ``code`` is the
 server's stable error code. A client tool raises :class:`ToolError` to choose the error text the
-model sees. ``local()`` starts the ``switchboard`` binary installed with the
+model sees; a parameter annotated :class:`ToolCallContext` (or :func:`current_call`) gives it
+its call's ids and idempotency key. ``local()`` starts the ``switchboard`` binary installed with the
 ``switchboard-sidecar`` wheel as a private sidecar and returns a ``Client`` connected to it (closing
 it stops the server). The guide is ``docs/python.md``.
 """
 
 from ._async import AsyncClient, AsyncDispatchStream, AsyncSession, AsyncTurn
 from ._common import SwitchboardError, ToolError
+from ._context import ToolCallContext, current_call, idempotency_key
 from ._local import AsyncLocalClient, LocalClient, LocalServer, LocalServerError, local, local_async
 from ._sync import Client, DispatchStream, Session, Turn
 from ._tools import function_schema, tool_spec, type_schema
@@ -44,9 +46,12 @@ __all__ = [
     "LocalServerError",
     "Session",
     "SwitchboardError",
+    "ToolCallContext",
     "ToolError",
     "Turn",
+    "current_call",
     "function_schema",
+    "idempotency_key",
     "local",
     "local_async",
     "tool_spec",

@@ -15,6 +15,7 @@ import aiohttp
 
 from . import _common as c
 from ._common import SwitchboardError
+from ._context import ToolCallContext, calling
 
 log = logging.getLogger("switchboard_client")
 
@@ -195,15 +196,17 @@ class AsyncSession(c.SessionBase):
             body = c.error_body(missing)
         else:
             try:
-                args, kwargs = entry.arguments(call.get("input"))
-                if entry.is_async:
-                    value = await entry.fn(*args, **kwargs)
-                else:
-                    loop = asyncio.get_running_loop()
-                    ctx = contextvars.copy_context()
-                    value = await loop.run_in_executor(
-                        self._client._tool_executor(),
-                        functools.partial(ctx.run, entry.fn, *args, **kwargs))
+                context = ToolCallContext.from_event(call)
+                args, kwargs = entry.arguments(call.get("input"), context)
+                with calling(context):  # this task's context, copied to a worker thread
+                    if entry.is_async:
+                        value = await entry.fn(*args, **kwargs)
+                    else:
+                        loop = asyncio.get_running_loop()
+                        ctx = contextvars.copy_context()
+                        value = await loop.run_in_executor(
+                            self._client._tool_executor(),
+                            functools.partial(ctx.run, entry.fn, *args, **kwargs))
                 body = c.answer_body(value)
             except asyncio.CancelledError:
                 raise

@@ -13,6 +13,7 @@ import urllib3
 
 from . import _common as c
 from ._common import SwitchboardError
+from ._context import ToolCallContext, calling
 from ._tools import ToolEntry
 
 log = logging.getLogger("switchboard_client")
@@ -164,7 +165,8 @@ class Session(c.SessionBase):
     def _run_call(self, call: Dict[str, Any]) -> None:
         """Runs one client-tool call (in a worker thread) and posts its answer, once."""
         entry, missing = self._call_entry(call)
-        body = _call_body(entry, call.get("input")) if entry is not None else c.error_body(missing)
+        body = _call_body(entry, call.get("input"), ToolCallContext.from_event(call)) \
+            if entry is not None else c.error_body(missing)
         self._answer(call["call_id"], body)
 
     def _answer(self, call_id: str, body: bytes) -> None:
@@ -265,14 +267,15 @@ class Session(c.SessionBase):
         self.close()
 
 
-def _call_body(entry: ToolEntry, input: Any) -> bytes:
+def _call_body(entry: ToolEntry, input: Any, context: ToolCallContext) -> bytes:
     try:
-        args, kwargs = entry.arguments(input)
-        if entry.is_async:
-            import asyncio
-            value = asyncio.run(entry.fn(*args, **kwargs))  # type: ignore[misc]
-        else:
-            value = entry.fn(*args, **kwargs)  # type: ignore[misc]
+        args, kwargs = entry.arguments(input, context)
+        with calling(context):
+            if entry.is_async:
+                import asyncio
+                value = asyncio.run(entry.fn(*args, **kwargs))  # type: ignore[misc]
+            else:
+                value = entry.fn(*args, **kwargs)  # type: ignore[misc]
         return c.answer_body(value)
     except Exception as e:  # a failing tool is a result, never a crashed loop
         return c.answer_body(error=e)

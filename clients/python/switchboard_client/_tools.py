@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
 
+from ._context import ToolCallContext, context_parameter
+
 _BaseModel: Any
 try:  # pydantic is optional
     from pydantic import BaseModel as _BaseModel
@@ -214,7 +216,7 @@ def parse_docstring(doc: Optional[str]) -> Tuple[str, Dict[str, str]]:
 class ToolEntry:
     """One client tool: its declaration (``spec``, sent to the server) and its function."""
 
-    __slots__ = ("name", "spec", "fn", "is_async", "model", "converters")
+    __slots__ = ("name", "spec", "fn", "is_async", "model", "converters", "context_param")
 
     def __init__(self, name: str, spec: Dict[str, Any], fn: Optional[Callable[..., Any]],
                  model: Any = None, converters: Optional[Dict[str, Callable[[Any], Any]]] = None):
@@ -224,16 +226,25 @@ class ToolEntry:
         self.is_async = fn is not None and _is_coroutine_function(fn)
         self.model = model  # a pydantic model: called with the whole input validated into it
         self.converters = converters or {}
+        # The parameter annotated ToolCallContext, which gets the call's context.
+        self.context_param = context_parameter(fn) if fn is not None else None
 
-    def arguments(self, input: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        """The positional and keyword arguments of a call with ``input``."""
+    def arguments(self, input: Any, context: Optional[ToolCallContext] = None
+                  ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """The positional and keyword arguments of a call with ``input`` (and ``context``,
+        for a function with a parameter annotated :class:`ToolCallContext`)."""
         if self.model is not None:
-            return (self.model.model_validate(input or {}),), {}
-        kwargs = dict(input or {})
-        for key, convert in self.converters.items():
-            if key in kwargs:
-                kwargs[key] = convert(kwargs[key])
-        return (), kwargs
+            args: Tuple[Any, ...] = (self.model.model_validate(input or {}),)
+            kwargs: Dict[str, Any] = {}
+        else:
+            args = ()
+            kwargs = dict(input or {})
+            for key, convert in self.converters.items():
+                if key in kwargs:
+                    kwargs[key] = convert(kwargs[key])
+        if self.context_param is not None:
+            kwargs[self.context_param] = context
+        return args, kwargs
 
 
 def _is_coroutine_function(fn: Any) -> bool:
@@ -391,15 +402,17 @@ def tool_entry(fn: Optional[Callable[..., Any]] = None, schema: Optional[Mapping
 def function_schema(fn: Callable[..., Any], arg_docs: Optional[Dict[str, str]] = None
                     ) -> Tuple[Dict[str, Any], Any, Dict[str, Callable[[Any], Any]]]:
     """The input schema of ``fn`` from its signature: each parameter a property (a default
-    makes it optional), or the whole schema of a single pydantic model parameter."""
+    makes it optional), or the whole schema of a single pydantic model parameter. A parameter
+    annotated :class:`ToolCallContext` is not part of it (it gets the call's context)."""
     arg_docs = arg_docs or {}
     sig = inspect.signature(fn)
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # unresolvable forward references: fall back to the raw annotations
         hints = {p.name: p.annotation for p in sig.parameters.values()}
+    context = context_parameter(fn)
     params = [p for p in sig.parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != context]
     var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
     if len(params) == 1 and _is_model(hints.get(params[0].name)) \
             and params[0].kind != params[0].KEYWORD_ONLY:

@@ -277,6 +277,7 @@ export class Session {
         toolUseId: call.tool_use_id,
         name: call.name,
         deadlineMs: call.deadline_ms,
+        idempotencyKey: call.idempotency_key,
         signal,
       };
       try {

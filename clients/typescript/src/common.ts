@@ -1,7 +1,7 @@
 // What the client's I/O builds on: the error types, format detection, the incremental SSE
 // decoder and the stream's events, client-tool answers, the retry rule. No I/O here.
 
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 
 export const TOKEN_ENV = "SWITCHBOARD_TOKEN";
 export const DEFAULT_BASE_URL = "http://127.0.0.1:7420";
@@ -106,6 +106,17 @@ export class Retries {
 
 export function newTurnId(): string {
   return "ts-" + randomBytes(8).toString("hex");
+}
+
+/**
+ * The idempotency key the server gives call `toolUseId` of session `sessionId`: `sb1-` and the
+ * first 32 hex digits of the SHA-256 of `switchboard-idempotency-v1`, NUL, the session id, NUL,
+ * the turn id (empty when none), NUL, the `tool_use_id`. The server does not put a turn id in
+ * the key yet: leave `turnId` out to get the key it sends (`ctx.idempotencyKey`).
+ */
+export function idempotencyKey(sessionId: string, toolUseId: string, turnId?: string): string {
+  const data = ["switchboard-idempotency-v1", sessionId, turnId ?? "", toolUseId].join("\0");
+  return "sb1-" + createHash("sha256").update(data, "utf8").digest("hex").slice(0, 32);
 }
 
 // --- messages ------------------------------------------------------------------------------
@@ -230,6 +241,8 @@ export interface ClientCall {
   name: string;
   input: unknown;
   deadline_ms: number;
+  /** The call's idempotency key (`ToolCallContext.idempotencyKey`). */
+  idempotency_key: string;
 }
 
 /** A call held for approval (`event: approval_required`). */

@@ -18,6 +18,7 @@ export {
   TURN_HEADER,
   detectFormat,
   calledTools,
+  idempotencyKey,
   newTurnId,
 } from "./common.js";
 export type { ApprovalRequest, ClientCall, Format, StreamResult } from "./common.js";

@@ -24,6 +24,13 @@ export interface ToolCallContext {
   name: string;
   /** Milliseconds left of the call's deadline when it was handed over. */
   deadlineMs: number;
+  /**
+   * The call's idempotency key (`sb1-` and 32 hex digits): the same for every copy of the call —
+   * a turn sent again, a run after a restart of the server — and another for a new `toolUseId`
+   * or another session. Send it to the service behind the tool (an `Idempotency-Key` header) so
+   * that it can recognise a call it has already seen.
+   */
+  idempotencyKey: string;
   /** Aborted when the turn's stream has ended (its answer no longer counts). */
   signal: AbortSignal;
 }

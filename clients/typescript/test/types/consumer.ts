@@ -8,6 +8,7 @@ import {
   SwitchboardError,
   ToolError,
   defineTool,
+  idempotencyKey,
   type CancelAnswer,
   type DeferMode,
   type EffectClass,
@@ -31,6 +32,8 @@ const forecast = defineTool({
 export async function use(): Promise<void> {
   const session = client.session({ workspace: "w", tools: [forecast], sandbox: "read-only" });
   session.tool({ name: "plain", inputSchema: { type: "object" }, execute: (input, ctx) => [input, ctx.callId, ctx.signal.aborted] });
+  session.tool({ name: "keyed", execute: (_input, ctx) => ctx.idempotencyKey.toUpperCase() });
+  const key: string = idempotencyKey("s1", "toolu_01", "turn-7");
   const mode: DeferMode = DEFER_MODES[2];
   session.tool(defineTool({ name: "deferred", defer: mode, execute: () => "found" }));
   // @ts-expect-error: defer is "never", "auto" or "always"
