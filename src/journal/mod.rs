@@ -15,7 +15,7 @@
 //! running totals ([`Journal::flush_counts`]) beside its metrics, so a caller can see how many
 //! records each flush carried without a recorder.
 //!
-//! **Retention, health, damage and the clock** are the embedded store's ([`local`]): answers
+//! **Retention, health, damage and the clock** are the embedded store's (`local.rs`): answers
 //! older than the retention become tombstones (a late retry is recognised, never run), a full disk
 //! heals without a restart, only a missing file starts an empty journal, and records are stamped
 //! with a clock that wall-clock steps do not move.
