@@ -107,10 +107,10 @@ def violation(phase, text, check=None):
     print(f"  VIOLATION [{phase}] {text}", flush=True)
 
 
-# "outcome_unknown only for calls that had started" needs each intent written right before its
-# call starts; the engine still writes a turn's intents before its first call, so a serial call
-# that never started can be answered outcome_unknown. Until that lands the check is reported as a
-# known open finding; FAULT_PRECISE_INTENTS=1 makes it a failure.
+# "outcome_unknown only for calls that had started" holds since each intent is written right
+# before its own call starts (an engine that writes a turn's intents up front answers a serial
+# call that never started outcome_unknown). FAULT_PRECISE_INTENTS=1 (set by .ci/run) makes it a
+# failure; without it, a finding (for running this test against an older binary).
 PRECISE_INTENTS = os.environ.get("FAULT_PRECISE_INTENTS") == "1"
 
 

@@ -140,12 +140,13 @@ impl DirectDispatcher {
             span: &span,
             scope: &self.scope,
             policy: None,
+            gate: None,
         };
         if plan.graph.is_free() {
             // Nothing waits for anything: inline calls in place, the rest polled together.
             let mut waiting = Vec::new();
             for p in plan.admitted {
-                if execute::runs_in_place(&p.tool, env.policy) {
+                if execute::runs_in_place(&p, env.policy) {
                     let (index, result, _) = execute::run_in_place(p, env);
                     slots[index] = Some(result);
                 } else {
@@ -184,7 +185,7 @@ async fn run_graph(
     loop {
         while let Some(k) = ready.pop() {
             let Some(p) = waiting[k].take() else { continue };
-            if execute::runs_in_place(&p.tool, env.policy) {
+            if execute::runs_in_place(&p, env.policy) {
                 let (index, result, _) = execute::run_in_place(p, env);
                 slots[index] = Some(result);
                 release(k, &offsets, &dependants, &mut pending, &mut ready);

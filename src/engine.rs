@@ -429,6 +429,7 @@ impl Engine {
         let turf = Turf {
             view: None,
             policy: self.inner.policy.clone(),
+            gate: None,
         };
         self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None, turf)
             .await
@@ -515,7 +516,14 @@ impl Engine {
             Some(view) => view,
             None => self.snapshot().await,
         };
-        let mut plan = scheduler::prepare(snapshot, calls, arrived, Arc::clone(scope), turf.policy);
+        let mut plan = scheduler::prepare(
+            snapshot,
+            calls,
+            arrived,
+            Arc::clone(scope),
+            turf.policy,
+            turf.gate,
+        );
         if let Some(sink) = sink {
             plan.collector.attach_sink(sink);
         }

@@ -54,6 +54,18 @@ pub const STOP_GRACE: Duration = Duration::from_millis(250);
 /// beginning one can outlast this, and it is then answered `timeout`/`cancelled` after all.
 pub const COMMIT_GRACE: Duration = Duration::from_secs(30);
 
+/// What a call must pass right before it starts, after the policy and the caps: the session's
+/// journal makes the call's intent durable there, so that an intent on disk means "this call
+/// started" (see `docs/retries.md`). A call the turn's gate guards ([`Planned::gated`]) never
+/// runs in place.
+pub trait StartGate: Send + Sync + std::fmt::Debug {
+    /// True when `call` must pass the gate before it starts.
+    fn guards(&self, call: &ToolCall) -> bool;
+    /// Waits until `call` may start; `Err(why)` when it must not start (it is then answered
+    /// `execution_error`, "not run: why").
+    fn open<'a>(&'a self, call: &'a ToolCall) -> BoxFuture<'a, Result<(), String>>;
+}
+
 /// What every call of one turn shares.
 #[derive(Clone, Copy)]
 pub struct CallEnv<'a> {
@@ -71,12 +83,17 @@ pub struct CallEnv<'a> {
     pub scope: &'a Arc<SessionScope>,
     /// The engine's permission policy, if any (what its tools never see).
     pub policy: Option<&'a Policy>,
+    /// What guarded calls pass right before they start (the session's journal), if anything.
+    pub gate: Option<&'a dyn StartGate>,
 }
 
-/// True when the call runs in place (an inline handler the session's policy never makes wait):
-/// a turn of such calls needs no task and no worker.
-pub fn runs_in_place(tool: &RegisteredTool, policy: Option<&Policy>) -> bool {
-    matches!(tool.handler, Handler::Inline(_)) && policy.is_none_or(|p| !p.waits_for_tool(tool))
+/// True when the call runs in place (an inline handler that neither the session's policy nor a
+/// start gate makes wait): a turn of such calls needs no task and no worker.
+pub fn runs_in_place(planned: &Planned, policy: Option<&Policy>) -> bool {
+    let tool = &planned.tool;
+    !planned.gated
+        && matches!(tool.handler, Handler::Inline(_))
+        && policy.is_none_or(|p| !p.waits_for_tool(tool))
 }
 
 /// A call's answer: its index in the turn, its result, and its tool (handed back rather than
@@ -86,19 +103,18 @@ pub type Answered = (usize, ToolDispatchResult, Arc<RegisteredTool>);
 
 /// Runs one call through the stack. Never fails: every outcome is a result.
 pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
-    if runs_in_place(&planned.tool, env.policy) {
+    if runs_in_place(&planned, env.policy) {
         return run_in_place(planned, env);
     }
-    let Planned { index, call, tool } = planned;
+    let gate = if planned.gated { env.gate } else { None };
+    let Planned {
+        index, call, tool, ..
+    } = planned;
     let result = match env.policy {
-        None => waiting(call, &tool, env).await,
+        None => handler(call, &tool, env, gate).await,
         Some(policy) => match check_policy(policy, call, &tool, env).await {
             Ok((call, decided)) => {
-                // An inline handler that waited only for the policy still runs in place.
-                let mut result = match tool.handler {
-                    Handler::Inline(_) => inline(call, &tool, env),
-                    _ => waiting(call, &tool, env).await,
-                };
+                let mut result = handler(call, &tool, env, gate).await;
                 decided
                     .finish_waiting(policy, &tool, env, &mut result)
                     .await;
@@ -110,15 +126,66 @@ pub async fn run(planned: Planned, env: CallEnv<'_>) -> Answered {
     (index, result, tool)
 }
 
-/// The stack for an async or blocking call.
-async fn waiting(
-    mut call: ToolCall,
+/// The stack below the policy: an inline handler that waited (for the policy or the gate) still
+/// runs in place; any other goes through the caps and the deadline.
+async fn handler(
+    call: ToolCall,
     tool: &RegisteredTool,
     env: CallEnv<'_>,
+    gate: Option<&dyn StartGate>,
+) -> ToolDispatchResult {
+    match tool.handler {
+        Handler::Inline(_) => match pass(gate, call, env).await {
+            Ok(call) => inline(call, tool, env),
+            Err(refused) => refused,
+        },
+        _ => waiting(call, tool, env, gate).await,
+    }
+}
+
+/// The start gate, right before the handler: the call back, or its answer when it must not start
+/// (the gate refused it, or the turn was cancelled meanwhile).
+async fn pass(
+    gate: Option<&dyn StartGate>,
+    call: ToolCall,
+    env: CallEnv<'_>,
+) -> Result<ToolCall, ToolDispatchResult> {
+    let Some(gate) = gate else {
+        return Ok(call);
+    };
+    if env.cancel.is_cancelled() {
+        return Err(not_started(
+            call,
+            ErrorCode::Cancelled,
+            "cancelled before it started",
+        ));
+    }
+    if let Err(why) = gate.open(&call).await {
+        return Err(not_started(
+            call,
+            ErrorCode::ExecutionError,
+            &format!("not run: {why}"),
+        ));
+    }
+    Ok(call)
+}
+
+/// The stack for an async or blocking call.
+async fn waiting(
+    call: ToolCall,
+    tool: &RegisteredTool,
+    env: CallEnv<'_>,
+    gate: Option<&dyn StartGate>,
 ) -> ToolDispatchResult {
     let places = match acquire_places(tool, env.limiter, env.cancel).await {
         Ok(places) => places,
         Err((code, detail)) => return not_started(call, code, &detail),
+    };
+    // The gate holds the call's places: what it waits for (a journal flush) is short, and the
+    // call must not wait for places once its intent says it started.
+    let mut call = match pass(gate, call, env).await {
+        Ok(call) => call,
+        Err(refused) => return refused,
     };
     let started = Instant::now();
     let stop = env.cancel.child_token();
@@ -148,7 +215,9 @@ async fn waiting(
 /// enforced (an inline handler cannot be interrupted; see [`Handler::Inline`]). Any other kind is
 /// answered `execution_error` — callers check [`runs_in_place`] first.
 pub fn run_in_place(planned: Planned, env: CallEnv<'_>) -> Answered {
-    let Planned { index, call, tool } = planned;
+    let Planned {
+        index, call, tool, ..
+    } = planned;
     let result = match env.policy {
         None => inline(call, &tool, env),
         Some(policy) => match check_policy_now(policy, call, &tool, env) {

@@ -62,6 +62,9 @@ pub struct Planned {
     pub call: ToolCall,
     /// The resolved tool.
     pub tool: Arc<RegisteredTool>,
+    /// True when the call passes its turn's start gate right before it starts (its intent made
+    /// durable first; the execution layer's `StartGate`). Set by the scheduler, false here.
+    pub gated: bool,
 }
 
 /// A call answered without running: its position, code and detail.
@@ -120,6 +123,7 @@ pub fn plan(snapshot: &Snapshot, calls: Vec<ToolCall>, workspace: Option<&Worksp
                 index,
                 call,
                 tool: Arc::clone(tool),
+                gated: false,
             }),
             Err((code, detail)) => plan.rejected.push(Rejected {
                 index,

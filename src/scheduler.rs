@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
 use crate::collector::Collector;
-use crate::execute::{self, CallEnv};
+use crate::execute::{self, CallEnv, StartGate};
 use crate::observe;
 use crate::plan::{self, Graph, Planned, Stage};
 use crate::policy::Policy;
@@ -76,6 +76,8 @@ pub struct TurnPlan {
     pub policy: Option<Arc<Policy>>,
     /// The registry view the turn was planned with (it holds the metric handles).
     pub snapshot: Arc<Snapshot>,
+    /// What its guarded calls pass right before they start (the session's journal).
+    pub gate: Option<Arc<dyn StartGate>>,
 }
 
 /// Plans a turn against a registry snapshot ([`plan::plan`]) and answers the rejected calls.
@@ -85,6 +87,7 @@ pub fn prepare(
     arrived: Instant,
     scope: Arc<SessionScope>,
     policy: Option<Arc<Policy>>,
+    gate: Option<Arc<dyn StartGate>>,
 ) -> TurnPlan {
     let identities = calls
         .iter()
@@ -92,7 +95,12 @@ pub fn prepare(
         .collect();
     let span = observe::turn_span(calls.len(), scope.id());
     let mut collector = Collector::new(identities);
-    let plan = plan::plan(&snapshot, calls, scope.workspace());
+    let mut plan = plan::plan(&snapshot, calls, scope.workspace());
+    if let Some(gate) = &gate {
+        for p in &mut plan.admitted {
+            p.gated = gate.guards(&p.call);
+        }
+    }
     if let Some(deferral) = snapshot.deferral() {
         // A deferred tool called joins the session's revealed set, searched or not.
         for p in &plan.admitted {
@@ -122,6 +130,7 @@ pub fn prepare(
         scope,
         policy,
         snapshot,
+        gate,
     }
 }
 
@@ -139,7 +148,7 @@ impl TurnPlan {
     pub fn all_inline(&self) -> bool {
         self.runnable
             .iter()
-            .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
+            .all(|p| execute::runs_in_place(p, self.policy.as_deref()))
     }
 
     /// Answers a call the turn's cancellation reached before it started (it never reached the
@@ -196,6 +205,7 @@ impl TurnPlan {
             span: &self.span,
             scope: &self.scope,
             policy: self.policy.as_deref(),
+            gate: self.gate.as_deref(),
         };
         for p in calls {
             let (index, result, tool) = execute::run_in_place(p, env);
@@ -237,7 +247,7 @@ impl TurnPlan {
         }
         if calls
             .iter()
-            .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
+            .all(|p| execute::runs_in_place(p, self.policy.as_deref()))
         {
             self.run_in_place(calls, workers, cancel);
             return;
@@ -301,6 +311,7 @@ impl TurnPlan {
             span: self.span.clone(),
             scope: Arc::clone(&self.scope),
             policy: self.policy.clone(),
+            gate: self.gate.clone(),
             progress,
         }
     }
@@ -401,7 +412,7 @@ impl TurnPlan {
                 }
                 if batch
                     .iter()
-                    .all(|p| execute::runs_in_place(&p.tool, self.policy.as_deref()))
+                    .all(|p| execute::runs_in_place(p, self.policy.as_deref()))
                 {
                     let indices: Vec<usize> = batch.iter().map(|p| p.index).collect();
                     self.run_in_place(batch, workers, cancel);

@@ -57,6 +57,8 @@ pub struct RunStage {
     pub scope: Arc<SessionScope>,
     /// The engine's permission policy, if any.
     pub policy: Option<Arc<Policy>>,
+    /// What guarded calls pass right before they start (the session's journal), if anything.
+    pub gate: Option<Arc<dyn crate::execute::StartGate>>,
     /// When set, each waiting call's answer goes here as soon as it comes, and the reply holds
     /// only the rest (the turn is streamed).
     pub progress: Option<StageProgress>,
@@ -80,12 +82,13 @@ impl Message<RunStage> for Worker {
             span,
             scope,
             policy,
+            gate,
             progress,
         } = msg;
         let mut done = Vec::with_capacity(calls.len());
         let mut waiting = Vec::new();
         for planned in calls {
-            if execute::runs_in_place(&planned.tool, policy.as_deref()) {
+            if execute::runs_in_place(&planned, policy.as_deref()) {
                 let env = CallEnv {
                     arrived,
                     cancel: &cancel,
@@ -94,6 +97,7 @@ impl Message<RunStage> for Worker {
                     span: &span,
                     scope: &scope,
                     policy: policy.as_deref(),
+                    gate: gate.as_deref(),
                 };
                 done.push(execute::run_in_place(planned, env));
             } else {
@@ -114,6 +118,7 @@ impl Message<RunStage> for Worker {
                 span: &span,
                 scope: &scope,
                 policy: policy.as_deref(),
+                gate: gate.as_deref(),
             };
             let runs = waiting.into_iter().map(|p| {
                 let progress = progress.clone();

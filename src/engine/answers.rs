@@ -34,7 +34,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sha2::{Digest as _, Sha256};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::journal::{CallRecord, Journal, RecordState, StoredAnswer, Write};
+use futures::future::BoxFuture;
+
+use crate::execute::StartGate;
+use crate::journal::{CallRecord, Journal, JournalError, RecordState, StoredAnswer, Write};
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::Snapshot;
 use crate::tool::Effect;
@@ -458,33 +461,29 @@ impl Answers {
             .collect()
     }
 
-    /// The journal's intent records of the calls about to run (read-only tools and unknown
-    /// names need none).
-    pub(crate) fn intents(&self, calls: &[ToolCall], plans: &[Plan]) -> Vec<Write> {
-        let at_ms = self.journal.as_ref().map_or(0, Journal::now_ms);
-        calls
+    /// The start gate of the turn's calls that need an intent (idempotent and side-effect
+    /// tools, with a journal): each one's intent is made durable right before it starts. `None`
+    /// when no call of the turn needs one.
+    pub(crate) fn intents(&self, calls: &[ToolCall], plans: &[Plan]) -> Option<Arc<Intents>> {
+        let journal = self.journal.as_ref()?;
+        let guarded: HashMap<Arc<str>, (String, Effect)> = calls
             .iter()
             .zip(plans)
             .filter_map(|(call, plan)| match plan {
                 Plan::Run {
                     digest,
                     effect: Some(effect @ (Effect::Idempotent | Effect::SideEffect)),
-                    ..
-                } => Some(Write::Call {
-                    session: Arc::clone(&self.session),
-                    id: Arc::clone(&call.id),
-                    record: Box::new(CallRecord {
-                        tool: call.name.to_string(),
-                        digest: digest.hex(),
-                        effect: effect.as_str().to_string(),
-                        at_ms,
-                        answer: None,
-                        dropped: None,
-                    }),
-                }),
+                } => Some((Arc::clone(&call.id), (digest.hex(), *effect))),
                 _ => None,
             })
-            .collect()
+            .collect();
+        (!guarded.is_empty()).then(|| {
+            Arc::new(Intents {
+                journal: journal.clone(),
+                session: Arc::clone(&self.session),
+                guarded,
+            })
+        })
     }
 
     /// The journal record of `result`, the answer of a call planned with `digest` and `effect`.
@@ -572,6 +571,48 @@ impl Answers {
 }
 
 const ABANDONED: &str = "the turn running it was abandoned by its caller";
+
+/// A turn's start gate with a journal: the calls that need an intent, by id, with the digest and
+/// effect their plan recorded. An intent on disk then means that its call started — after a crash
+/// a call that never started has none, and runs on the retry.
+#[derive(Debug)]
+pub(crate) struct Intents {
+    journal: Journal,
+    session: Arc<str>,
+    guarded: HashMap<Arc<str>, (String, Effect)>,
+}
+
+impl StartGate for Intents {
+    fn guards(&self, call: &ToolCall) -> bool {
+        self.guarded.contains_key(&call.id)
+    }
+
+    fn open<'a>(&'a self, call: &'a ToolCall) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let Some((digest, effect)) = self.guarded.get(&call.id) else {
+                return Ok(());
+            };
+            let intent = Write::Call {
+                session: Arc::clone(&self.session),
+                id: Arc::clone(&call.id),
+                record: Box::new(CallRecord {
+                    tool: call.name.to_string(),
+                    digest: digest.clone(),
+                    effect: effect.as_str().to_string(),
+                    at_ms: self.journal.now_ms(),
+                    answer: None,
+                    dropped: None,
+                }),
+            };
+            // Made durable with every other write waiting now (the group commit): the calls
+            // starting at this moment, in every session, share one flush.
+            self.journal.write(vec![intent]).await.map_err(|e| match e {
+                JournalError::Fenced { .. } => "another node owns the session now".to_string(),
+                e => format!("the journal cannot record the call ({e})"),
+            })
+        })
+    }
+}
 
 /// Why a call whose intent the journal holds, and no answer, is `outcome_unknown`: the engine
 /// stopped while it ran, or its journal could not record the answer (then the answer given, and

@@ -169,6 +169,8 @@ pub(crate) struct Turf {
     pub view: Option<Arc<Snapshot>>,
     /// The session's policy.
     pub policy: Option<Arc<crate::policy::Policy>>,
+    /// What the turn's guarded calls pass right before they start (their intents).
+    pub gate: Option<Arc<dyn crate::execute::StartGate>>,
 }
 
 impl Drop for SessionInner {
@@ -287,8 +289,9 @@ impl Session {
     }
 
     /// One turn: the session's answers first (a re-sent `tool_use_id` is answered from them),
-    /// then the intents of the calls that run (durable first, when there is a journal), the
-    /// engine for those calls, and their answers remembered (durable before they leave).
+    /// then the engine for the calls that run — with a journal, each call's intent is made
+    /// durable right before that call starts (the turn's start gate) — and their answers
+    /// remembered (durable before they leave).
     async fn turn(
         &self,
         calls: Vec<ToolCall>,
@@ -297,7 +300,7 @@ impl Session {
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let answers = &self.inner.answers;
         if calls.is_empty() || Answers::refused_whole(&calls) {
-            return self.engine_turn(calls, cancel, sink).await;
+            return self.engine_turn(calls, cancel, sink, None).await;
         }
         // Shutdown waits for the whole turn, journal writes included.
         let Some(_in_flight) = self.inner.engine.enter_turn() else {
@@ -341,21 +344,11 @@ impl Session {
             }
         }
         let metrics = self.inner.engine.metrics();
-        // Intents first: a call starts only once its intent is durable. A journal that cannot
-        // record them runs none of them.
-        let mut journal_failed = None;
-        if let Some(journal) = &journal {
-            let intents = answers.intents(&calls, &plans);
-            match journal.write(intents).await {
-                Ok(()) => {}
-                Err(crate::journal::JournalError::Fenced { session }) => {
-                    // Another node owns the session: nothing runs here, it answers the turn.
-                    answers.unfinished(&std::mem::take(&mut guard.ids), false);
-                    return Err(EngineError::Moved(session));
-                }
-                Err(e) => journal_failed = Some(e.to_string()),
-            }
-        }
+        // Each call's intent is made durable right before it starts; a call whose intent cannot
+        // be recorded does not start ("not run").
+        let gate = answers
+            .intents(&calls, &plans)
+            .map(|g| g as Arc<dyn crate::execute::StartGate>);
         let mut plans = plans;
         // Decided answers (outcome_unknown) are remembered and journaled like answers.
         let mut records = Vec::new();
@@ -374,41 +367,27 @@ impl Session {
         }
         let mut calls = calls;
         if !runs.is_empty() {
-            if let Some(detail) = &journal_failed {
-                for &i in &runs {
-                    out[i] = Some(ToolDispatchResult::error(
-                        Arc::clone(&calls[i].id),
-                        Arc::clone(&calls[i].name),
-                        crate::ErrorCode::ExecutionError,
-                        &format!("not run: the journal cannot record the call ({detail})"),
-                        crate::Timing::default(),
-                    ));
-                }
+            // Usually every call is new: the turn goes to the engine as it came.
+            let sub: Vec<ToolCall> = if runs.len() == calls.len() {
+                std::mem::take(&mut calls)
             } else {
-                // Usually every call is new: the turn goes to the engine as it came.
-                let sub: Vec<ToolCall> = if runs.len() == calls.len() {
-                    std::mem::take(&mut calls)
-                } else {
-                    runs.iter()
-                        .map(|&i| {
-                            std::mem::replace(&mut calls[i], ToolCall::new("", "", Value::Null))
-                        })
-                        .collect()
-                };
-                let results = match self
-                    .run_and_record(sub, &runs, cancel, sink.as_ref(), &plans)
-                    .await
-                {
-                    Ok(results) => results,
-                    Err(e) => {
-                        // Refused by the engine: nothing of the turn ran.
-                        answers.unfinished(&std::mem::take(&mut guard.ids), false);
-                        return Err(e);
-                    }
-                };
-                for (&i, result) in runs.iter().zip(results) {
-                    out[i] = Some(result);
+                runs.iter()
+                    .map(|&i| std::mem::replace(&mut calls[i], ToolCall::new("", "", Value::Null)))
+                    .collect()
+            };
+            let results = match self
+                .run_and_record(sub, &runs, cancel, sink.as_ref(), &plans, gate)
+                .await
+            {
+                Ok(results) => results,
+                Err(e) => {
+                    // Refused by the engine: nothing of the turn ran.
+                    answers.unfinished(&std::mem::take(&mut guard.ids), false);
+                    return Err(e);
                 }
+            };
+            for (&i, result) in runs.iter().zip(results) {
+                out[i] = Some(result);
             }
         }
         // Answers are durable before any leaves the engine (the streamed ones were written as
@@ -433,7 +412,7 @@ impl Session {
                     // An answer that is not durable does not leave: a side-effect call's is
                     // `outcome_unknown`, as a copy after a crash would read from its intent.
                     tracing::error!(error = %e, "journal: the answers of a turn were not recorded");
-                    if sink.is_none() && journal_failed.is_none() {
+                    if sink.is_none() {
                         for &i in &runs {
                             if let (Plan::Run { effect, .. }, Some(result)) =
                                 (&plans[i], &mut out[i])
@@ -505,9 +484,10 @@ impl Session {
         cancel: CancellationToken,
         sink: Option<&ResultSink>,
         plans: &[Plan],
+        gate: Option<Arc<dyn crate::execute::StartGate>>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let Some(outer) = sink else {
-            return self.engine_turn(sub, cancel, None).await;
+            return self.engine_turn(sub, cancel, None, gate).await;
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let n = sub.len();
@@ -542,7 +522,8 @@ impl Session {
             }
             replaced
         };
-        let (results, replaced) = tokio::join!(self.engine_turn(sub, cancel, Some(tx)), forward);
+        let (results, replaced) =
+            tokio::join!(self.engine_turn(sub, cancel, Some(tx), gate), forward);
         let mut results = results?;
         for (j, result) in replaced {
             results[j] = result;
@@ -550,12 +531,14 @@ impl Session {
         Ok(results)
     }
 
-    /// A turn straight to the engine (no answers remembered).
+    /// A turn straight to the engine (no answers remembered); `gate`: what its guarded calls
+    /// pass right before they start.
     async fn engine_turn(
         &self,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
         sink: Option<ResultSink>,
+        gate: Option<Arc<dyn crate::execute::StartGate>>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         self.inner
             .engine
@@ -565,7 +548,10 @@ impl Session {
                 calls,
                 cancel,
                 sink,
-                self.turf().await,
+                Turf {
+                    gate,
+                    ..self.turf().await
+                },
             )
             .await
     }
@@ -579,6 +565,7 @@ impl Session {
                 Some(_) => Some(self.view().await),
             },
             policy: self.inner.policy.clone(),
+            gate: None,
         }
     }
 
@@ -620,7 +607,9 @@ impl Session {
 /// read-only or idempotent call's stays (such a call runs again after a crash). True when
 /// replaced.
 fn unrecorded(result: &mut ToolDispatchResult, effect: Option<crate::tool::Effect>) -> bool {
-    if super::answers::may_run_again(effect) {
+    // A call that never started (refused by the policy, its intent not recorded, …) keeps its
+    // answer: it did nothing, and no intent of it says otherwise.
+    if super::answers::may_run_again(effect) || !result.timing.ran {
         return false;
     }
     *result = super::answers::outcome_unknown_of(

@@ -24,6 +24,7 @@ fn planned(tool: &Arc<RegisteredTool>) -> Planned {
         index: 0,
         call: ToolCall::new("c1", Arc::clone(&tool.name), json!({})),
         tool: Arc::clone(tool),
+        gated: false,
     }
 }
 
@@ -56,6 +57,7 @@ impl Env {
             span: &self.span,
             scope: &self.scope,
             policy: self.policy.as_ref(),
+            gate: None,
         }
     }
 }
@@ -334,4 +336,97 @@ async fn a_cancelled_turn_answers_inline_calls_without_running_them() {
     ));
     let (_, result, _) = run_in_place(planned(&t), env.env());
     assert_eq!(result.error, Some(ErrorCode::Cancelled));
+}
+
+/// A start gate that records the order of events and refuses calls whose id starts with `no`.
+#[derive(Debug, Default)]
+struct Recording(std::sync::Mutex<Vec<String>>);
+
+impl StartGate for Recording {
+    fn guards(&self, _call: &ToolCall) -> bool {
+        true
+    }
+    fn open<'a>(&'a self, call: &'a ToolCall) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0.lock().unwrap().push(format!("gate {}", call.id));
+            if call.id.starts_with("no") {
+                Err("the journal cannot record the call".to_string())
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_gated_call_passes_its_gate_right_before_its_handler_and_a_refusal_runs_nothing() {
+    let gate = Arc::new(Recording::default());
+    let mut env = Env::new();
+    env.policy = None;
+    let events = Arc::clone(&gate);
+    let ran = Arc::new(AtomicBool::new(false));
+    let ran_in = Arc::clone(&ran);
+    // An inline handler too: gated, it no longer runs in place, and still passes the gate first.
+    let inline = tool(spec(
+        "inline",
+        Handler::inline(move |_, ctx| {
+            events
+                .0
+                .lock()
+                .unwrap()
+                .push(format!("ran {}", ctx.call_id));
+            ran_in.store(true, Ordering::SeqCst);
+            Ok("ran".to_string())
+        }),
+    ));
+    let asynchronous = tool(spec(
+        "async",
+        Handler::future(|_, _| async { Ok("ran".to_string()) }),
+    ));
+    let mut call_env = env.env();
+    call_env.gate = Some(&*gate);
+    let mut p = planned(&inline);
+    p.gated = true;
+    assert!(!runs_in_place(&p, None));
+    let (_, result, _) = run(p, call_env).await;
+    assert_eq!(result.content, "ran");
+    assert_eq!(*gate.0.lock().unwrap(), ["gate c1", "ran c1"]);
+    // Refused by the gate: answered "not run", the handler never called.
+    for t in [&inline, &asynchronous] {
+        ran.store(false, Ordering::SeqCst);
+        let mut p = planned(t);
+        p.call = ToolCall::new("no1", Arc::clone(&t.name), json!({}));
+        p.gated = true;
+        let (_, result, _) = run(p, call_env).await;
+        assert_eq!(result.error, Some(ErrorCode::ExecutionError));
+        assert_eq!(
+            result.content,
+            "Error [execution_error]: not run: the journal cannot record the call"
+        );
+        assert!(!result.timing.ran);
+        assert!(!ran.load(Ordering::SeqCst));
+    }
+    // Not gated: the gate is never asked.
+    let before = gate.0.lock().unwrap().len();
+    let (_, result, _) = run(planned(&asynchronous), call_env).await;
+    assert_eq!(result.content, "ran");
+    assert_eq!(gate.0.lock().unwrap().len(), before);
+}
+
+#[tokio::test]
+async fn a_call_cancelled_before_its_gate_is_answered_cancelled_without_passing_it() {
+    let gate = Recording::default();
+    let env = Env::new();
+    let t = tool(spec(
+        "async",
+        Handler::future(|_, _| async { Ok("ran".to_string()) }),
+    ));
+    let mut call_env = env.env();
+    call_env.gate = Some(&gate);
+    env.cancel.cancel();
+    let mut p = planned(&t);
+    p.gated = true;
+    let (_, result, _) = run(p, call_env).await;
+    assert_eq!(result.error, Some(ErrorCode::Cancelled));
+    assert!(gate.0.lock().unwrap().is_empty());
 }

@@ -16,6 +16,7 @@ mod deep_arguments_affect_only_their_call;
 mod deferred_tools;
 mod every_call_answered_once;
 mod inline_turns_run_where_dispatched;
+mod intents_are_written_as_each_call_starts;
 mod many_sessions;
 mod random_turns_proptest;
 mod registry_is_single_source;
