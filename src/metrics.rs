@@ -395,7 +395,7 @@ pub const METRICS: &[MetricDef] = &[
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &[],
-        help: "Retried side-effect calls answered outcome_unknown: the engine stopped while their first run was in progress.",
+        help: "Side-effect calls answered outcome_unknown: the engine stopped (or its journal could not record the answer) while their first run was in progress.",
     },
 ];
 

@@ -46,8 +46,9 @@ pub enum ErrorCode {
     Cancelled,
     /// Refused by backpressure; nothing ran.
     Overloaded,
-    /// The engine stopped while this call was running; it may or may not have taken effect
-    /// (a retried side-effect call found in the journal with no result).
+    /// The engine stopped (or its journal could not record the answer) while this call was
+    /// running; it may or may not have taken effect (a retried side-effect call that had
+    /// started, found in the journal with no result).
     OutcomeUnknown,
     /// Cluster mode: the session moved to a node where its workspace directory does not exist
     /// (the workspace root is not shared by every node); nothing ran.

@@ -416,8 +416,9 @@ impl Session {
                         for &i in &runs {
                             if let (Plan::Run { effect, .. }, Some(result)) =
                                 (&plans[i], &mut out[i])
+                                && unrecorded(result, *effect)
                             {
-                                unrecorded(result, *effect);
+                                metrics.outcome_unknown();
                             }
                         }
                     }
@@ -513,6 +514,7 @@ impl Session {
                         Err(e) => {
                             tracing::error!(error = %e, "journal: an answer was not recorded");
                             if unrecorded(&mut result, *effect) {
+                                self.inner.engine.metrics().outcome_unknown();
                                 replaced.push((j, result.clone()));
                             }
                         }
