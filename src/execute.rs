@@ -271,14 +271,16 @@ fn context(
     started: Instant,
     cancel: CancellationToken,
 ) -> ToolContext {
-    ToolContext::new(
+    let mut ctx = ToolContext::new(
         Arc::clone(&call.id),
         // The call's own copy of the name (equal to the tool's): no shared reference count.
         Arc::clone(&call.name),
         Arc::clone(scope),
         started + tool.policy.timeout,
         cancel,
-    )
+    );
+    ctx.turn_id.clone_from(&call.turn);
+    ctx
 }
 
 /// The places a running call holds: in its tool's own cap (if it has one) and in the global cap.

@@ -110,6 +110,11 @@ pub struct ToolCall {
     /// Set when the arguments could not be decoded at all (e.g. an OpenAI `function.arguments`
     /// string that is not JSON). The call is answered `invalid_arguments` with this detail.
     pub malformed: Option<String>,
+    /// The turn the client named this call's turn (the sidecar's `turn_id`), when it named one:
+    /// then the call's identity in its session is the turn and the `tool_use_id` together — a
+    /// retry re-sends the same turn id, and a new turn that reuses an old `tool_use_id` is a new
+    /// call ([`ToolCall::in_turn`]; see `docs/retries.md`).
+    pub turn: Option<Arc<str>>,
 }
 
 impl ToolCall {
@@ -120,7 +125,14 @@ impl ToolCall {
             name: name.into(),
             arguments,
             malformed: None,
+            turn: None,
         }
+    }
+
+    /// The call as part of turn `turn` (its identity is then the turn and its id together).
+    pub fn in_turn(mut self, turn: impl Into<Arc<str>>) -> Self {
+        self.turn = Some(turn.into());
+        self
     }
 
     /// A call whose arguments could not be decoded; it will be answered `invalid_arguments`.
@@ -134,6 +146,7 @@ impl ToolCall {
             name: name.into(),
             arguments: Value::Null,
             malformed: Some(detail.into()),
+            turn: None,
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// The call's point of no return (see [`ToolContext::begin_commit`]).
     pub commit: CommitGate,
+    /// The turn the client named the call's turn, if it named one ([`crate::ToolCall::turn`]):
+    /// part of the call's identity and of its idempotency key.
+    pub turn_id: Option<Arc<str>>,
 }
 
 impl ToolContext {
@@ -76,6 +79,7 @@ impl ToolContext {
             deadline,
             cancel,
             commit: CommitGate::default(),
+            turn_id: None,
         }
     }
 
@@ -99,8 +103,8 @@ impl ToolContext {
     /// `Idempotency-Key` header) so that it can recognise a call it has already seen. Computed
     /// when asked, never stored (see `docs/idempotency.md`).
     ///
-    /// Derived from the session id and the `tool_use_id` for now: the turn id will join it when
-    /// the client gives one, once the context carries it.
+    /// Derived from the session id, the turn id when the client named the turn
+    /// ([`ToolContext::turn_id`]) and the `tool_use_id`.
     ///
     /// ```
     /// use switchboard::{Handler, ToolSpec};
@@ -113,7 +117,7 @@ impl ToolContext {
     /// # let _ = charge;
     /// ```
     pub fn idempotency_key(&self) -> String {
-        idempotency_key(self.session.id(), None, &self.call_id)
+        idempotency_key(self.session.id(), self.turn_id.as_deref(), &self.call_id)
     }
 
     /// The session's workspace, or an `execution_error` saying that the session has none (the

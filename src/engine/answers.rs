@@ -266,6 +266,22 @@ fn refusal(call: &ToolCall, detail: String) -> ToolDispatchResult {
     )
 }
 
+/// A call's identity in its session: its `tool_use_id`, or — when the client named the turn —
+/// the turn id, NUL, and the `tool_use_id` (turn ids hold no NUL: the first one separates). The
+/// key of the session's memory and of the journal's record.
+pub(crate) fn key_of(call: &ToolCall) -> Arc<str> {
+    match &call.turn {
+        None => Arc::clone(&call.id),
+        Some(turn) => {
+            let mut key = String::with_capacity(turn.len() + 1 + call.id.len());
+            key.push_str(turn);
+            key.push('\0');
+            key.push_str(&call.id);
+            Arc::from(key)
+        }
+    }
+}
+
 /// The `outcome_unknown` answer of a call whose run was interrupted.
 pub(crate) fn outcome_unknown(call: &ToolCall, why: &str) -> ToolDispatchResult {
     outcome_unknown_of(&call.id, &call.name, why)
@@ -329,7 +345,12 @@ impl Answers {
     /// journal, ids this session does not know are looked up there first — without holding the
     /// session's lock, and on the blocking pool when the file may hold them; a lookup that fails
     /// runs none of them.
-    pub(crate) async fn plan(&self, calls: &[ToolCall], view: &Snapshot) -> Vec<Plan> {
+    pub(crate) async fn plan(
+        &self,
+        calls: &[ToolCall],
+        keys: &[Arc<str>],
+        view: &Snapshot,
+    ) -> Vec<Plan> {
         let durable = self.journal.is_some();
         let digests: Vec<Digest> = calls.iter().map(|c| Digest::of(c, durable)).collect();
         let mut records: HashMap<usize, Option<CallRecord>> = HashMap::new();
@@ -338,11 +359,11 @@ impl Answers {
             let misses: Vec<usize> = {
                 let state = self.lock();
                 (0..calls.len())
-                    .filter(|&i| !state.map.contains_key(&calls[i].id))
+                    .filter(|&i| !state.map.contains_key(&keys[i]))
                     .collect()
             };
             if !misses.is_empty() {
-                let ids: Vec<&str> = misses.iter().map(|&i| &*calls[i].id).collect();
+                let ids: Vec<&str> = misses.iter().map(|&i| &*keys[i]).collect();
                 match journal.lookup(&self.session, &ids).await {
                     Ok(found) => records = misses.into_iter().zip(found).collect(),
                     Err(e) => {
@@ -359,7 +380,8 @@ impl Answers {
             .enumerate()
             .map(|(i, (call, digest))| {
                 let effect = view.get(&call.name).map(|t| t.effect);
-                match state.map.get(&call.id) {
+                let key = &keys[i];
+                match state.map.get(key) {
                     Some(Entry::Answered { digest: d, result }) => {
                         if d.same(&digest) {
                             Plan::Answer((**result).clone(), Hit::Stored)
@@ -376,9 +398,7 @@ impl Answers {
                     }
                     Some(Entry::Abandoned { digest: d }) => {
                         if d.same(&digest) {
-                            state
-                                .map
-                                .insert(Arc::clone(&call.id), Entry::Running { digest });
+                            state.map.insert(Arc::clone(key), Entry::Running { digest });
                             // The one rule for a call that may have run: a read-only or
                             // idempotent call runs again, any other is `outcome_unknown`.
                             if may_run_again(effect) {
@@ -414,12 +434,7 @@ impl Answers {
                             match record.state() {
                                 RecordState::Answered(answer) => {
                                     let result = answer.to_result();
-                                    state.remember(
-                                        &call.id,
-                                        digest,
-                                        Arc::new(result.clone()),
-                                        self,
-                                    );
+                                    state.remember(key, digest, Arc::new(result.clone()), self);
                                     return Plan::Answer(result, Hit::Stored);
                                 }
                                 RecordState::Tombstone(_) => {
@@ -431,10 +446,9 @@ impl Answers {
                                 RecordState::Started => {
                                     let recorded = Effect::parse(&record.effect);
                                     if !may_run_again(recorded) {
-                                        state.map.insert(
-                                            Arc::clone(&call.id),
-                                            Entry::Running { digest },
-                                        );
+                                        state
+                                            .map
+                                            .insert(Arc::clone(key), Entry::Running { digest });
                                         return Plan::Decided {
                                             digest,
                                             effect,
@@ -443,7 +457,7 @@ impl Answers {
                                     }
                                 }
                             }
-                        } else if state.forgotten.contains(&self.id_hash(&call.id)) {
+                        } else if state.forgotten.contains(&self.id_hash(key)) {
                             let kept = format!(
                                 "a session keeps its last {} answers, {} MiB",
                                 self.retention.answers,
@@ -451,9 +465,7 @@ impl Answers {
                             );
                             return Plan::Answer(no_longer_kept(call, &kept), Hit::Refused);
                         }
-                        state
-                            .map
-                            .insert(Arc::clone(&call.id), Entry::Running { digest });
+                        state.map.insert(Arc::clone(key), Entry::Running { digest });
                         Plan::Run { digest, effect }
                     }
                 }
@@ -489,13 +501,14 @@ impl Answers {
     /// The journal record of `result`, the answer of a call planned with `digest` and `effect`.
     pub(crate) fn answer_record(
         &self,
+        key: &Arc<str>,
         result: &ToolDispatchResult,
         digest: &Digest,
         effect: Option<Effect>,
     ) -> Write {
         Write::Call {
             session: Arc::clone(&self.session),
-            id: Arc::clone(&result.tool_use_id),
+            id: Arc::clone(key),
             record: Box::new(CallRecord {
                 tool: result.tool_name.to_string(),
                 digest: digest.hex(),
@@ -507,16 +520,17 @@ impl Answers {
         }
     }
 
-    /// Remembers the answer of a call that ran (or was decided) and wakes its waiters.
-    pub(crate) fn finish(&self, digest: Digest, result: &ToolDispatchResult) {
-        let id = Arc::clone(&result.tool_use_id);
+    /// Remembers the answer of the call of identity `key` that ran (or was decided) and wakes
+    /// its waiters.
+    pub(crate) fn finish(&self, key: &Arc<str>, digest: Digest, result: &ToolDispatchResult) {
         self.lock()
-            .remember(&id, digest, Arc::new(result.clone()), self);
+            .remember(key, digest, Arc::new(result.clone()), self);
         self.wake();
     }
 
-    /// Calls registered as running that will get no answer from their turn: the engine refused
-    /// it (nothing ran: forgotten), or its caller dropped it (they may have run: abandoned).
+    /// Calls registered as running (by identity) that will get no answer from their turn: the
+    /// engine refused it (nothing ran: forgotten), or its caller dropped it (they may have run:
+    /// abandoned).
     pub(crate) fn unfinished(&self, ids: &[Arc<str>], ran: bool) {
         {
             let mut state = self.lock();
@@ -551,7 +565,7 @@ impl Answers {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match self.lock().map.get(&call.id) {
+            match self.lock().map.get(&key_of(call)) {
                 Some(Entry::Answered { digest: d, result }) if d.same(&digest) => {
                     return Some((**result).clone());
                 }
@@ -594,7 +608,7 @@ impl StartGate for Intents {
             };
             let intent = Write::Call {
                 session: Arc::clone(&self.session),
-                id: Arc::clone(&call.id),
+                id: key_of(call),
                 record: Box::new(CallRecord {
                     tool: call.name.to_string(),
                     digest: digest.clone(),

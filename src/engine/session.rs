@@ -307,7 +307,9 @@ impl Session {
             return Err(EngineError::ShutDown);
         };
         let view = self.view().await;
-        let plans = answers.plan(&calls, &view).await;
+        // Each call's identity: its id, or its turn and id when the client named the turn.
+        let keys: Vec<Arc<str>> = calls.iter().map(super::answers::key_of).collect();
+        let plans = answers.plan(&calls, &keys, &view).await;
         // Until every call registered as running here has its answer remembered: if this
         // future is dropped first, those calls are marked abandoned (their copies are answered
         // `outcome_unknown`), never left running forever.
@@ -315,9 +317,9 @@ impl Session {
             answers,
             ids: plans
                 .iter()
-                .zip(&calls)
+                .zip(&keys)
                 .filter(|(p, _)| matches!(p, Plan::Run { .. } | Plan::Decided { .. }))
-                .map(|(_, c)| Arc::clone(&c.id))
+                .map(|(_, key)| Arc::clone(key))
                 .collect(),
         };
         let journal = answers.journal().cloned();
@@ -361,7 +363,7 @@ impl Session {
             } = plan
             {
                 metrics.outcome_unknown();
-                records.push(answers.answer_record(result, digest, *effect));
+                records.push(answers.answer_record(&keys[i], result, digest, *effect));
                 out[i] = Some(result.clone());
             }
         }
@@ -376,7 +378,7 @@ impl Session {
                     .collect()
             };
             let results = match self
-                .run_and_record(sub, &runs, cancel, sink.as_ref(), &plans, gate)
+                .run_and_record(sub, &keys, cancel, sink.as_ref(), &plans, gate)
                 .await
             {
                 Ok(results) => results,
@@ -396,7 +398,7 @@ impl Session {
             if sink.is_none() {
                 for &i in &runs {
                     if let (Plan::Run { digest, effect, .. }, Some(result)) = (&plans[i], &out[i]) {
-                        records.push(answers.answer_record(result, digest, *effect));
+                        records.push(answers.answer_record(&keys[i], result, digest, *effect));
                     }
                 }
             }
@@ -437,7 +439,7 @@ impl Session {
             match plan {
                 Plan::Run { digest, .. } | Plan::Decided { digest, .. } => {
                     if let Some(result) = &out[i] {
-                        answers.finish(*digest, result);
+                        answers.finish(&keys[i], *digest, result);
                     }
                 }
                 _ => {}
@@ -475,13 +477,13 @@ impl Session {
             .collect())
     }
 
-    /// Runs the calls `sub` (the turn's calls at `runs`) through the engine. When streaming, each
+    /// Runs the calls `sub` (the turn's calls planned to run, `keys` the identities of all) through the engine. When streaming, each
     /// result reaches `sink` under its index in the whole turn — after its answer is durable,
     /// when there is a journal.
     async fn run_and_record(
         &self,
         sub: Vec<ToolCall>,
-        runs: &[usize],
+        keys: &[Arc<str>],
         cancel: CancellationToken,
         sink: Option<&ResultSink>,
         plans: &[Plan],
@@ -492,6 +494,10 @@ impl Session {
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let n = sub.len();
+        // Where each call of `sub` is in the turn: the calls planned to run, in order.
+        let runs: Vec<usize> = (0..plans.len())
+            .filter(|&i| matches!(plans[i], Plan::Run { .. }))
+            .collect();
         let answers = &self.inner.answers;
         let forward = async {
             let mut seen = 0;
@@ -506,7 +512,7 @@ impl Session {
                 if let (Some(journal), Plan::Run { digest, effect, .. }) =
                     (answers.journal(), &plans[i])
                 {
-                    let record = answers.answer_record(&result, digest, *effect);
+                    let record = answers.answer_record(&keys[i], &result, digest, *effect);
                     match journal.write(vec![record]).await {
                         Ok(()) => {}
                         // Fenced: this node may publish nothing more for the session.

@@ -387,3 +387,94 @@ fn the_built_in_tools_declare_their_effect() {
     assert_eq!(of("edit_file"), Effect::SideEffect);
     assert_eq!(of("bash"), Effect::SideEffect);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_turn_is_part_of_a_calls_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let in_turn =
+        |turn: &str, text: &str| vec![call("call_0", "push", json!({"text": text})).in_turn(turn)];
+    let (first, second) = {
+        let engine = engine_with(
+            vec![counting("push", Effect::SideEffect, 0, &runs)],
+            Some(dir.path()),
+        );
+        let s = engine
+            .session_with(SessionOptions::new().id("conv"))
+            .await
+            .unwrap();
+        // A provider that numbers its calls `call_0`, `call_1`, … in every response: the same
+        // id and the same arguments in two turns are two calls.
+        let first = s.dispatch(in_turn("resp-1", "x")).await.unwrap();
+        let second = s.dispatch(in_turn("resp-2", "x")).await.unwrap();
+        assert_eq!(first[0].content, "ran x #1");
+        assert_eq!(second[0].content, "ran x #2");
+        // A retry re-sends the same turn id: the stored answer, nothing runs.
+        assert_eq!(
+            wire(&s.dispatch(in_turn("resp-1", "x")).await.unwrap()),
+            wire(&first)
+        );
+        // Other arguments under the same turn and id are refused, as without turns.
+        let other = s.dispatch(in_turn("resp-2", "y")).await.unwrap();
+        assert_eq!(other[0].error, Some(ErrorCode::InvalidArguments));
+        // Without a turn id, today's rule: the id alone (a new call here).
+        let bare = one(&s, "call_0", "push", "x").await;
+        assert_eq!(bare[0].content, "ran x #3");
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        engine.shutdown(Duration::from_secs(2)).await;
+        (first, second)
+    };
+    // After a restart, from the journal: each turn's own answer.
+    let engine = engine_with(
+        vec![counting("push", Effect::SideEffect, 0, &runs)],
+        Some(dir.path()),
+    );
+    let s = engine
+        .session_with(SessionOptions::new().id("conv"))
+        .await
+        .unwrap();
+    assert_eq!(
+        wire(&s.dispatch(in_turn("resp-2", "x")).await.unwrap()),
+        wire(&second)
+    );
+    assert_eq!(
+        wire(&s.dispatch(in_turn("resp-1", "x")).await.unwrap()),
+        wire(&first)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    engine.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_turn_joins_the_idempotency_key() {
+    let engine = Engine::builder()
+        .tool(ToolSpec::new(
+            "key",
+            "Answers its idempotency key.",
+            text_schema(),
+            Handler::inline(|_, ctx| Ok(ctx.idempotency_key())),
+        ))
+        .build()
+        .unwrap();
+    let s = engine
+        .session_with(SessionOptions::new().id("conv"))
+        .await
+        .unwrap();
+    let key = |turn: Option<&str>| {
+        let mut c = call("k1", "key", json!({"text": "t"}));
+        c.turn = turn.map(Arc::from);
+        c
+    };
+    let named = s.dispatch(vec![key(Some("resp-1"))]).await.unwrap();
+    assert_eq!(
+        named[0].content,
+        switchboard::tool::idempotency_key("conv", Some("resp-1"), "k1")
+    );
+    let bare = s.dispatch(vec![key(None)]).await.unwrap();
+    assert_eq!(
+        bare[0].content,
+        switchboard::tool::idempotency_key("conv", None, "k1")
+    );
+    assert_ne!(named[0].content, bare[0].content);
+    engine.shutdown(Duration::from_secs(2)).await;
+}
