@@ -160,15 +160,25 @@ async fn run(
     app.sessions.wake(&id).await?;
     let session = app.sessions.enter(&id)?;
     let share = session.admit()?;
-    let turn: Arc<str> = Arc::from(chosen.unwrap_or_else(|| app.sessions.new_turn_id()));
+    let chosen_turn: Option<Arc<str>> = chosen.map(Arc::from);
+    let turn: Arc<str> = chosen_turn
+        .clone()
+        .unwrap_or_else(|| Arc::from(app.sessions.new_turn_id()));
     *turn_id = Some(Arc::clone(&turn));
     let cancel = session.turn_token();
     let mut registered = session.turn_ids().arrive(turn, cancel.clone())?;
     let text = app.read_body(headers, body).await;
     *body_read = text.is_ok();
     let text = text?;
-    let calls = decode_document(ask.format, &text)
+    let mut calls = decode_document(ask.format, &text)
         .map_err(|reason| ApiError::BadRequest(reason.to_string()))?;
+    // A turn id the client named is part of each call's identity: a retry re-sends it, and a
+    // new turn reusing an old tool_use_id is a new call (one the server made names nothing).
+    if let Some(named) = chosen_turn {
+        for call in &mut calls {
+            call.turn = Some(Arc::clone(&named));
+        }
+    }
     if !ask.stream
         && let Some(call) = calls
             .iter()

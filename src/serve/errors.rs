@@ -33,8 +33,6 @@ pub enum ApiError {
     AlreadyAnswered(String),
     /// The engine answered this call itself (deadline passed, cancelled) (409): id and how.
     CallClosed(String, &'static str),
-    /// A turn of this id is still queued or running in the session (409).
-    TurnInProgress(String),
     /// Not JSON, not an accepted shape, a bad workspace name or query parameter (400).
     BadRequest(String),
     /// The body is bigger than `--max-body` (413).
@@ -134,7 +132,6 @@ impl ApiError {
             ApiError::UnknownCall(_) => "unknown_call",
             ApiError::AlreadyAnswered(_) => "already_answered",
             ApiError::CallClosed(..) => "call_closed",
-            ApiError::TurnInProgress(_) => "turn_in_progress",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::TooManySessions(..) | ApiError::SessionKept(..) => "too_many_sessions",
@@ -157,9 +154,7 @@ impl ApiError {
             | ApiError::UnknownApproval(_)
             | ApiError::UnknownCall(_)
             | ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::AlreadyAnswered(_)
-            | ApiError::CallClosed(..)
-            | ApiError::TurnInProgress(_) => StatusCode::CONFLICT,
+            ApiError::AlreadyAnswered(_) | ApiError::CallClosed(..) => StatusCode::CONFLICT,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManySessions(..) | ApiError::SessionKept(..) => {
@@ -195,9 +190,6 @@ impl ApiError {
             ApiError::CallClosed(id, how) => {
                 format!("call `{id}` can no longer be answered: {how}")
             }
-            ApiError::TurnInProgress(id) => format!(
-                "turn `{id}` is still queued or running in this session; give each turn its own id"
-            ),
             ApiError::BadRequest(m) | ApiError::Internal(m) => m.clone(),
             ApiError::PayloadTooLarge(limit) => {
                 format!("the request body is larger than {limit} bytes (--max-body)")
@@ -283,7 +275,6 @@ mod tests {
             ApiError::UnknownCall("c1".into()),
             ApiError::AlreadyAnswered("c1".into()),
             ApiError::CallClosed("c1".into(), "late"),
-            ApiError::TurnInProgress("t1".into()),
             ApiError::BadRequest("x".into()),
             ApiError::PayloadTooLarge(1),
             ApiError::TooManySessions(1, "--max-sessions"),

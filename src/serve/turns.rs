@@ -9,6 +9,11 @@
 //! Arrival and cancel meet under one lock, so there is no moment in which a cancel can miss its
 //! turn: the turn registers before it reads its body, and a cancel either finds it or leaves
 //! itself for it.
+//!
+//! A turn id is part of its calls' identity, so the same id sent again while its first copy is
+//! still queued or running is a retry of that turn: it joins the table as another copy (it waits
+//! behind the first for the session's turn lock, and gets its answers), and a cancel of the id
+//! reaches every copy.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -47,7 +52,10 @@ pub fn check_turn_id(id: &str) -> Result<(), ApiError> {
 
 #[derive(Debug)]
 struct Active {
-    token: CancellationToken,
+    /// The cancellation of each copy of the turn that arrived while another was in flight.
+    tokens: Vec<CancellationToken>,
+    /// Copies registered and not yet gone.
+    copies: usize,
     running: bool,
 }
 
@@ -93,15 +101,21 @@ impl Found {
 
 impl TurnTable {
     /// Registers turn `id` arriving with `token` (cancelled here at once if its cancel came
-    /// first). `turn_in_progress` (409) if a turn of that id is still queued or running.
+    /// first). A turn of that id still queued or running gets a copy: the same turn sent again.
     pub fn arrive(
         self: &Arc<Self>,
         id: Arc<str>,
         token: CancellationToken,
     ) -> Result<TurnGuard, ApiError> {
         let mut turns = lock(&self.turns);
-        if turns.active.contains_key(&id) {
-            return Err(ApiError::TurnInProgress(id.to_string()));
+        if let Some(active) = turns.active.get_mut(&id) {
+            active.tokens.push(token);
+            active.copies += 1;
+            return Ok(TurnGuard {
+                table: Arc::clone(self),
+                id,
+                started: false,
+            });
         }
         if let Some(at) = turns.early.remove(&id) {
             turns.early_order.retain(|e| *e != id);
@@ -113,7 +127,8 @@ impl TurnTable {
         turns.active.insert(
             Arc::clone(&id),
             Active {
-                token,
+                tokens: vec![token],
+                copies: 1,
                 running: false,
             },
         );
@@ -128,7 +143,9 @@ impl TurnTable {
     pub fn cancel(&self, id: &str) -> Found {
         let mut turns = lock(&self.turns);
         if let Some(active) = turns.active.get(id) {
-            active.token.cancel();
+            for token in &active.tokens {
+                token.cancel();
+            }
             return if active.running {
                 Found::Running
             } else {
@@ -181,7 +198,12 @@ impl TurnGuard {
 impl Drop for TurnGuard {
     fn drop(&mut self) {
         let mut turns = lock(&self.table.turns);
-        turns.active.remove(&self.id);
+        if let Some(active) = turns.active.get_mut(&self.id) {
+            active.copies -= 1;
+            if active.copies == 0 {
+                turns.active.remove(&self.id);
+            }
+        }
         if !self.started {
             return;
         }
@@ -218,18 +240,20 @@ mod tests {
             .unwrap();
         drop(refused);
         assert_eq!(table.cancel("t9"), Found::Early);
-        // Queued, then running.
+        // Queued, then running; the same id again is a copy of it, which a cancel reaches too.
         let token = CancellationToken::new();
         let mut guard = table.arrive(Arc::from("t2"), token.clone()).unwrap();
-        assert!(matches!(
-            table.arrive(Arc::from("t2"), CancellationToken::new()),
-            Err(ApiError::TurnInProgress(_))
-        ));
+        let copy_token = CancellationToken::new();
+        let copy = table.arrive(Arc::from("t2"), copy_token.clone()).unwrap();
         assert_eq!(table.cancel("t2"), Found::Queued);
-        assert!(token.is_cancelled());
+        assert!(token.is_cancelled() && copy_token.is_cancelled());
         guard.running();
         assert_eq!(table.cancel("t2"), Found::Running);
         drop(guard);
+        // The copy is still in flight: the id is not finished until it is gone too.
+        assert_eq!(table.cancel("t2"), Found::Running);
+        drop(copy);
+        assert_eq!(table.cancel("t2"), Found::Finished);
         // A later turn of another id is not touched by those cancels.
         let token = CancellationToken::new();
         let _g = table.arrive(Arc::from("t3"), token.clone()).unwrap();

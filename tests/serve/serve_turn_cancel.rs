@@ -166,8 +166,31 @@ async fn a_running_turn_is_cancelled_by_id_and_ids_are_made_and_checked() {
         })
         .await
     );
-    // The same id while it runs is refused, and runs nothing.
-    let twice = dispatch_turn(
+    // The same id while it runs is a copy of that turn (a retry): it waits for the first, a
+    // cancel of the id reaches both, and the copy gets the first's answer — nothing runs twice.
+    let copy = {
+        let (c, url) = (
+            c.clone(),
+            s.url(&format!("/v1/sessions/{id}/dispatch?turn_id=long")),
+        );
+        let body = turn(&[("a", "bash", json!({"command": "touch started; sleep 30"}))]);
+        tokio::spawn(async move { post(&c, &url, &body).await })
+    };
+    let both = eventually(Duration::from_secs(10), || {
+        let (c, url) = (c.clone(), s.url(&format!("/v1/sessions/{id}")));
+        async move { get(&c, &url).await.json()["in_flight"] == 2 }
+    })
+    .await;
+    assert!(both);
+    assert_eq!(cancel_turn(&c, &s, &id, "long").await["state"], "running");
+    let answer = running.await.unwrap();
+    assert!(all_cancelled(&answer), "{}", answer.text);
+    let copy = copy.await.unwrap();
+    assert_eq!(copy.status, 200, "{}", copy.text);
+    assert_eq!(copy.text, answer.text);
+    // Once it ended, the id sent again with another call: under the same turn, a new call (the
+    // turn and the tool_use_id are its identity), which runs.
+    let again = dispatch_turn(
         &c,
         &s,
         &id,
@@ -175,14 +198,8 @@ async fn a_running_turn_is_cancelled_by_id_and_ids_are_made_and_checked() {
         &turn(&[("x", "bash", json!({"command": "touch twice"}))]),
     )
     .await;
-    assert_eq!(
-        (twice.status, twice.code().as_str()),
-        (409, "turn_in_progress")
-    );
-    assert_eq!(cancel_turn(&c, &s, &id, "long").await["state"], "running");
-    let answer = running.await.unwrap();
-    assert!(all_cancelled(&answer), "{}", answer.text);
-    assert!(!Path::new(&format!("{ws}/twice")).exists());
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert!(Path::new(&format!("{ws}/twice")).exists());
     // Without an id the server makes one and says it.
     let plain = dispatch(
         &c,
@@ -225,4 +242,28 @@ async fn audit_lines_carry_the_session_id_the_client_knows() {
     let text = std::fs::read_to_string(&log).unwrap();
     let line: Value = serde_json::from_str(text.lines().next().expect("an audit line")).unwrap();
     assert_eq!(line["session"], id.as_str(), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_id_is_part_of_its_calls_identity() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let (id, ws) = session(&c, &s, None).await;
+    // A provider that numbers its calls `call_0` in every response, with the same arguments:
+    // under two turn ids, two calls — each runs once.
+    let body = turn(&[(
+        "call_0",
+        "bash",
+        json!({"command": "echo x >> ledger; wc -l < ledger"}),
+    )]);
+    let first = dispatch_turn(&c, &s, &id, "resp-1", &body).await;
+    let second = dispatch_turn(&c, &s, &id, "resp-2", &body).await;
+    assert_eq!(first.json()["content"][0]["content"], "1");
+    assert_eq!(second.json()["content"][0]["content"], "2");
+    // A retry re-sends its turn id: the stored answer, byte for byte, and nothing runs.
+    let again = dispatch_turn(&c, &s, &id, "resp-1", &body).await;
+    assert_eq!(again.text, first.text);
+    let lines = std::fs::read_to_string(format!("{ws}/ledger")).unwrap();
+    assert_eq!(lines.lines().count(), 2);
+    s.shutdown().await.unwrap();
 }

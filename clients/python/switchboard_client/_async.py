@@ -229,7 +229,7 @@ class AsyncSession(c.SessionBase):
             return None
         if self._id is None:
             await self._ensure()
-        tid = turn_id or c.new_turn_id()
+        tid = turn_id or c.turn_id_of(body)
         if self._streams(names):
             stream = AsyncDispatchStream(self, fmt, body, tid, None)
             async for _ in stream:
@@ -243,7 +243,12 @@ class AsyncSession(c.SessionBase):
               turn_id: Optional[str] = None) -> "AsyncTurn":
         """Starts the dispatch as a task and returns its handle: ``await turn`` is the answer,
         ``await turn.cancel()`` cancels it. Needs a running loop."""
-        return AsyncTurn(self, message, format, turn_id or c.new_turn_id())
+        if turn_id is None:
+            try:
+                turn_id = c.turn_id_of(c.prepare(message, format)[2])
+            except Exception:  # the dispatch itself says what is wrong with the message
+                turn_id = c.new_turn_id()
+        return AsyncTurn(self, message, format, turn_id)
 
     def stream(self, message: Any, format: Optional[str] = None,
                on_approval: Optional[Callable[[Any], Any]] = None, *,
@@ -251,7 +256,7 @@ class AsyncSession(c.SessionBase):
         """See :meth:`Session.stream`; ``on_approval`` may be a plain or a coroutine
         function."""
         fmt, _names, body = c.prepare(message, format)
-        return AsyncDispatchStream(self, fmt, body, turn_id or c.new_turn_id(), on_approval)
+        return AsyncDispatchStream(self, fmt, body, turn_id or c.turn_id_of(body), on_approval)
 
     async def tools(self, format: str = "anthropic") -> List[Any]:
         await self._ensure()

@@ -130,10 +130,11 @@ def args_key(name: str, args: Any) -> Tuple[str, str]:
     return name, json.dumps(args, sort_keys=True, default=str)
 
 
-async def run_cancellable(session: Any, message: Any) -> Any:
-    """Dispatches ``message`` as a turn; cancelling this cancels the turn on the server (its
-    calls answered ``cancelled``, its processes killed)."""
-    turn = session.start(message, format="anthropic")
+async def run_cancellable(session: Any, message: Any, turn_id: Optional[str] = None) -> Any:
+    """Dispatches ``message`` as a turn (named ``turn_id``, else after the message); cancelling
+    this cancels the turn on the server (its calls answered ``cancelled``, its processes
+    killed)."""
+    turn = session.start(message, format="anthropic", turn_id=turn_id)
     try:
         return await asyncio.shield(turn.task)
     except asyncio.CancelledError:

@@ -4,6 +4,7 @@ rule, and the I/O-free halves of a session and of a streamed dispatch. No I/O he
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -135,7 +136,17 @@ class Retries:
 
 
 def new_turn_id() -> str:
+    """A fresh random turn id (for a caller that wants one turn per call of ``dispatch``)."""
     return "py-" + os.urandom(8).hex()
+
+
+def turn_id_of(body: bytes) -> str:
+    """The turn id of a dispatch whose caller named none: ``m-`` and a digest of the message as
+    sent. The turn id is part of each call's identity on the server, so the same model message
+    sent again — a retry, a harness replaying it after a restart — names the same turn and its
+    calls are answered from their first answers, while another model response (its own id, other
+    calls) names another turn, even when its provider reuses the ``tool_use_id`` values."""
+    return "m-" + hashlib.sha256(body).hexdigest()[:32]
 
 
 # --- request bodies ------------------------------------------------------------------------

@@ -67,8 +67,9 @@ def calling(context: ToolCallContext) -> Iterator[None]:
 def idempotency_key(session_id: str, tool_use_id: str, turn_id: Optional[str] = None) -> str:
     """The idempotency key the server gives call ``tool_use_id`` of session ``session_id``:
     ``sb1-`` and the first 32 hex digits of the SHA-256 of ``switchboard-idempotency-v1``, NUL,
-    the session id, NUL, the turn id (empty when none), NUL, the ``tool_use_id``. The server
-    does not put a turn id in the key yet: leave ``turn_id`` out to get the key it sends."""
+    the session id, NUL, the turn id (empty when none), NUL, the ``tool_use_id``. Pass the turn
+    id the dispatch named (``turn_id_of(body)`` when its caller named none) to get the key the
+    server sends."""
     data = b"\0".join(s.encode() for s in ("switchboard-idempotency-v1", session_id,
                                             turn_id or "", tool_use_id))
     return "sb1-" + hashlib.sha256(data).hexdigest()[:32]

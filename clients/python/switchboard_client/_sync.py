@@ -188,7 +188,7 @@ class Session(c.SessionBase):
         if names == []:
             return None
         self._ensure()
-        tid = turn_id or c.new_turn_id()
+        tid = turn_id or c.turn_id_of(body)
         if self._streams(names):
             stream = DispatchStream(self, fmt, body, tid, None)
             for _ in stream:
@@ -202,7 +202,12 @@ class Session(c.SessionBase):
               turn_id: Optional[str] = None) -> "Turn":
         """Starts the dispatch of ``message`` in a background thread and returns its handle:
         ``turn.result()`` waits for the answer, ``turn.cancel()`` cancels it."""
-        return Turn(self, message, format, turn_id or c.new_turn_id())
+        if turn_id is None:
+            try:
+                turn_id = c.turn_id_of(c.prepare(message, format)[2])
+            except Exception:  # the dispatch itself says what is wrong with the message
+                turn_id = c.new_turn_id()
+        return Turn(self, message, format, turn_id)
 
     def stream(self, message: Any, format: Optional[str] = None,
                on_approval: Optional[Callable[[Any], bool]] = None, *,
@@ -213,7 +218,7 @@ class Session(c.SessionBase):
         ``tool_use_id``, ``tool_name``, ``tool_input``, ``subject``, ``rule``), whose truth
         allows it; without ``on_approval`` it is denied at once. Client tools run as asked."""
         fmt, _names, body = c.prepare(message, format)
-        return DispatchStream(self, fmt, body, turn_id or c.new_turn_id(), on_approval)
+        return DispatchStream(self, fmt, body, turn_id or c.turn_id_of(body), on_approval)
 
     def tools(self, format: str = "anthropic") -> List[Any]:
         """The session's catalog: the server's tools, then its client tools, for ``tools=``.

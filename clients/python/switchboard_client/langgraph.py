@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import hashlib
 import json
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -97,13 +98,26 @@ def builtin_tools(names: Optional[Iterable[str]] = None) -> List[BaseTool]:
 # Per conversation and per turn state.
 # --------------------------------------------------------------------------------------------
 
+def ai_turn_id(ai_id: Optional[str]) -> Optional[str]:
+    """The turn id of the calls of AI message ``ai_id`` (``lc-`` and a digest of the id: any
+    message id becomes a valid turn id), or None — the client then names the turn after the
+    message it sends."""
+    if not ai_id:
+        return None
+    return "lc-" + hashlib.sha256(str(ai_id).encode()).hexdigest()[:32]
+
+
 class _TurnContext:
     """What the client-tool runners of one turn need: the node's config, state and runtime,
     the caller's loop, which call id a (name, arguments) pair is, and what each tool returned."""
 
     def __init__(self, calls: List[Dict[str, Any]], config: Any, state: Any, runtime: Any,
-                 input_type: str, caller_loop: Optional[asyncio.AbstractEventLoop]) -> None:
+                 input_type: str, caller_loop: Optional[asyncio.AbstractEventLoop],
+                 ai_id: Optional[str] = None) -> None:
         self.config, self.state, self.runtime = config, state, runtime
+        # The id of the AI message the calls came in: it names the turn on the server, so a
+        # model that reuses its call ids (`call_0` in every response) gets new calls per message.
+        self.ai_id = ai_id
         self.input_type = input_type
         self.caller_loop = caller_loop
         self.ids: Dict[Tuple[str, str], collections.deque] = collections.defaultdict(
@@ -312,7 +326,9 @@ class ToolNode(_LangGraphToolNode):
         key = None if self._fixed_session is not None else thread
         if input_type != "tool_calls" or len(tool_calls) != 1:
             # The whole AI message (a hand-built graph, create_react_agent(version="v1")).
-            ctx = _TurnContext(tool_calls, config, state, runtime, input_type, caller_loop)
+            ai_id = self._turn_of(tool_calls, state)[1]
+            ctx = _TurnContext(tool_calls, config, state, runtime, input_type, caller_loop,
+                               ai_id)
             outcomes = await self._run_turn(key, thread, tool_calls, ctx)
         else:
             # create_react_agent's Send of one call: the first of the turn's Sends dispatches
@@ -328,7 +344,8 @@ class ToolNode(_LangGraphToolNode):
             shared = self._turns.get(turn_key)
             if shared is None:
                 shared = self._turns[turn_key] = _Turn(ids)
-                ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop)
+                ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop,
+                                   ai_id)
                 task = shared.task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
 
                 def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
@@ -383,7 +400,8 @@ class ToolNode(_LangGraphToolNode):
                     conv.turn = ctx
                     try:
                         answer = await run_cancellable(
-                            conv.session, {"role": "assistant", "content": wire})
+                            conv.session, {"role": "assistant", "content": wire},
+                            turn_id=ai_turn_id(ctx.ai_id))
                         break
                     except SwitchboardError as e:
                         # The server closed the session (idle timeout, restart): nothing of

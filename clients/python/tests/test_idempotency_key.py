@@ -43,6 +43,7 @@ def test_a_context_parameter_is_not_part_of_the_schema():
 
 def test_sync_tools_get_the_key_in_their_context_and_from_current_call(server, token):
     seen = {}
+    runs = []
     lock = threading.Lock()
     with Client(server.base_url, token=token) as client, \
             client.session() as one, client.session() as two:
@@ -52,6 +53,7 @@ def test_sync_tools_get_the_key_in_their_context_and_from_current_call(server, t
                 """Charges an order."""
                 with lock:
                     seen[(ctx.tool_use_id, order_id)] = ctx
+                    runs.append(ctx.tool_use_id)
                 return ctx.idempotency_key
 
             @session.tool
@@ -64,23 +66,28 @@ def test_sync_tools_get_the_key_in_their_context_and_from_current_call(server, t
                         tool_use("t2", "charge", {"order_id": "A-2"}),
                         tool_use("t3", "plain", {"order_id": "A-3"}),
                         tool_use("t4", "bash", {"command": 'printf %s "$SWITCHBOARD_IDEMPOTENCY_KEY"'}))
-        answer = one.dispatch(msg)
+        answer = one.dispatch(msg, turn_id="turn-1")
         keys = [b["content"] for b in answer["content"]]
-        assert keys == [idempotency_key(one.id, f"t{i}") for i in range(1, 5)]
+        assert keys == [idempotency_key(one.id, f"t{i}", "turn-1") for i in range(1, 5)]
         assert len(set(keys)) == 4
         ctx = seen[("t1", "A-1")]
         assert ctx.name == "charge" and ctx.call_id and ctx.deadline_ms > 0
         assert current_call() is None  # only while a tool runs
 
         # The same ids in another session: other keys.
-        other = two.dispatch(assistant(tool_use("t1", "charge", {"order_id": "A-1"})))
-        assert other["content"][0]["content"] == idempotency_key(two.id, "t1")
+        other = two.dispatch(assistant(tool_use("t1", "charge", {"order_id": "A-1"})),
+                             turn_id="turn-1")
+        assert other["content"][0]["content"] == idempotency_key(two.id, "t1", "turn-1")
         assert other["content"][0]["content"] != keys[0]
 
         # The turn sent again: the stored answer, the function not called again.
         calls = len(seen)
-        assert one.dispatch(msg) == answer
+        assert one.dispatch(msg, turn_id="turn-1") == answer
         assert len(seen) == calls
+        # Without a turn id the client names the turn after the message: sent twice, one turn.
+        first = one.dispatch(assistant(tool_use("t9", "charge", {"order_id": "A-9"})))
+        again = one.dispatch(assistant(tool_use("t9", "charge", {"order_id": "A-9"})))
+        assert first == again and runs.count("t9") == 1
 
 
 def test_async_tools_get_the_key_in_coroutines_and_worker_threads(server, token):
@@ -101,8 +108,10 @@ def test_async_tools_get_the_key_in_coroutines_and_worker_threads(server, token)
                     return current_call().idempotency_key
 
                 answer = await session.dispatch(assistant(
-                    tool_use("a1", "coro", {"x": 1}), tool_use("a2", "threaded", {"x": 2})))
+                    tool_use("a1", "coro", {"x": 1}), tool_use("a2", "threaded", {"x": 2})),
+                    turn_id="turn-a")
                 return session.id, [b["content"] for b in answer["content"]]
 
     session_id, keys = asyncio.run(main())
-    assert keys == [idempotency_key(session_id, "a1"), idempotency_key(session_id, "a2")]
+    assert keys == [idempotency_key(session_id, "a1", "turn-a"),
+                    idempotency_key(session_id, "a2", "turn-a")]

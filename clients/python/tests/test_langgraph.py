@@ -515,3 +515,35 @@ def test_calls_without_ids_are_not_answered_from_an_earlier_turn(client):
         assert len({m.tool_call_id for m in msgs}) == 2
     finally:
         node.close()
+
+
+class ReusingChat(ScriptedChat):
+    """Like ``ScriptedChat``, but every turn's calls are ``call_0``, ``call_1``, … — as some
+    OpenAI-compatible servers number them in every response."""
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        result = super()._generate(messages, stop, run_manager, **kwargs)
+        message = result.generations[0].message
+        for i, call in enumerate(message.tool_calls):
+            call["id"] = f"call_{i}"
+        return result
+
+
+def test_a_model_that_reuses_call_ids_gets_fresh_answers(client):
+    node = ToolNode(builtin_tools(), client=client)
+    graph = create_react_agent(ReusingChat(), tools=node)
+    path = f"reused-{uuid.uuid4().hex[:8]}.txt"
+    try:
+        result = graph.invoke(
+            ask([("write_file", {"path": path, "content": "v1"})],
+                [("read_file", {"path": path})],
+                [("write_file", {"path": path, "content": "v2"})],
+                [("read_file", {"path": path})]),
+            {"configurable": {"thread_id": f"reuse-{uuid.uuid4().hex[:8]}"}})
+        reads = [m.content for m in tool_messages(result) if m.name == "read_file"]
+        # The same id and the same arguments in two AI messages are two calls: the second read
+        # sees the second write, not the first read's stored answer.
+        assert reads == ["v1", "v2"], reads
+    finally:
+        node.close()

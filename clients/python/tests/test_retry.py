@@ -97,7 +97,7 @@ def test_generated_turn_ids_are_kept_across_retries_too(fake):
         session = client.session()
         session.dispatch(CALL)
     ids = {tid for _, tid, _ in Overloaded.seen}
-    assert len(ids) == 1 and ids.pop().startswith("py-")
+    assert len(ids) == 1 and ids.pop().startswith("m-")
 
 
 def test_retries_are_bounded(fake):

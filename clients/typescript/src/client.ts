@@ -14,6 +14,7 @@ import {
   errorBody,
   errorFrom,
   newTurnId,
+  turnIdOf,
   prepare,
   type ApprovalRequest,
   type ClientCall,
@@ -308,7 +309,7 @@ export class Session {
   async dispatch(message: unknown, options: DispatchOptions = {}): Promise<DispatchAnswer | null> {
     const prepared = prepare(message, options.format);
     if (prepared.names !== undefined && prepared.names.length === 0) return null;
-    const turnId = options.turnId ?? newTurnId();
+    const turnId = options.turnId ?? turnIdOf(prepared.body);
     return this._withAbort(turnId, options.signal, async () => {
       if (this._id === undefined) await this._ensure();
       if (options.onApproval || this._registry.streams(prepared.names)) {
@@ -333,7 +334,7 @@ export class Session {
    * session.stream(msg))`, then `stream.answer`. */
   stream(message: unknown, options: DispatchOptions = {}): DispatchStream {
     const prepared = prepare(message, options.format);
-    return new DispatchStream(this, prepared, options.turnId ?? newTurnId(), options.onApproval, options.signal);
+    return new DispatchStream(this, prepared, options.turnId ?? turnIdOf(prepared.body), options.onApproval, options.signal);
   }
 
   /** @internal Runs `fn` with `signal` wired to the cancel of the turn. */
@@ -551,7 +552,7 @@ export class Turn implements PromiseLike<DispatchAnswer | null> {
     message: unknown,
     options: Omit<DispatchOptions, "signal">,
   ) {
-    this.turnId = options.turnId ?? newTurnId();
+    this.turnId = options.turnId ?? turnIdOfMessage(message, options.format);
     this.result = session.dispatch(message, { ...options, turnId: this.turnId });
     // A handle nobody awaits does not crash the process; awaiting it still rejects.
     this.result.then(
@@ -576,5 +577,15 @@ export class Turn implements PromiseLike<DispatchAnswer | null> {
   /** Whether the dispatch has settled. */
   get done(): boolean {
     return this._done;
+  }
+}
+
+/** The turn id `dispatch` derives for `message` (a fresh one when the message does not even
+ * prepare: the dispatch then says what is wrong with it). */
+function turnIdOfMessage(message: unknown, format?: string): string {
+  try {
+    return turnIdOf(prepare(message, format).body);
+  } catch {
+    return newTurnId();
   }
 }

@@ -104,15 +104,28 @@ export class Retries {
   }
 }
 
+/** A fresh random turn id (for a caller that wants one turn per call of `dispatch`). */
 export function newTurnId(): string {
   return "ts-" + randomBytes(8).toString("hex");
 }
 
 /**
+ * The turn id of a dispatch whose caller named none: `m-` and a digest of the message as sent.
+ * The turn id is part of each call's identity on the server, so the same model message sent
+ * again — a retry, a harness replaying it after a restart — names the same turn and its calls
+ * are answered from their first answers, while another model response (its own id, other calls)
+ * names another turn, even when its provider reuses the `tool_use_id` values.
+ */
+export function turnIdOf(body: string): string {
+  return "m-" + createHash("sha256").update(body, "utf8").digest("hex").slice(0, 32);
+}
+
+/**
  * The idempotency key the server gives call `toolUseId` of session `sessionId`: `sb1-` and the
  * first 32 hex digits of the SHA-256 of `switchboard-idempotency-v1`, NUL, the session id, NUL,
- * the turn id (empty when none), NUL, the `tool_use_id`. The server does not put a turn id in
- * the key yet: leave `turnId` out to get the key it sends (`ctx.idempotencyKey`).
+ * the turn id (empty when none), NUL, the `tool_use_id`. Pass the turn id the dispatch named
+ * (`turnIdOf(body)` when the caller named none) to get the key the server sends
+ * (`ctx.idempotencyKey`).
  */
 export function idempotencyKey(sessionId: string, toolUseId: string, turnId?: string): string {
   const data = ["switchboard-idempotency-v1", sessionId, turnId ?? "", toolUseId].join("\0");

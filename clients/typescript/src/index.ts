@@ -20,6 +20,7 @@ export {
   calledTools,
   idempotencyKey,
   newTurnId,
+  turnIdOf,
 } from "./common.js";
 export type { ApprovalRequest, ClientCall, Format, StreamResult } from "./common.js";
 export { DEFER_MODES, EFFECT_CLASSES, defineTool, isZodSchema, zodToJsonSchema } from "./tools.js";

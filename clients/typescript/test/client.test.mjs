@@ -100,7 +100,7 @@ test("stream yields each result as it comes, then the answer in call order", asy
       stream.answer.content.map((b) => b.content),
       ["slow", "fast"],
     );
-    assert.match(stream.turnId, /^ts-[0-9a-f]{16}$/);
+    assert.match(stream.turnId, /^m-[0-9a-f]{32}$/);
   });
 });
 

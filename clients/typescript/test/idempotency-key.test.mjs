@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { Client, idempotencyKey } from "../dist/index.js";
+import { Client, idempotencyKey, turnIdOf } from "../dist/index.js";
 import { TOKEN, assistant, startServer, toolUse } from "./_server.mjs";
 
 let server;
@@ -43,19 +43,27 @@ test("a client tool gets its call's key; bash gets the same derivation; another 
         toolUse("t2", "charge", { order_id: "A-2" }),
         toolUse("t3", "bash", { command: 'printf %s "$SWITCHBOARD_IDEMPOTENCY_KEY"' }),
       );
-      const answer = await one.dispatch(message);
+      const answer = await one.dispatch(message, { turnId: "turn-1" });
       const keys = answer.content.map((b) => b.content);
-      assert.deepEqual(keys, ["t1", "t2", "t3"].map((id) => idempotencyKey(one.id, id)));
+      assert.deepEqual(keys, ["t1", "t2", "t3"].map((id) => idempotencyKey(one.id, id, "turn-1")));
       assert.equal(new Set(keys).size, 3);
       assert.equal(runs, 2);
 
-      const other = await two.dispatch(assistant(toolUse("t1", "charge", { order_id: "A-1" })));
-      assert.equal(other.content[0].content, idempotencyKey(two.id, "t1"));
+      const other = await two.dispatch(assistant(toolUse("t1", "charge", { order_id: "A-1" })), { turnId: "turn-1" });
+      assert.equal(other.content[0].content, idempotencyKey(two.id, "t1", "turn-1"));
       assert.notEqual(other.content[0].content, keys[0]);
 
       // The turn sent again: the stored answer, the function not run again.
-      assert.deepEqual(await one.dispatch(message), answer);
+      assert.deepEqual(await one.dispatch(message, { turnId: "turn-1" }), answer);
       assert.equal(runs, 3);
+
+      // Without a turn id the client names the turn after the message: sent twice, one turn,
+      // and the key the tool saw is the one of that turn.
+      const plain = assistant(toolUse("t9", "charge", { order_id: "A-9" }));
+      const first = await one.dispatch(plain);
+      assert.deepEqual(await one.dispatch(plain), first);
+      assert.equal(runs, 4);
+      assert.equal(first.content[0].content, idempotencyKey(one.id, "t9", turnIdOf(JSON.stringify(plain))));
     });
   });
 });
