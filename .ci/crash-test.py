@@ -184,9 +184,15 @@ for i, got in answers.items():
         ok_missing.append(i)
 ran_unanswered = sorted(i for i in on_disk if i not in answers and not alive)
 
+unknown = [i for i, got in answers.items()
+           if json.loads(got[-1])["content"].startswith("Error [outcome_unknown]")]
+unknown_on_disk = sum(1 for i in unknown if on_disk.get(i, 0))
 print(f"kills: {kills}, sessions: {SESSIONS}, calls answered: {len(answers)}, "
       f"lines on disk: {sum(on_disk.values())}, final outcomes: {outcomes}, "
       f"took {time.monotonic() - started:.0f} s")
+print(f"outcome_unknown: {len(unknown)}, of which {unknown_on_disk} with their line on disk "
+      f"(the command had run); the others started and were cut before their echo, or — with an "
+      f"engine that wrote a turn's intents up front — never started")
 failed = False
 for what, items in [("ran twice", twice_run), ("answered with different content", differing),
                     ("ok without its line on disk", ok_missing),

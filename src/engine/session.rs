@@ -392,16 +392,9 @@ impl Session {
                 out[i] = Some(result);
             }
         }
-        // Answers are durable before any leaves the engine (the streamed ones were written as
-        // they came).
+        // Answers are durable before any leaves the engine: those of the calls that ran were
+        // written as each came (`run_and_record`), the decided ones here.
         if let Some(journal) = &journal {
-            if sink.is_none() {
-                for &i in &runs {
-                    if let (Plan::Run { digest, effect, .. }, Some(result)) = (&plans[i], &out[i]) {
-                        records.push(answers.answer_record(&keys[i], result, digest, *effect));
-                    }
-                }
-            }
             match journal.write(records).await {
                 Ok(()) => {}
                 Err(crate::journal::JournalError::Fenced { session }) => {
@@ -411,24 +404,14 @@ impl Session {
                     return Err(EngineError::Moved(session));
                 }
                 Err(e) => {
-                    // An answer that is not durable does not leave: a side-effect call's is
-                    // `outcome_unknown`, as a copy after a crash would read from its intent.
-                    tracing::error!(error = %e, "journal: the answers of a turn were not recorded");
-                    if sink.is_none() {
-                        for &i in &runs {
-                            if let (Plan::Run { effect, .. }, Some(result)) =
-                                (&plans[i], &mut out[i])
-                                && unrecorded(result, *effect)
-                            {
-                                metrics.outcome_unknown();
-                            }
-                        }
-                    }
+                    // Decided answers are `outcome_unknown` already: a copy reads the same from
+                    // the journal's intent.
+                    tracing::error!(error = %e, "journal: decided answers were not recorded")
                 }
             }
         }
-        // A streamed turn's answers were written one by one: if one was refused, another node
-        // owns the session now and answers for it.
+        // The answers were written as they came: if one was refused, another node owns the
+        // session now and answers for it.
         if let Some(replicated) = journal.as_ref().and_then(|j| j.as_replicated())
             && !replicated.holds(self.id())
         {
@@ -477,9 +460,12 @@ impl Session {
             .collect())
     }
 
-    /// Runs the calls `sub` (the turn's calls planned to run, `keys` the identities of all) through the engine. When streaming, each
-    /// result reaches `sink` under its index in the whole turn — after its answer is durable,
-    /// when there is a journal.
+    /// Runs the calls `sub` (the turn's calls planned to run; `keys`: the identities of all the
+    /// turn's calls) through the engine. With a journal, each answer is recorded as soon as its
+    /// call finishes — together with whatever else waits for the writer then, such as the next
+    /// call's intent — so that a crash later in the turn leaves the calls that finished answered,
+    /// not `outcome_unknown`. When streaming, each result reaches `sink` under its index in the
+    /// whole turn, after its answer is durable.
     async fn run_and_record(
         &self,
         sub: Vec<ToolCall>,
@@ -489,44 +475,68 @@ impl Session {
         plans: &[Plan],
         gate: Option<Arc<dyn crate::execute::StartGate>>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
-        let Some(outer) = sink else {
+        let answers = &self.inner.answers;
+        let journal = answers.journal();
+        if sink.is_none() && journal.is_none() {
             return self.engine_turn(sub, cancel, None, gate).await;
-        };
+        }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let n = sub.len();
         // Where each call of `sub` is in the turn: the calls planned to run, in order.
         let runs: Vec<usize> = (0..plans.len())
             .filter(|&i| matches!(plans[i], Plan::Run { .. }))
             .collect();
-        let answers = &self.inner.answers;
         let forward = async {
             let mut seen = 0;
             // Answers the journal could not record, as they were sent instead.
             let mut replaced = Vec::new();
             while seen < n {
-                let Some((j, mut result)) = rx.recv().await else {
+                let Some(first) = rx.recv().await else {
                     break;
                 };
-                seen += 1;
-                let i = runs[j];
-                if let (Some(journal), Plan::Run { digest, effect, .. }) =
-                    (answers.journal(), &plans[i])
-                {
-                    let record = answers.answer_record(&keys[i], &result, digest, *effect);
-                    match journal.write(vec![record]).await {
+                // Every answer that came meanwhile goes in the same write.
+                let mut batch = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    batch.push(more);
+                }
+                seen += batch.len();
+                if let Some(journal) = journal {
+                    let records: Vec<_> = batch
+                        .iter()
+                        .filter_map(|(j, result)| match &plans[runs[*j]] {
+                            Plan::Run { digest, effect } => Some(answers.answer_record(
+                                &keys[runs[*j]],
+                                result,
+                                digest,
+                                *effect,
+                            )),
+                            _ => None,
+                        })
+                        .collect();
+                    match journal.write(records).await {
                         Ok(()) => {}
                         // Fenced: this node may publish nothing more for the session.
                         Err(crate::journal::JournalError::Fenced { .. }) => continue,
                         Err(e) => {
-                            tracing::error!(error = %e, "journal: an answer was not recorded");
-                            if unrecorded(&mut result, *effect) {
-                                self.inner.engine.metrics().outcome_unknown();
-                                replaced.push((j, result.clone()));
+                            tracing::error!(error = %e, "journal: answers were not recorded");
+                            for (j, result) in &mut batch {
+                                let effect = match &plans[runs[*j]] {
+                                    Plan::Run { effect, .. } => *effect,
+                                    _ => None,
+                                };
+                                if unrecorded(result, effect) {
+                                    self.inner.engine.metrics().outcome_unknown();
+                                    replaced.push((*j, result.clone()));
+                                }
                             }
                         }
                     }
                 }
-                let _ = outer.send((i, result));
+                if let Some(outer) = sink {
+                    for (j, result) in batch {
+                        let _ = outer.send((runs[j], result));
+                    }
+                }
             }
             replaced
         };

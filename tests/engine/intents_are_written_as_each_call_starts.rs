@@ -1,7 +1,7 @@
 //! With a journal, a call's intent is made durable right before that call starts — not for the
-//! whole turn up front — so an intent on disk means the call started: after a crash, a call of
-//! the turn that never started has none and runs on the retry, and only one that had started is
-//! answered `outcome_unknown`.
+//! whole turn up front — and its answer as soon as it finishes: after a crash, a call of the turn
+//! that never started has no intent and runs on the retry, one that finished has its answer, and
+//! only one that was running is answered `outcome_unknown`.
 
 use crate::common;
 
@@ -66,12 +66,26 @@ async fn a_serial_calls_intent_is_written_when_it_starts_not_with_its_turn() {
     tokio::time::timeout(Duration::from_secs(10), started.notified())
         .await
         .expect("the second call started");
-    // While the second call runs: the first and the second have their intents (the turn's
-    // answers are recorded when it ends), and the third — not started — has nothing.
-    let seen = journal.lookup("conv", &["a", "b", "c"]).await.unwrap();
-    assert_eq!(
-        seen[0].as_ref().map(|r| r.state()),
-        Some(RecordState::Started)
+    // While the second call runs: the first is answered in the journal (an answer is recorded
+    // as soon as its call finishes, not when the turn ends), the second has its intent, and the
+    // third — not started — has nothing.
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        seen = journal.lookup("conv", &["a", "b", "c"]).await.unwrap();
+        if matches!(
+            seen[0].as_ref().map(|r| r.state()),
+            Some(RecordState::Answered(_))
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        matches!(
+            seen[0].as_ref().map(|r| r.state()),
+            Some(RecordState::Answered(_))
+        ),
+        "the first call's answer was not recorded while the turn went on"
     );
     assert_eq!(
         seen[1].as_ref().map(|r| r.state()),
