@@ -5,9 +5,15 @@ script prints the process's resident memory (VmRSS, and its peak VmHWM) and the 
 size every REPORT calls, then once more after a restart of `dispatch` on the same journal (the
 integrity check at open reads the whole file).
 
-Usage: journal_memory.py PATH/TO/switchboard [CALLS] [--retention DURATION]
+With `--steady SECONDS` (and `--retention 1m`), it measures a steady load instead: one
+`dispatch` process after another on the same journal, each a new session (`--session-id`) that
+reads for 20 s at 500 calls/s, and the file's size after each — sessions older than the retention are forgotten
+by the compaction that runs every quarter of it, and their pages reused, so the size levels off.
 
-Bounded: CALLS calls (default 100,000), nothing but a local process and a temporary directory.
+Usage: journal_memory.py PATH/TO/switchboard [CALLS] [--retention DURATION] [--steady SECONDS]
+
+Bounded: CALLS calls (default 100,000), or SECONDS of steady load; nothing but local processes and
+a temporary directory.
 """
 
 import json
@@ -20,6 +26,9 @@ import time
 BINARY = sys.argv[1]
 CALLS = int(sys.argv[2]) if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else 100_000
 RETENTION = sys.argv[sys.argv.index("--retention") + 1] if "--retention" in sys.argv else None
+STEADY = float(sys.argv[sys.argv.index("--steady") + 1]) if "--steady" in sys.argv else None
+PERIOD = 20.0
+RATE = 500  # calls per second in the steady mode
 PER_TURN = 8
 REPORT = 10_000
 
@@ -34,9 +43,9 @@ def status(pid):
     return fields
 
 
-def start(ws, journal):
+def start(ws, journal, session="dispatch"):
     args = [BINARY, "dispatch", "--lines", "--workspace", ws, "--journal", journal,
-            "--log-format", "text"]
+            "--log-format", "text", "--session-id", session]
     if RETENTION:
         args += ["--journal-retention", RETENTION]
     return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -53,6 +62,29 @@ def turn(proc, first):
     assert not answer["content"][0].get("is_error"), answer["content"][0]
 
 
+def steady(ws, journal, file):
+    started = time.monotonic()
+    print(f"{'session':>8} {'calls':>9} {'file MiB':>9} {'s':>6}")
+    done, k = 0, 0
+    while time.monotonic() - started < STEADY:
+        k += 1
+        proc = start(ws, journal, f"steady-{k}")
+        begun = time.monotonic()
+        until = begun + PERIOD
+        sent = 0
+        while time.monotonic() < until:
+            turn(proc, done)
+            done += PER_TURN
+            sent += PER_TURN
+            ahead = begun + sent / RATE - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        print(f"{k:>8} {done:>9} {os.path.getsize(file) / (1 << 20):>9.1f} "
+              f"{time.monotonic() - started:>6.0f}", flush=True)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="switchboard-journal-memory-")
     ws, journal = os.path.join(tmp, "ws"), os.path.join(tmp, "journal")
@@ -60,6 +92,10 @@ def main():
     with open(os.path.join(ws, "two-kb.txt"), "w") as f:
         f.write(("0123456789abcdef" * 128)[:2047] + "\n")
     file = os.path.join(journal, "journal.redb")
+    if STEADY:
+        steady(ws, journal, file)
+        subprocess.run(["rm", "-rf", tmp], check=True)
+        return
     proc = start(ws, journal)
     started = time.monotonic()
     print(f"{'calls':>8} {'RSS MiB':>8} {'peak MiB':>9} {'file MiB':>9} {'s':>6}")
