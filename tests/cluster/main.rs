@@ -268,6 +268,23 @@ async fn metric(c: &reqwest::Client, node: &Node, name: &str) -> f64 {
 async fn a_session_made_on_one_node_is_served_by_every_node_and_streams_through_a_forward() {
     let Some(cl) = cluster() else { return };
     let c = client();
+    // The servers sync every write before they acknowledge it, as docs/cluster.md asks.
+    for i in 0..cl.nats.size() {
+        let varz: Value = c
+            .get(format!("{}/varz", cl.nats.monitor_url(i)))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            varz["jetstream"]["config"]["sync_always"],
+            json!(true),
+            "server {i}: {}",
+            varz["jetstream"]
+        );
+    }
     let [a, b, nc] = [&cl.nodes[0], &cl.nodes[1], &cl.nodes[2]];
     let made = create(&c, a, json!({})).await;
     let id = made["session_id"].as_str().unwrap().to_string();

@@ -205,7 +205,7 @@ impl NatsCluster {
                 "server_name: n{i}\n\
                  listen: 127.0.0.1:{client}\n\
                  http: 127.0.0.1:{http}\n\
-                 jetstream {{\n  store_dir: {store:?}\n  max_memory_store: 64MB\n  max_file_store: 1GB\n}}\n\
+                 jetstream {{\n  store_dir: {store:?}\n  max_memory_store: 64MB\n  max_file_store: 1GB\n  sync_interval: always\n}}\n\
                  {cluster}",
                 store = store.display().to_string(),
             );
