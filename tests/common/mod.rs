@@ -303,6 +303,17 @@ pub async fn run_turn(engine: &Engine, calls: Vec<ToolCall>) -> Vec<ToolDispatch
         .expect("the engine is available")
 }
 
+/// A turn's answer as the wire sends it (Anthropic blocks), to compare answers byte for byte.
+pub fn wire(results: &[ToolDispatchResult]) -> String {
+    serde_json::to_string(
+        &results
+            .iter()
+            .map(|r| r.to_anthropic_block())
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+}
+
 /// The `tool_use_id`s of results, in order.
 pub fn ids(results: &[ToolDispatchResult]) -> Vec<String> {
     results.iter().map(|r| r.tool_use_id.to_string()).collect()

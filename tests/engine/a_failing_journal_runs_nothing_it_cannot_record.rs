@@ -13,9 +13,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use switchboard::journal::{Journal, Write};
-use switchboard::{
-    Effect, Engine, ErrorCode, Handler, SessionOptions, ToolDispatchResult, ToolSpec,
-};
+use switchboard::{Effect, Engine, ErrorCode, Handler, SessionOptions, ToolSpec};
 
 fn engine(tools: Vec<ToolSpec>, journal: &Path) -> Engine {
     Engine::builder()
@@ -40,16 +38,6 @@ fn pay(runs: &Arc<AtomicUsize>, during: impl Fn() + Send + Sync + 'static) -> To
         }),
     )
     .effect(Effect::SideEffect)
-}
-
-fn wire(results: &[ToolDispatchResult]) -> String {
-    serde_json::to_string(
-        &results
-            .iter()
-            .map(|r| r.to_anthropic_block())
-            .collect::<Vec<_>>(),
-    )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

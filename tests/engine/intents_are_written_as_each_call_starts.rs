@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use switchboard::journal::RecordState;
-use switchboard::{Effect, Engine, Handler, SessionOptions, ToolSpec};
+use switchboard::journal::{Journal, RecordState};
+use switchboard::{Effect, Engine, Handler, Session, SessionOptions, ToolSpec};
 
 /// A side-effect tool: `hold` waits until the test lets it go; any other text answers at once.
 fn step(release: &Arc<tokio::sync::Notify>, started: &Arc<tokio::sync::Notify>) -> ToolSpec {
@@ -35,6 +35,22 @@ fn step(release: &Arc<tokio::sync::Notify>, started: &Arc<tokio::sync::Notify>) 
     .effect(Effect::SideEffect)
 }
 
+/// An engine with `tool` and a journal in `dir`, its journal, and its session `conv`.
+async fn journaled(dir: &std::path::Path, tool: ToolSpec) -> (Engine, Journal, Session) {
+    let engine = Engine::builder()
+        .tool(tool)
+        .sandbox(switchboard::sandbox::SandboxConfig::off())
+        .journal(dir)
+        .build()
+        .unwrap();
+    let journal = engine.journal().unwrap().clone();
+    let session = engine
+        .session_with(SessionOptions::new().id("conv"))
+        .await
+        .unwrap();
+    (engine, journal, session)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serial_calls_intent_is_written_when_it_starts_not_with_its_turn() {
     let dir = tempfile::tempdir().unwrap();
@@ -42,17 +58,7 @@ async fn a_serial_calls_intent_is_written_when_it_starts_not_with_its_turn() {
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(tokio::sync::Notify::new()),
     );
-    let engine = Engine::builder()
-        .tool(step(&release, &started))
-        .sandbox(switchboard::sandbox::SandboxConfig::off())
-        .journal(dir.path())
-        .build()
-        .unwrap();
-    let journal = engine.journal().unwrap().clone();
-    let s = engine
-        .session_with(SessionOptions::new().id("conv"))
-        .await
-        .unwrap();
+    let (engine, journal, s) = journaled(dir.path(), step(&release, &started)).await;
     // Three side-effect calls of one tool: they run one after the other.
     let turn = vec![
         call("a", "step", json!({"text": "one"})),
@@ -117,17 +123,7 @@ async fn calls_that_never_reach_a_handler_write_no_intent() {
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(tokio::sync::Notify::new()),
     );
-    let engine = Engine::builder()
-        .tool(step(&release, &started))
-        .sandbox(switchboard::sandbox::SandboxConfig::off())
-        .journal(dir.path())
-        .build()
-        .unwrap();
-    let journal = engine.journal().unwrap().clone();
-    let s = engine
-        .session_with(SessionOptions::new().id("conv"))
-        .await
-        .unwrap();
+    let (engine, journal, s) = journaled(dir.path(), step(&release, &started)).await;
     // Refused by validation: no intent; its answer is journaled like any answer.
     let r = s
         .dispatch(vec![call("bad", "step", json!({"text": 5}))])

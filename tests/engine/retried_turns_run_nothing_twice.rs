@@ -47,16 +47,6 @@ fn engine_with(tools: Vec<ToolSpec>, journal: Option<&std::path::Path>) -> Engin
     b.build().expect("engine builds")
 }
 
-fn wire(results: &[ToolDispatchResult]) -> String {
-    serde_json::to_string(
-        &results
-            .iter()
-            .map(|r| r.to_anthropic_block())
-            .collect::<Vec<_>>(),
-    )
-    .unwrap()
-}
-
 /// One call of `tool` with `{"text": text}` under id `id`, as a turn of `session`.
 async fn one(
     session: &switchboard::Session,
