@@ -151,6 +151,13 @@ async fn decide(
                 return Ok(Decision::There(owner.node));
             }
             Route::Orphan(owner, revision) => {
+                // A node without room does not take it over (its reopen would fail and leave the
+                // session's key naming a node that cannot serve it): a node with room does.
+                if app.sessions.load().1
+                    && let Some(target) = cluster.placement(true).await.map_err(internal)?
+                {
+                    return Ok(Decision::There(target.node));
+                }
                 if take_over(app, cluster, id, &owner, revision).await? {
                     return Ok(Decision::Here);
                 }

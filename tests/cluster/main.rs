@@ -55,6 +55,18 @@ fn start_node(nats: &str, name: &str, root: &Path) -> Node {
 
 /// A node asking for lease TTL `ttl` and `replicas` replicas.
 fn start_node_with(nats: &str, name: &str, root: &Path, ttl: &str, replicas: &str) -> Node {
+    start_node_args(nats, name, root, ttl, replicas, &[])
+}
+
+/// [`start_node_with`] and more flags.
+fn start_node_args(
+    nats: &str,
+    name: &str,
+    root: &Path,
+    ttl: &str,
+    replicas: &str,
+    more: &[&str],
+) -> Node {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
     cmd.args([
         "serve",
@@ -73,6 +85,7 @@ fn start_node_with(nats: &str, name: &str, root: &Path, ttl: &str, replicas: &st
         "--grace",
         "2s",
     ])
+    .args(more)
     .arg("--workspace-root")
     .arg(root)
     .env("SWITCHBOARD_TOKEN", TOKEN)
@@ -934,4 +947,42 @@ async fn sigterm_hands_a_nodes_sessions_over_at_once_not_after_the_lease_ttl() {
     )
     .await;
     assert_eq!(info.json()["node"], "b", "{}", info.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_node_leaves_an_orphaned_session_to_a_node_with_room() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    let nats = nats::NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let mut a = start_node(&nats.urls(), "a", root.path());
+    let b = start_node_args(
+        &nats.urls(),
+        "b",
+        root.path(),
+        TTL,
+        "3",
+        &["--max-sessions", "1"],
+    );
+    let nc = start_node(&nats.urls(), "c", root.path());
+    let c = client();
+    let made = create(&c, &a, json!({})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    assert_eq!(made["node"], "a", "{made}");
+    // b's one place taken.
+    let filler = create(&c, &b, json!({})).await;
+    assert_eq!(filler["node"], "b", "{filler}");
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    // Asked through the full node only: it is served all the same (by a node with room), never
+    // stuck behind b.
+    let body = turn(&[("x1", "bash", json!({"command": "echo one"}))]);
+    let answer = dispatch_until_answered(&c, &[&b], &id, "t1", &body).await;
+    assert_eq!(results(&answer)[0]["content"], "one", "{}", answer.text);
+    let body = turn(&[("x2", "bash", json!({"command": "echo two"}))]);
+    for node in [&b, &nc] {
+        let again = dispatch_until_answered(&c, &[node], &id, "t2", &body).await;
+        assert_eq!(results(&again)[0]["content"], "two", "{}", again.text);
+    }
 }
