@@ -29,7 +29,7 @@ LATE_ANSWER_CODES = ("call_closed", "already_answered", "unknown_call", "unknown
 class SwitchboardError(Exception):
     """A request that failed. ``code`` is the server's error code (``unauthorized``,
     ``unknown_session``, ``bad_request``, ``payload_too_large``, ``too_many_sessions``,
-    ``overloaded``, ``shutting_down``, ``turn_in_progress``, ...), or ``connection_error`` when
+    ``overloaded``, ``shutting_down``, ``session_moved``, ...), or ``connection_error`` when
     the server could not be reached; ``status`` is the HTTP status (None for connection errors);
     ``retry_after`` the seconds the server asked to wait (with ``overloaded``)."""
 
