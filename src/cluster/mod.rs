@@ -100,6 +100,10 @@ pub struct NodeInfo {
     pub draining: bool,
     /// It is at its session limit.
     pub full: bool,
+    /// A digest of the bearer token it serves with (`none` without one): nodes that do not
+    /// agree refuse to join one cluster.
+    #[serde(default)]
+    pub token: String,
 }
 
 /// A session's owner, as its key says.
@@ -193,6 +197,8 @@ pub struct Cluster {
     node: String,
     boot: String,
     http: String,
+    /// The digest of the bearer token this node serves with ([`NodeInfo::token`]).
+    token: String,
     ttl: Duration,
     replicas: usize,
     draining: AtomicBool,
@@ -251,6 +257,7 @@ impl Cluster {
         args: &ClusterArgs,
         node: &str,
         http: &str,
+        token: &str,
     ) -> Result<Cluster, ClusterError> {
         let urls = args
             .cluster
@@ -356,6 +363,7 @@ impl Cluster {
             node: node.to_string(),
             boot,
             http: http.to_string(),
+            token: token.to_string(),
             ttl,
             replicas: args.cluster_replicas,
             draining: AtomicBool::new(false),
@@ -372,6 +380,21 @@ impl Cluster {
                 "node id {node:?} is in use by a live node (serving {}); give each node its own --node-id, or wait {} for the old one's heartbeat to expire",
                 other.http,
                 humantime::format_duration(ttl)
+            )));
+        }
+        // A node serving with another token would accept requests its clients could not make
+        // elsewhere, and take over sessions for clients the others refuse: refuse to join.
+        if let Some(other) = cluster
+            .live_nodes()
+            .await?
+            .into_iter()
+            // An empty digest is a node of an older version (no check: rolling upgrades).
+            .find(|n| n.node != node && !n.token.is_empty() && n.token != cluster.token)
+        {
+            return Err(ClusterError(format!(
+                "the live node {:?} serves with another bearer token (or none): every node of a \
+                 cluster must share one (SWITCHBOARD_TOKEN or --token-file)",
+                other.node
             )));
         }
         Ok(cluster)
@@ -427,6 +450,7 @@ impl Cluster {
             in_flight: load.in_flight,
             draining: self.draining(),
             full: load.full,
+            token: self.token.clone(),
         };
         let started = Instant::now();
         let bytes = serde_json::to_vec(&info).map_err(|e| err("heartbeat", e))?;

@@ -34,6 +34,26 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
+    /// What a cluster node publishes of its token, so that nodes serving with different tokens
+    /// refuse to join one cluster: `none` without one, else `sha256:` and the first 32 hex digits
+    /// of the SHA-256 of `switchboard-cluster-token-v1`, NUL, the token (never the token itself).
+    pub fn cluster_digest(&self) -> String {
+        use sha2::Digest as _;
+        match self {
+            Auth::Disabled => "none".to_string(),
+            Auth::Token(token) => {
+                let mut hash = sha2::Sha256::new();
+                hash.update(b"switchboard-cluster-token-v1\0");
+                hash.update(token);
+                let hex: String = hash.finalize()[..16]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                format!("sha256:{hex}")
+            }
+        }
+    }
+
     /// A token given directly (library users, tests).
     pub fn token(token: &str) -> Result<Auth, ServeError> {
         let token = token.trim();

@@ -338,6 +338,7 @@ impl Server {
                     &config.cluster,
                     &node,
                     &local_addr.to_string(),
+                    &config.auth.cluster_digest(),
                 )
                 .await
                 .map_err(|e| ServeError::Cluster(e.0))?;

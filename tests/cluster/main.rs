@@ -986,3 +986,53 @@ async fn a_full_node_leaves_an_orphaned_session_to_a_node_with_room() {
         assert_eq!(results(&again)[0]["content"], "two", "{}", again.text);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_token_refuses_to_join() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    let nats = nats::NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let _a = start_node(&nats.urls(), "a", root.path());
+    // Tried up to three times: a start that fails for another reason (JetStream still settling on
+    // a loaded machine) is tried again; one that runs, or never names the token, fails the test.
+    let mut said = String::new();
+    for _ in 0..3 {
+        let mut other = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--cluster"])
+            .arg(nats.urls())
+            .args(["--node-id", "b", "--lease-ttl", TTL, "--workspace-root"])
+            .arg(root.path())
+            .env("SWITCHBOARD_TOKEN", "another-token-entirely")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while other.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = other.kill();
+                let _ = other.wait();
+                panic!("a node with another token was still running after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let out = other.wait_with_output().unwrap();
+        said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "it started: {said}");
+        if said.contains("another bearer token") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        said.contains("another bearer token") && said.contains("\"a\""),
+        "{said}"
+    );
+    assert!(!said.contains("another-token-entirely"), "{said}");
+    // The same token joins.
+    let _b = start_node(&nats.urls(), "b", root.path());
+}
