@@ -4,18 +4,21 @@
 //! [`run`] (or [`run_in_place`] for a turn of inline handlers). The stack, outermost first:
 //!
 //! ```text
-//! policy ─► per-tool cap ─► global cap ─► deadline & cancellation ─► handler ─► output cap ─► policy (after)
-//! (rules, hooks,  (bounded waiting lines,   (stop grace, commit gate)   (panic caught)         (PostToolUse hooks,
-//!  approvals)      full → `overloaded`)                                                          audit line)
+//! policy ─► per-tool cap ─► global cap ─► start gate ─► deadline & cancellation ─► handler ─► output cap ─► policy (after)
+//! (rules, hooks,  (bounded waiting lines,   (the call's     (stop grace, commit gate)   (panic caught)         (PostToolUse hooks,
+//!  approvals)      full → `overloaded`)      intent, durable)                                                  audit line)
 //! ```
 //!
 //! Each layer is one small function below with its own unit test: [`check_policy`],
-//! [`acquire_places`], [`supervise`], [`start_handler`], [`to_result`]. The policy layer
+//! [`acquire_places`], the start gate's `pass` ([`StartGate`]: with a journal, the session makes
+//! the call's intent durable there, right before the handler), [`supervise`], [`start_handler`],
+//! [`to_result`]. The policy layer
 //! ([`crate::policy`]) comes first, so a call waiting for an approval or an external hook holds
 //! no concurrency place; without a policy it costs one `Option` check. Inline handlers are cheap
 //! and cannot be interrupted, so they skip the caps and the deadline: policy → handler → cap, in
-//! place — unless the policy may make them wait ([`runs_in_place`]): then the policy is awaited
-//! on the waiting path and the handler still runs in place after it (never refused by the caps).
+//! place — unless the policy or a start gate may make them wait ([`runs_in_place`]): then those
+//! are awaited on the waiting path and the handler still runs in place after them (never refused
+//! by the caps).
 //! The in-flight gauge is held by a guard for as long as a handler may run.
 //!
 //! Where each kind runs: inline in place (no task, no spawn); async on the caller's task (a

@@ -65,18 +65,8 @@ use serde_json::Value;
 
 /// The real binary with a journal, on a free loopback port; its base URL from its ready line.
 fn serve_with_journal(root: &std::path::Path, journal: &std::path::Path) -> (Child, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
-    cmd.arg("serve")
-        .arg("--workspace-root")
-        .arg(root)
-        .arg("--journal")
-        .arg(journal)
-        .args(["--listen", "127.0.0.1:0", "--no-auth"])
-        .env_remove("SWITCHBOARD_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    spawn_server(cmd)
+    let (child, base, _) = serve_journaled(root, journal, &[]);
+    (child, base)
 }
 
 async fn post_to(c: &reqwest::Client, url: String, body: String) -> Answer {
