@@ -30,7 +30,7 @@ pub struct JournalArgs {
 }
 
 /// A `--journal-retention` value: a duration of at least [`crate::journal::MIN_RETENTION`].
-fn journal_retention(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn journal_retention(text: &str) -> Result<std::time::Duration, String> {
     let retention = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if retention < crate::journal::MIN_RETENTION {
         return Err(format!(

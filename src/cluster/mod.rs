@@ -67,6 +67,12 @@ pub struct ClusterArgs {
     /// servers; 1 for a single server).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_REPLICAS, value_parser = clap::value_parser!(u64).range(1..=5).map(|n| n as usize), requires = "cluster")]
     pub cluster_replicas: usize,
+    /// How long the cluster's journal keeps answers in full (at least 1m): older ones leave a
+    /// tombstone, so a late retry is refused, never run. Sessions live on however long they
+    /// are idle. The first node of a cluster sets it for all; a node asking for another
+    /// follows the cluster's.
+    #[arg(long, value_name = "D", default_value = "24h", value_parser = crate::command::journal_retention, requires = "cluster")]
+    pub cluster_retention: Duration,
     /// NATS credentials file (`.creds`: a user JWT and its NKey seed).
     #[arg(long, value_name = "FILE", requires = "cluster")]
     pub cluster_creds: Option<PathBuf>,

@@ -41,7 +41,7 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use super::{Batch, CallRecord, Dropped, FlushCounts, JournalError, Write};
+use super::{Batch, CallRecord, FlushCounts, JournalError, Write};
 use crate::locks::lock;
 use crate::metrics::JournalMetrics;
 
@@ -472,16 +472,8 @@ pub(super) fn compact(shared: &Shared) -> Result<Compacted, JournalError> {
                 *newest = (*newest).max(record.at_ms);
             }
             if record.at_ms < cutoff
-                && let Some(answer) = &record.answer
+                && let Some(tomb) = record.tombstone()
             {
-                let tomb = CallRecord {
-                    answer: None,
-                    dropped: Some(Dropped {
-                        error: answer.error.clone(),
-                        ran: answer.ran,
-                    }),
-                    ..record.clone()
-                };
                 let bytes = serde_json::to_vec(&tomb).map_err(|e| io(file, e))?;
                 tombstones.push((key.to_string(), bytes));
             }

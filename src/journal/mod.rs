@@ -149,6 +149,23 @@ pub enum RecordState<'a> {
 }
 
 impl CallRecord {
+    /// This record with its answer's content dropped (what retention leaves of an answer
+    /// older than it); `None` when it holds no answer (an intent, or a tombstone already).
+    pub fn tombstone(&self) -> Option<CallRecord> {
+        let answer = self.answer.as_ref()?;
+        Some(CallRecord {
+            tool: self.tool.clone(),
+            digest: self.digest.clone(),
+            effect: self.effect.clone(),
+            at_ms: self.at_ms,
+            answer: None,
+            dropped: Some(Dropped {
+                error: answer.error.clone(),
+                ran: answer.ran,
+            }),
+        })
+    }
+
     /// Where the call stands.
     pub fn state(&self) -> RecordState<'_> {
         match (&self.answer, &self.dropped) {

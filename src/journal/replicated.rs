@@ -15,8 +15,22 @@
 //! previous one got) and grouped: writes that arrive while one publish is in flight go out
 //! together in the next.
 //!
+//! **Records of any size.** A message larger than the NATS servers' payload limit (1 MiB by
+//! default) is published as consecutive parts (header `Switchboard-Part: k/n`), each fenced on
+//! the one before; a reader puts the parts of one message together and ignores an incomplete
+//! run of parts (its write was never acknowledged, so nothing it held left the engine).
+//!
+//! **Sessions never age out while they live.** The stream drops messages older than the
+//! retention. So that a session idle for longer keeps its records (and its owner's next write is
+//! not refused because the subject emptied), the owner re-publishes each session it holds as one
+//! snapshot message at least every quarter of the retention and purges the messages before it:
+//! the session's record, every intent, every answer younger than the retention and a tombstone
+//! (argument digest, outcome, whether it ran) of every older one. A session that no live node
+//! holds for the whole retention (its owner died and no request came since) is dropped with it.
+//!
 //! **Memory.** The owner keeps the call records of the sessions it holds (read at claim time,
-//! then written through), so a lookup never waits for the network.
+//! then written through), so a lookup never waits for the network; answers older than the
+//! retention are kept as tombstones only.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +42,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use serde::{Deserialize, Serialize};
 
-use super::{CallRecord, FlushCounts, JournalError, Write};
+use super::{CallRecord, FlushCounts, JournalError, Write, now_ms};
 use crate::metrics::JournalMetrics;
 
 /// Default stream name.
@@ -43,6 +57,10 @@ const SETTLE: Duration = Duration::from_secs(8);
 const MOVED_KEPT: usize = 4096;
 /// How long opening the stream is retried at start-up.
 const OPEN_SETTLE: Duration = Duration::from_secs(30);
+/// The header of one part of a message published in parts: `k/n`.
+const PART_HEADER: &str = "Switchboard-Part";
+/// Room left in a message for its headers when a payload is cut into parts.
+const PART_HEADROOM: usize = 8 * 1024;
 
 /// One record inside a message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +74,9 @@ enum Entry {
     Forget,
     /// A node took the session over at this message's epoch.
     Claim { node: String },
+    /// The start of a snapshot: nothing before this counts (the entries after it hold all of
+    /// the session's state).
+    Snapshot,
 }
 
 /// One message on a session's subject.
@@ -75,6 +96,9 @@ struct State {
     record: Option<String>,
     /// Refused once: nothing more is written.
     fenced: bool,
+    /// When this node last published a snapshot of the session (`None`: never, so its oldest
+    /// message may be near the age limit).
+    snapshot_at: Option<Instant>,
 }
 
 type Waiter = tokio::sync::oneshot::Sender<Result<(), JournalError>>;
@@ -104,6 +128,8 @@ pub struct Replicated {
     stream_name: String,
     node: String,
     retention: Duration,
+    /// Largest payload of one message (the servers' limit less room for headers).
+    part_size: usize,
     logs: Mutex<HashMap<String, Arc<Log>>>,
     /// Sessions let go because another node took them over: a later write of this node for
     /// one of them is a refusal like one the stream makes (told to `on_fenced`).
@@ -178,12 +204,30 @@ impl Replicated {
                 Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
             }
         };
+        // The stream's age limit is the cluster's retention: the first node set it; a node
+        // asking for another follows it (its snapshots must come before messages age out).
+        let kept = stream.cached_info().config.max_age;
+        let retention = if kept.is_zero() { retention } else { kept };
+        if retention != config.max_age {
+            tracing::info!(
+                stream = %name,
+                retention = %humantime::format_duration(retention),
+                "journal: the stream keeps records for the cluster's retention, not this node's"
+            );
+        }
+        let part_size = js
+            .client()
+            .server_info()
+            .max_payload
+            .saturating_sub(PART_HEADROOM)
+            .max(PART_HEADROOM);
         Ok(Replicated {
             js,
             stream,
             stream_name: name.to_string(),
             node: node.to_string(),
             retention,
+            part_size,
             logs: Mutex::new(HashMap::new()),
             moved: Mutex::new(std::collections::HashSet::new()),
             counts: Arc::new(Mutex::new(FlushCounts::default())),
@@ -220,7 +264,11 @@ impl Replicated {
     /// empty: the first write is refused otherwise).
     pub fn start(&self, id: &str, epoch: u64) {
         let log = Log::default();
-        lock(&log.state).epoch = epoch;
+        {
+            let mut state = lock(&log.state);
+            state.epoch = epoch;
+            state.snapshot_at = Some(Instant::now());
+        }
         lock(&self.logs).insert(id.to_string(), Arc::new(log));
     }
 
@@ -267,12 +315,15 @@ impl Replicated {
                     node: self.node.clone(),
                 }],
             };
-            match self.publish(id, &message, state.last_seq).await {
-                Ok(seq) => {
+            let mut seq = state.last_seq;
+            match self.publish(id, &message, &mut seq).await {
+                Ok(_) => {
                     let log = Log::default();
+                    // Its older messages may be near the age limit: snapshot it soon.
                     *lock(&log.state) = State {
                         epoch,
                         last_seq: seq,
+                        snapshot_at: None,
                         ..state
                     };
                     lock(&self.logs).insert(id.to_string(), Arc::new(log));
@@ -298,6 +349,9 @@ impl Replicated {
         let mut state = State::default();
         let mut next = 1u64;
         let mut since_answer = Instant::now();
+        // The parts read so far of a message published in parts, and the next part's number.
+        let mut parts: Vec<u8> = Vec::new();
+        let mut next_part = 1usize;
         loop {
             let got = self
                 .stream
@@ -336,7 +390,40 @@ impl Replicated {
             };
             next = message.sequence + 1;
             state.last_seq = message.sequence;
-            let Ok(decoded) = serde_json::from_slice::<Message>(&message.payload) else {
+            let part = message
+                .headers
+                .get(PART_HEADER)
+                .and_then(|v| parse_part(v.as_str()));
+            let payload: axum::body::Bytes = match part {
+                None => {
+                    if !parts.is_empty() {
+                        tracing::warn!(session = %id, seq = message.sequence, "journal: an incomplete record in parts ignored (its write was never acknowledged)");
+                        parts.clear();
+                        next_part = 1;
+                    }
+                    message.payload
+                }
+                Some((k, n)) => {
+                    if k == 1 {
+                        parts.clear();
+                        next_part = 1;
+                    }
+                    if k != next_part {
+                        tracing::warn!(session = %id, seq = message.sequence, "journal: a record part out of order ignored");
+                        parts.clear();
+                        next_part = 1;
+                        continue;
+                    }
+                    parts.extend_from_slice(&message.payload);
+                    if k < n {
+                        next_part += 1;
+                        continue;
+                    }
+                    next_part = 1;
+                    std::mem::take(&mut parts).into()
+                }
+            };
+            let Ok(decoded) = serde_json::from_slice::<Message>(&payload) else {
                 tracing::warn!(session = %id, seq = message.sequence, "journal: a record does not decode; skipped");
                 continue;
             };
@@ -347,7 +434,7 @@ impl Replicated {
                         state.calls.insert(id, *record);
                     }
                     Entry::Session { record } => state.record = Some(record),
-                    Entry::Forget => {
+                    Entry::Forget | Entry::Snapshot => {
                         state.calls.clear();
                         state.record = None;
                     }
@@ -358,15 +445,66 @@ impl Replicated {
         Ok(state)
     }
 
-    /// Publishes `message` on session `id`'s subject, expecting `last_seq` to be the last
-    /// message there; its sequence, or [`JournalError::Fenced`] if the subject moved on.
+    /// Publishes `message` on session `id`'s subject, expecting `*last_seq` to be the last
+    /// message there, and sets `*last_seq` to the last message written (also when a later part
+    /// of a message in parts failed: this node's next write follows it). The sequence of the
+    /// message's first part, or [`JournalError::Fenced`] if the subject moved on.
     async fn publish(
         &self,
         id: &str,
         message: &Message,
-        last_seq: u64,
+        last_seq: &mut u64,
     ) -> Result<u64, JournalError> {
         let payload = serde_json::to_vec(message).map_err(|e| nats_error(&self.stream_name, e))?;
+        let started = Instant::now();
+        let outcome = if payload.len() <= self.part_size {
+            self.publish_one(id, message.epoch, payload, None, *last_seq)
+                .await
+                .inspect(|&seq| *last_seq = seq)
+        } else {
+            let n = payload.len().div_ceil(self.part_size);
+            let mut first = None;
+            let mut outcome = Ok(0);
+            for (k, part) in payload.chunks(self.part_size).enumerate() {
+                match self
+                    .publish_one(
+                        id,
+                        message.epoch,
+                        part.to_vec(),
+                        Some((k + 1, n)),
+                        *last_seq,
+                    )
+                    .await
+                {
+                    Ok(seq) => {
+                        *last_seq = seq;
+                        first.get_or_insert(seq);
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+            outcome.map(|_| first.unwrap_or(*last_seq))
+        };
+        let records = message.entries.len();
+        self.metrics.flush(records, started.elapsed());
+        lock(&self.counts).add(records, started.elapsed());
+        outcome
+    }
+
+    /// Publishes one message (`part`: its number and the number of parts, for a message in
+    /// parts), expecting `last_seq` to be the last message on the subject; its sequence.
+    async fn publish_one(
+        &self,
+        id: &str,
+        epoch: u64,
+        payload: Vec<u8>,
+        part: Option<(usize, usize)>,
+        last_seq: u64,
+    ) -> Result<u64, JournalError> {
+        let payload = axum::body::Bytes::from(payload);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -376,13 +514,16 @@ impl Replicated {
         // acknowledged again as a duplicate, not refused as a moved subject.
         headers.insert(
             async_nats::header::NATS_MESSAGE_ID,
-            format!("{}.{id}.{}.{last_seq}", self.node, message.epoch).as_str(),
+            format!("{}.{id}.{epoch}.{last_seq}", self.node).as_str(),
         );
+        if let Some((k, n)) = part {
+            headers.insert(PART_HEADER, format!("{k}/{n}").as_str());
+        }
         let started = Instant::now();
         let ack = loop {
             let sent = self
                 .js
-                .publish_with_headers(subject(id), headers.clone(), payload.clone().into())
+                .publish_with_headers(subject(id), headers.clone(), payload.clone())
                 .await;
             let ack = match sent {
                 Ok(pending) => pending.await,
@@ -399,10 +540,6 @@ impl Replicated {
                 other => break other,
             }
         };
-        let elapsed = started.elapsed();
-        let records = message.entries.len();
-        self.metrics.flush(records, elapsed);
-        lock(&self.counts).add(records, elapsed);
         match ack {
             Ok(ack) => Ok(ack.sequence),
             Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
@@ -502,7 +639,7 @@ impl Replicated {
 
     /// One publish carrying `batch`; tells each waiter the outcome.
     async fn flush(&self, session: &str, log: &Log, batch: Vec<(Vec<Entry>, Waiter)>) {
-        let (epoch, last_seq, fenced) = {
+        let (epoch, mut last_seq, fenced) = {
             let s = lock(&log.state);
             (s.epoch, s.last_seq, s.fenced)
         };
@@ -516,38 +653,168 @@ impl Replicated {
                 session: session.to_string(),
             })
         } else {
-            self.publish(session, &message, last_seq).await
+            let outcome = self.publish(session, &message, &mut last_seq).await;
+            lock(&log.state).last_seq = last_seq;
+            outcome
         };
         let outcome = match outcome {
-            Ok(seq) => {
+            Ok(_) => {
                 let mut s = lock(&log.state);
-                s.last_seq = seq;
                 for entry in message.entries {
                     match entry {
                         Entry::Call { id, record } => {
                             s.calls.insert(id, *record);
                         }
                         Entry::Session { record } => s.record = Some(record),
-                        Entry::Forget | Entry::Claim { .. } => {}
+                        // Closed for good: nothing is left to snapshot.
+                        Entry::Forget => {
+                            s.calls.clear();
+                            s.record = None;
+                        }
+                        Entry::Claim { .. } | Entry::Snapshot => {}
                     }
                 }
                 Ok(())
             }
-            Err(e @ JournalError::Fenced { .. }) => {
-                let first = !std::mem::replace(&mut lock(&log.state).fenced, true);
-                if first {
-                    lock(&self.logs).remove(session);
-                    tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
-                    (self.on_fenced)(session);
-                }
-                Err(e)
-            }
-            Err(e) => Err(e),
+            Err(e) => Err(self.refused(session, log, e)),
         };
         for waiter in waiters {
             let _ = waiter.send(outcome.clone());
         }
     }
+
+    /// `e`, after letting session `id` go when it is the stream's refusal (another node
+    /// claimed it).
+    fn refused(&self, session: &str, log: &Log, e: JournalError) -> JournalError {
+        if matches!(e, JournalError::Fenced { .. }) {
+            let first = !std::mem::replace(&mut lock(&log.state).fenced, true);
+            if first {
+                lock(&self.logs).remove(session);
+                tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
+                (self.on_fenced)(session);
+            }
+        }
+        e
+    }
+
+    /// How often a held session is re-published as a snapshot: a quarter of the retention.
+    fn snapshot_every(&self) -> Duration {
+        self.retention / 4
+    }
+
+    /// Re-publishes session `id` (held here) as one snapshot message — answers older than the
+    /// retention as tombstones — and purges its messages before it. False when there was
+    /// nothing to do (not held here, fenced, closed, or not yet recorded).
+    pub async fn snapshot(&self, id: &str) -> Result<bool, JournalError> {
+        let Some(log) = lock(&self.logs).get(id).cloned() else {
+            return Ok(false);
+        };
+        let _publishing = log.publishing.lock().await;
+        let cutoff = now_ms().saturating_sub(self.retention.as_millis() as u64);
+        let (message, mut last_seq) = {
+            let mut s = lock(&log.state);
+            let Some(record) = s.record.clone().filter(|_| !s.fenced) else {
+                return Ok(false);
+            };
+            for call in s.calls.values_mut() {
+                if call.at_ms < cutoff
+                    && let Some(tomb) = call.tombstone()
+                {
+                    *call = tomb;
+                }
+            }
+            let mut entries = Vec::with_capacity(s.calls.len() + 2);
+            entries.push(Entry::Snapshot);
+            entries.push(Entry::Session { record });
+            entries.extend(s.calls.iter().map(|(id, record)| Entry::Call {
+                id: id.clone(),
+                record: Box::new(record.clone()),
+            }));
+            (
+                Message {
+                    epoch: s.epoch,
+                    entries,
+                },
+                s.last_seq,
+            )
+        };
+        let outcome = self.publish(id, &message, &mut last_seq).await;
+        {
+            let mut s = lock(&log.state);
+            s.last_seq = last_seq;
+            if outcome.is_ok() {
+                s.snapshot_at = Some(Instant::now());
+            }
+        }
+        let first = outcome.map_err(|e| self.refused(id, &log, e))?;
+        // What came before the snapshot is in it: drop it (the age limit would, later).
+        if let Err(e) = self
+            .stream
+            .purge()
+            .filter(subject(id))
+            .sequence(first)
+            .await
+        {
+            tracing::warn!(session = %id, error = %e, "journal: the records before a snapshot were not purged (the age limit will drop them)");
+        }
+        Ok(true)
+    }
+
+    /// Snapshots every held session whose last snapshot is older than a quarter of the
+    /// retention (or that has none since this node took it); how many were written.
+    pub async fn snapshot_due(&self) -> usize {
+        let every = self.snapshot_every();
+        let due: Vec<String> = lock(&self.logs)
+            .iter()
+            .filter(|(_, log)| {
+                lock(&log.state)
+                    .snapshot_at
+                    .is_none_or(|at| at.elapsed() >= every)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut written = 0;
+        for id in due {
+            if self.closed.load(Ordering::Acquire) {
+                break;
+            }
+            match self.snapshot(&id).await {
+                Ok(true) => written += 1,
+                Ok(false) | Err(JournalError::Fenced { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %e, "journal: a session's snapshot was not written (tried again later)")
+                }
+            }
+        }
+        written
+    }
+
+    /// Starts the task that keeps held sessions from ageing out ([`Replicated::snapshot_due`]),
+    /// until the journal closes or is dropped.
+    pub fn spawn_snapshots(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let tick =
+            (self.snapshot_every() / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(tick);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                let Some(journal) = weak.upgrade() else { break };
+                if journal.closed.load(Ordering::Acquire) {
+                    break;
+                }
+                journal.snapshot_due().await;
+            }
+        });
+    }
+}
+
+/// `k/n` of a part header, `1 <= k <= n`.
+fn parse_part(text: &str) -> Option<(usize, usize)> {
+    let (k, n) = text.split_once('/')?;
+    let (k, n) = (k.parse().ok()?, n.parse().ok()?);
+    (1 <= k && k <= n).then_some((k, n))
 }
 
 #[cfg(test)]

@@ -348,7 +348,10 @@ impl Server {
                     cluster.jetstream().clone(),
                     crate::journal::replicated::STREAM,
                     cluster.replicas(),
-                    crate::journal::DEFAULT_RETENTION,
+                    match config.cluster.cluster_retention {
+                        r if r.is_zero() => crate::journal::DEFAULT_RETENTION,
+                        r => r,
+                    },
                     &node,
                     Box::new(move |id: &str| {
                         let _ = tx.send(id.to_string());
@@ -356,8 +359,9 @@ impl Server {
                 )
                 .await
                 .map_err(|e| ServeError::Cluster(e.to_string()))?;
-                builder =
-                    builder.journal_store(crate::journal::Journal::replicated(Arc::new(journal)));
+                let journal = Arc::new(journal);
+                journal.spawn_snapshots();
+                builder = builder.journal_store(crate::journal::Journal::replicated(journal));
                 Some(Arc::new(cluster))
             }
         };

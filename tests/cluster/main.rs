@@ -1036,3 +1036,129 @@ async fn a_node_with_another_token_refuses_to_join() {
     // The same token joins.
     let _b = start_node(&nats.urls(), "b", root.path());
 }
+
+/// Session `id`'s journal messages in stream order: each one's `Switchboard-Part` header (for
+/// a message published in parts) and, for a whole message, its first entry.
+async fn journal_messages(nats_url: &str, id: &str) -> Vec<(Option<String>, Value)> {
+    let client = async_nats::connect(nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("SWITCHBOARD_JOURNAL").await.unwrap();
+    let mut out = Vec::new();
+    let mut next = 1;
+    while let Ok(m) = stream
+        .raw_message_builder()
+        .sequence(next)
+        .next_by_subject(format!("sbj.{id}"))
+        .send()
+        .await
+    {
+        next = m.sequence + 1;
+        let part = m
+            .headers
+            .get("Switchboard-Part")
+            .map(|v| v.as_str().to_string());
+        let first = match part {
+            Some(_) => Value::Null,
+            None => serde_json::from_slice::<Value>(&m.payload).unwrap()["entries"][0].clone(),
+        };
+        out.push((part, first));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_larger_than_a_nats_message_and_sessions_idle_past_the_age_limit_survive_a_failover()
+ {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    let nats = nats::NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    // The shortest retention there is: the stream drops messages older than a minute.
+    let short = ["--cluster-retention", "1m"];
+    let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &short);
+    let b = start_node_args(&nats.urls(), "b", root.path(), TTL, "3", &short);
+    let c = client();
+    // A tool list of ~1.3 MB: its session record is larger than one NATS message.
+    let tools: Vec<Value> = (0..200)
+        .map(|i| {
+            json!({
+                "name": format!("lookup_{i}"),
+                "description": format!("Looks key {i} up. {}", "Long description. ".repeat(360)),
+                "input_schema": {"type": "object", "properties": {"key": {"type": "string"}}},
+            })
+        })
+        .collect();
+    let made = create(&c, &a, json!({ "tools": tools })).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    assert_eq!(made["node"], "a", "{made}");
+    // 30 answers of ~48 KB, different on every run: ~1.4 MB of answers in one turn.
+    let big = |prefix: &str| -> String {
+        let calls: Vec<(String, &str, Value)> = (0..30)
+            .map(|i| {
+                (
+                    format!("{prefix}{i}"),
+                    "bash",
+                    json!({"command": "head -c 36000 /dev/urandom | base64 -w0"}),
+                )
+            })
+            .collect();
+        let calls: Vec<(&str, &str, Value)> = calls
+            .iter()
+            .map(|(i, t, v)| (i.as_str(), *t, v.clone()))
+            .collect();
+        turn(&calls)
+    };
+    let first = dispatch_on(&c, &a, &id, "t1", &big("p")).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    // Idle past the stream's age limit: its owner keeps it alive (snapshots), and still writes.
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    let answer = bash_on(&c, &a, &id, "t2", "q1", "echo still-here").await;
+    assert_eq!(results(&answer)[0]["content"], "still-here");
+    let second = dispatch_on(&c, &a, &id, "t3", &big("r")).await;
+    assert_eq!(second.status, 200, "{}", second.text);
+    // A snapshot carrying the new answers (larger than one message: in parts) replaces what came
+    // before it.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let messages = journal_messages(&nats.url(0), &id).await;
+        let parts = messages.iter().filter(|(p, _)| p.is_some()).count();
+        let starts_with_snapshot = messages
+            .first()
+            .is_some_and(|(p, _)| p.as_deref().is_some_and(|p| p.starts_with("1/")));
+        if parts >= 3 && starts_with_snapshot && messages.len() < 12 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot in parts replaced the session's messages: {messages:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    // The new owner answers the retried turn byte for byte from the snapshot, and its tools are
+    // all there.
+    let again = dispatch_until_answered(&c, &[&b], &id, "t3", &big("r")).await;
+    assert_eq!(results(&again), results(&second));
+    // The first turn's answers are older than the retention: refused, never run again.
+    let late = dispatch_until_answered(&c, &[&b], &id, "t1", &big("p")).await;
+    for result in results(&late) {
+        assert_eq!(result["is_error"], true, "{result}");
+        assert!(
+            result["content"].to_string().contains("no longer kept"),
+            "{result}"
+        );
+    }
+    let listed = send(
+        c.get(b.url(&format!("/v1/sessions/{id}/tools")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    assert!(
+        listed.text.contains("lookup_199"),
+        "{}",
+        &listed.text[..200]
+    );
+}
