@@ -33,6 +33,26 @@ use crate::cluster::{Cluster, Route};
 /// time).
 const ROUTE_TRIES: usize = 3;
 
+/// How long one step of routing (reading a key, taking a session over, claiming its journal) may
+/// wait for the NATS servers before the request is answered `cluster_unavailable` (503): an
+/// election after a server died takes a few seconds; no quorum at all, much longer.
+const NATS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `step`, bounded by [`NATS_WAIT`]; NATS trouble is `cluster_unavailable`.
+async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    step: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(NATS_WAIT, step).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(ApiError::ClusterUnavailable(format!("{what}: {e}"))),
+        Err(_) => Err(ApiError::ClusterUnavailable(format!(
+            "{what}: no answer within {} s",
+            NATS_WAIT.as_secs()
+        ))),
+    }
+}
+
 /// The session a path names: `/v1/sessions/{id}` and everything under it.
 fn session_of(path: &str) -> Option<&str> {
     let rest = path.strip_prefix("/v1/sessions/")?;
@@ -129,14 +149,14 @@ async fn decide(
         // Its lease lapsed while this node was away, and another node took it.
         app.sessions.drop_local(id);
     }
-    let internal = |e: crate::cluster::ClusterError| ApiError::Internal(e.0);
     for _ in 0..ROUTE_TRIES {
-        match cluster.route(id).await.map_err(internal)? {
+        match bounded("reading the session's owner", cluster.route(id)).await? {
             Route::Unknown => return Ok(Decision::Here),
             Route::Here(owner) => {
                 // Its key names this node's run, but the session is not open: it was let go
                 // (fenced) and nobody took it since; take it back at a new epoch.
-                if let Some((current, revision)) = cluster.owner(id).await.map_err(internal)?
+                if let Some((current, revision)) =
+                    bounded("reading the session's owner", cluster.owner(id)).await?
                     && current == owner
                 {
                     take_over(app, cluster, id, &owner, revision).await?;
@@ -154,7 +174,8 @@ async fn decide(
                 // A node without room does not take it over (its reopen would fail and leave the
                 // session's key naming a node that cannot serve it): a node with room does.
                 if app.sessions.load().1
-                    && let Some(target) = cluster.placement(true).await.map_err(internal)?
+                    && let Some(target) =
+                        bounded("reading the live nodes", cluster.placement(true)).await?
                 {
                     return Ok(Decision::There(target.node));
                 }
@@ -176,10 +197,11 @@ async fn take_over(
     owner: &crate::cluster::Owner,
     revision: u64,
 ) -> Result<bool, ApiError> {
-    let Some(epoch) = cluster
-        .take_over(id, owner, revision)
-        .await
-        .map_err(|e| ApiError::Internal(e.0))?
+    let Some(epoch) = bounded(
+        "taking the session over",
+        cluster.take_over(id, owner, revision),
+    )
+    .await?
     else {
         return Ok(false);
     };
@@ -188,7 +210,14 @@ async fn take_over(
             "cluster mode without its journal".into(),
         ));
     };
-    match journal.claim(id, epoch).await {
+    let claimed = match tokio::time::timeout(NATS_WAIT, journal.claim(id, epoch)).await {
+        Ok(claimed) => claimed,
+        Err(_) => Err(crate::journal::JournalError::Io {
+            file: journal.stream_name().into(),
+            detail: format!("no answer within {} s", NATS_WAIT.as_secs()),
+        }),
+    };
+    match claimed {
         Ok(crate::journal::replicated::Claimed::Session(bytes)) => {
             if owner.node != cluster.node() {
                 cluster.metrics().failover();
@@ -211,8 +240,8 @@ async fn take_over(
         }
         Err(e) => {
             cluster.let_go(id);
-            Err(ApiError::Internal(format!(
-                "cannot take session {id} over: {e}"
+            Err(ApiError::ClusterUnavailable(format!(
+                "cannot read session {id}'s journal to take it over: {e}"
             )))
         }
     }
@@ -225,9 +254,9 @@ async fn place(app: &App, cluster: &Cluster, request: Request, next: Next) -> Re
         return next.run(request).await;
     }
     let (_, full) = app.sessions.load();
-    let target = match cluster.placement(full).await {
+    let target = match bounded("reading the live nodes", cluster.placement(full)).await {
         Ok(target) => target,
-        Err(e) => return ApiError::Internal(e.0).into_response(),
+        Err(e) => return e.into_response(),
     };
     let Some(target) = target else {
         if cluster.draining() {

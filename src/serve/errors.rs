@@ -18,6 +18,11 @@ pub const RETRY_AFTER_SECONDS: u64 = 1;
 /// closed as idle, seldom within a second.
 pub const KEPT_RETRY_AFTER_SECONDS: u64 = 5;
 
+/// Seconds a client is told to wait (`Retry-After`) when the cluster's NATS servers cannot
+/// serve a request (no quorum, a stream or bucket without a leader): an election takes a few
+/// seconds.
+pub const CLUSTER_RETRY_AFTER_SECONDS: u64 = 2;
+
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApiError {
@@ -63,6 +68,10 @@ pub enum ApiError {
     /// Cluster mode: the node owning the session did not answer (503 with `Retry-After`: its
     /// lease expires within the TTL, then another node takes the session over).
     NodeUnreachable(String, u64),
+    /// Cluster mode: the NATS servers could not serve what the request needs (no quorum, no
+    /// leader for a moment, none reachable) within a bounded wait; nothing ran (503 with
+    /// `Retry-After`).
+    ClusterUnavailable(String),
     /// A fault of the server itself, never of the request (500).
     Internal(String),
 }
@@ -142,6 +151,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::SessionMoved(_) => "session_moved",
             ApiError::NodeUnreachable(..) => "node_unreachable",
+            ApiError::ClusterUnavailable(_) => "cluster_unavailable",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -165,7 +175,8 @@ impl ApiError {
             | ApiError::SessionBusy(_)
             | ApiError::ShuttingDown
             | ApiError::SessionMoved(_)
-            | ApiError::NodeUnreachable(..) => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::NodeUnreachable(..)
+            | ApiError::ClusterUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -217,6 +228,9 @@ impl ApiError {
             ApiError::NodeUnreachable(detail, after) => format!(
                 "the node owning this session does not answer ({detail}); retry in {after} s, when its lease has expired and another node takes the session over"
             ),
+            ApiError::ClusterUnavailable(detail) => format!(
+                "the cluster's NATS servers cannot serve this request now ({detail}); nothing ran, retry in {CLUSTER_RETRY_AFTER_SECONDS} s"
+            ),
             ApiError::NotFound => "no such route (see GET /v1/openapi.json)".into(),
             ApiError::MethodNotAllowed => "this route does not take that method".into(),
         }
@@ -253,6 +267,12 @@ impl IntoResponse for ApiError {
             ApiError::NodeUnreachable(_, after) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(after));
             }
+            ApiError::ClusterUnavailable(_) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(CLUSTER_RETRY_AFTER_SECONDS),
+                );
+            }
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
@@ -287,6 +307,7 @@ mod tests {
             ApiError::MethodNotAllowed,
             ApiError::SessionMoved("s1".into()),
             ApiError::NodeUnreachable("silent".into(), 10),
+            ApiError::ClusterUnavailable("no quorum".into()),
         ];
         for e in client_caused {
             assert!(
@@ -309,6 +330,16 @@ mod tests {
         let r = e.into_response();
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()[header::RETRY_AFTER], "5");
+    }
+
+    #[test]
+    fn nats_trouble_is_a_retryable_503() {
+        let e = ApiError::ClusterUnavailable("no stream leader".into());
+        assert_eq!(e.code(), "cluster_unavailable");
+        assert!(e.message().contains("no stream leader"), "{}", e.message());
+        let r = e.into_response();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
     }
 
     #[test]

@@ -628,8 +628,8 @@ impl SessionTable {
                 }
                 Err(e) => {
                     let _ = lock(&self.sessions).remove(&http.id);
-                    return Err(ApiError::Internal(format!(
-                        "the cluster cannot record the session: {e}"
+                    return Err(ApiError::ClusterUnavailable(format!(
+                        "the session's lease was not recorded: {e}"
                     )));
                 }
             }
@@ -639,9 +639,12 @@ impl SessionTable {
             && let Err(e) = journal.write(vec![p.write(&http.id)]).await
         {
             let _ = self.remove(&http.id);
-            return Err(ApiError::Internal(format!(
-                "the journal cannot record the session: {e}"
-            )));
+            let why = format!("the journal cannot record the session: {e}");
+            return Err(if self.cluster.is_some() {
+                ApiError::ClusterUnavailable(why)
+            } else {
+                ApiError::Internal(why)
+            });
         }
         Ok(http)
     }

@@ -237,6 +237,7 @@ async fn dispatch_until_answered_at(
                     [
                         "node_unreachable",
                         "session_moved",
+                        "cluster_unavailable",
                         "turn_in_progress",
                         "overloaded"
                     ]
@@ -762,6 +763,74 @@ async fn the_cluster_keeps_working_when_a_nats_server_is_killed() {
         assert_eq!(made.status, 201, "{}", made.text);
     }
     assert_eq!(file_lines(ws.join("log")), ["n1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_nats_quorum_requests_get_a_retryable_503_in_bounded_time_and_work_once_it_is_back()
+ {
+    let Some(mut cl) = cluster() else { return };
+    let c = client();
+    let (id, _) = session_on(&c, &cl.nodes[0]).await;
+    // Its owner dies, and two of the three NATS servers with it: no quorum.
+    let _ = cl.nodes[0].child.kill();
+    let _ = cl.nodes[0].child.wait();
+    cl.nats.kill(1);
+    cl.nats.kill(2);
+    let body = turn(&[("q1", "bash", json!({"command": "echo back"}))]);
+    for (what, request) in [
+        (
+            "a new session",
+            c.post(cl.nodes[1].url("/v1/sessions"))
+                .bearer_auth(TOKEN)
+                .body("{}"),
+        ),
+        (
+            "the dead owner's session",
+            c.post(cl.nodes[1].url(&format!("/v1/sessions/{id}/dispatch")))
+                .bearer_auth(TOKEN)
+                .header("Switchboard-Turn-Id", "t1")
+                .body(body.clone()),
+        ),
+    ] {
+        let started = Instant::now();
+        let answer = send(request).await;
+        let waited = started.elapsed();
+        assert_eq!(answer.status, 503, "{what}: {}", answer.text);
+        assert!(
+            ["cluster_unavailable", "node_unreachable"].contains(&answer.code().as_str()),
+            "{what}: {}",
+            answer.text
+        );
+        assert!(
+            answer.headers.contains_key("retry-after"),
+            "{what}: no Retry-After"
+        );
+        assert!(
+            waited < Duration::from_secs(30),
+            "{what}: answered after {waited:?}"
+        );
+    }
+    // The servers back: the session is taken over and served, new sessions are made.
+    cl.nats.restart(1);
+    cl.nats.restart(2);
+    let nodes: Vec<&Node> = cl.nodes[1..].iter().collect();
+    let answer = dispatch_until_answered(&c, &nodes, &id, "t1", &body).await;
+    assert_eq!(results(&answer)[0]["content"], "back", "{}", answer.text);
+    let deadline = Instant::now() + MOVE_LIMIT;
+    loop {
+        let made = send(
+            c.post(cl.nodes[2].url("/v1/sessions"))
+                .bearer_auth(TOKEN)
+                .body("{}"),
+        )
+        .await;
+        if made.status == 201 {
+            break;
+        }
+        assert_eq!(made.status, 503, "{}", made.text);
+        assert!(Instant::now() < deadline, "{}", made.text);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,7 +96,7 @@ def connection_error(e: BaseException) -> SwitchboardError:
 
 
 #: The refusals a request is retried after (see :func:`retry_delay`).
-RETRIED = ("overloaded", "node_unreachable", "session_moved")
+RETRIED = ("overloaded", "node_unreachable", "session_moved", "cluster_unavailable")
 
 
 def retry_delay(err: SwitchboardError, attempt: int, elapsed: float, max_retries: int,
@@ -105,7 +105,8 @@ def retry_delay(err: SwitchboardError, attempt: int, elapsed: float, max_retries
     Retried, after their ``Retry-After``, at most ``max_retries`` times within ``budget``
     seconds: ``overloaded`` (nothing ran, the body was not read), and a cluster's
     ``node_unreachable`` and ``session_moved`` (the session is moving to another node; the
-    retry keeps the turn id, so calls that ran are answered from the journal, never run again)."""
+    retry keeps the turn id, so calls that ran are answered from the journal, never run again)
+    and ``cluster_unavailable`` (its NATS servers had no quorum or leader; nothing ran)."""
     if err.code not in RETRIED or attempt >= max_retries:
         return None
     delay = err.retry_after if err.retry_after is not None else 1.0

@@ -24,8 +24,8 @@ class Client:
 
     ``token`` defaults to the ``SWITCHBOARD_TOKEN`` environment variable. ``timeout`` is the
     read timeout in seconds (None: none, since a call may run for minutes); connecting waits at
-    most 10 s. A request refused ``overloaded`` (or a cluster's ``node_unreachable`` or
-    ``session_moved``) is retried after its ``Retry-After``, at most ``max_retries`` times within
+    most 10 s. A request refused ``overloaded`` (or a cluster's ``node_unreachable``,
+    ``session_moved`` or ``cluster_unavailable``) is retried after its ``Retry-After``, at most ``max_retries`` times within
     ``retry_budget_s`` seconds."""
 
     def __init__(self, base_url: str = c.DEFAULT_BASE_URL, token: Optional[str] = None, *,

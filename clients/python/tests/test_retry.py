@@ -75,7 +75,7 @@ def test_sync_retries_overloaded_with_the_same_turn_id(fake):
     assert len({body for _, _, body in Overloaded.seen}) == 1
 
 
-@pytest.mark.parametrize("code", ["node_unreachable", "session_moved"])
+@pytest.mark.parametrize("code", ["node_unreachable", "session_moved", "cluster_unavailable"])
 def test_a_moving_cluster_session_is_retried_with_the_same_turn_id(fake, code):
     Overloaded.code = code
     with Client(fake, token="t") as client, client.session() as session:

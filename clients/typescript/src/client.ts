@@ -29,7 +29,7 @@ export interface ClientOptions {
   baseUrl?: string;
   /** The bearer token (default: the `SWITCHBOARD_TOKEN` environment variable). */
   token?: string;
-  /** How many times a refused request is retried: `overloaded`, and a cluster's `node_unreachable` and `session_moved` (default 5). */
+  /** How many times a refused request is retried: `overloaded`, and a cluster's `node_unreachable`, `session_moved` and `cluster_unavailable` (default 5). */
   maxRetries?: number;
   /** The most time the retries of one request may wait, in ms (default 30,000). */
   retryBudgetMs?: number;

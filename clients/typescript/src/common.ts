@@ -80,8 +80,8 @@ export function connectionError(e: unknown): SwitchboardError {
 /** The refusals a request is retried after: `overloaded` (nothing ran, the body was not read),
  * and a cluster's `node_unreachable` and `session_moved` (the session is moving to another node;
  * the retry keeps the turn id, so calls that ran are answered from the journal, never run
- * again). */
-export const RETRIED: readonly string[] = ["overloaded", "node_unreachable", "session_moved"];
+ * again) and `cluster_unavailable` (its NATS servers had no quorum or leader; nothing ran). */
+export const RETRIED: readonly string[] = ["overloaded", "node_unreachable", "session_moved", "cluster_unavailable"];
 
 /** The retries of one request: `delay(err)` is the wait in ms before the next attempt after
  * the refusal `err`, or `null` to give up. The refusals in `RETRIED` are retried, after their

@@ -47,7 +47,7 @@ test("overloaded is retried with the same turn id and body", async () => {
   await f.close();
 });
 
-for (const code of ["node_unreachable", "session_moved"]) {
+for (const code of ["node_unreachable", "session_moved", "cluster_unavailable"]) {
   test(`a cluster's ${code} is retried with the same turn id`, async () => {
     const f = await fake({ code });
     const session = new Client(f.url, { token: "t" }).session();
