@@ -314,10 +314,15 @@ pub async fn forward(
         }
     }
     let metrics = metrics.clone();
+    let events = head.headers.iter().any(|(name, value)| {
+        name.eq_ignore_ascii_case("content-type") && value.starts_with("text/event-stream")
+    });
     let state = Relay {
         answers,
         next: 1,
         done: false,
+        events,
+        partial: Vec::new(),
         left,
     };
     let body = futures::stream::unfold(state, move |mut state| {
@@ -338,11 +343,17 @@ struct Relay {
     /// The sequence number the next data or end message must carry.
     next: u64,
     done: bool,
+    /// The answer is a stream of Server-Sent Events: it is passed on whole events at a time, and
+    /// a cut ends it with an `error` event.
+    events: bool,
+    /// Of a stream of events, the bytes of an event not complete yet.
+    partial: Vec<u8>,
     left: ClientLeft,
 }
 
 impl Relay {
-    /// The next body chunk; an error when the answer broke off; `None` at its end.
+    /// The next body chunk; an error when the answer broke off (for a stream of events, a last
+    /// `error` event with the code `node_unreachable`, then its end); `None` at its end.
     async fn next_chunk(
         &mut self,
         metrics: &ClusterMetrics,
@@ -350,9 +361,13 @@ impl Relay {
         if self.done {
             return None;
         }
+        let events = self.events;
         loop {
             let cut = |what: &str| {
                 metrics.forward(ForwardOutcome::Cut);
+                if events {
+                    return Some(Ok(cut_event(what)));
+                }
                 Some(Err(std::io::Error::other(what.to_string())))
             };
             let Ok(Some(message)) = tokio::time::timeout(SILENCE, self.answers.next()).await else {
@@ -369,6 +384,17 @@ impl Relay {
                 return cut("a relayed answer lost a message");
             }
             match p[0] {
+                b'D' if self.events => {
+                    self.next += 1;
+                    self.partial.extend_from_slice(&p[9..]);
+                    // Whole events only: a cut never leaves the client half an event.
+                    let Some(end) = self.partial.windows(2).rposition(|w| w == b"\n\n") else {
+                        continue;
+                    };
+                    let rest = self.partial.split_off(end + 2);
+                    let whole = std::mem::replace(&mut self.partial, rest);
+                    return Some(Ok(Bytes::from(whole)));
+                }
                 b'D' => {
                     self.next += 1;
                     return Some(Ok(Bytes::copy_from_slice(&p[9..])));
@@ -376,12 +402,27 @@ impl Relay {
                 b'E' => {
                     self.done = true;
                     self.left.finished = true;
+                    if !self.partial.is_empty() {
+                        return Some(Ok(Bytes::from(std::mem::take(&mut self.partial))));
+                    }
                     return None;
                 }
                 _ => continue,
             }
         }
     }
+}
+
+/// The `error` event that ends a relayed stream of events cut off by `what`: what the client
+/// would read from its own node (the turn's calls may have run: the retry with the same turn
+/// id is answered from the journal).
+fn cut_event(what: &str) -> Bytes {
+    let message = format!(
+        "{what}; the turn's calls may have run: send the turn again with the same turn id (calls \
+         that ran are answered from the journal, the others run)"
+    );
+    let data = serde_json::json!({"error": {"code": "node_unreachable", "message": message}});
+    Bytes::from(format!("event: error\ndata: {data}\n\n"))
 }
 
 /// Tells the owner, when dropped before the answer's end, that the client left.
@@ -433,6 +474,23 @@ mod tests {
         assert!(relayed.headers().contains_key(&FORWARDED_HEADER));
         assert!(decode_request(b"\x00\x00").is_err());
         assert!(decode_request(b"\x00\x00\x00\xffshort").is_err());
+    }
+
+    #[test]
+    fn a_cut_stream_of_events_ends_with_an_error_event() {
+        let text = String::from_utf8(cut_event("the owner stopped answering").to_vec()).unwrap();
+        assert!(text.starts_with("event: error\ndata: "), "{text}");
+        assert!(text.ends_with("\n\n"));
+        let data: serde_json::Value =
+            serde_json::from_str(text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap())
+                .unwrap();
+        assert_eq!(data["error"]["code"], "node_unreachable");
+        assert!(
+            data["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("the owner stopped answering")
+        );
     }
 
     #[test]

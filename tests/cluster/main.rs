@@ -834,6 +834,35 @@ async fn without_a_nats_quorum_requests_get_a_retryable_503_in_bounded_time_and_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_stream_whose_owner_dies_ends_with_an_error_event() {
+    let Some(mut cl) = cluster() else { return };
+    let c = client();
+    let (id, _) = session_on(&c, &cl.nodes[0]).await;
+    let body = turn(&[
+        ("e1", "bash", json!({"command": "echo first"})),
+        ("e2", "bash", json!({"command": "sleep 30; echo never"})),
+    ]);
+    let request = c
+        .post(cl.nodes[1].url(&format!("/v1/sessions/{id}/dispatch?stream=true")))
+        .bearer_auth(TOKEN)
+        .header("Switchboard-Turn-Id", "t1")
+        .body(body);
+    let streamed = tokio::spawn(send(request));
+    // The first result is out; the owner dies while the second call runs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = cl.nodes[0].child.kill();
+    let _ = cl.nodes[0].child.wait();
+    let streamed = streamed.await.unwrap();
+    assert_eq!(streamed.status, 200, "{}", streamed.text);
+    let got = events(&streamed.text);
+    let kinds: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["result", "error"], "{}", streamed.text);
+    let error: Value = serde_json::from_str(&got[1].1).unwrap();
+    assert_eq!(error["error"]["code"], "node_unreachable", "{error}");
+    assert!(!streamed.text.contains("never"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_node_places_new_sessions_elsewhere_and_finishes_its_turns() {
     let Some(cl) = cluster() else { return };
     let c = client();
