@@ -598,6 +598,10 @@ impl Cluster {
         if owner.node == self.node && owner.boot == self.boot {
             return Ok(Route::Here(owner));
         }
+        if owner.node.is_empty() {
+            // Released by a node that could not reopen it: any node may take it.
+            return Ok(Route::Orphan(owner, revision));
+        }
         match self.node_info(&owner.node).await? {
             Some(info) if info.boot == owner.boot => Ok(Route::There(owner)),
             _ => Ok(Route::Orphan(owner, revision)),
@@ -685,6 +689,40 @@ impl Cluster {
             held.len()
         };
         self.metrics.leases(n);
+    }
+
+    /// Gives session `id` back after this node took it over at `epoch` and could not reopen it:
+    /// its key then names no node (at the same epoch), so the next request, at any node, takes it
+    /// over — a node that can reopen it serves it, and it is never stuck behind this one.
+    pub async fn release(&self, id: &str, epoch: u64) {
+        self.let_go(id);
+        let released = Owner {
+            node: String::new(),
+            boot: String::new(),
+            epoch,
+        };
+        let Ok(bytes) = serde_json::to_vec(&released) else {
+            return;
+        };
+        let outcome = settled(|| async {
+            match self.owner(id).await? {
+                Some((o, revision))
+                    if o.node == self.node && o.boot == self.boot && o.epoch == epoch =>
+                {
+                    self.owners
+                        .update(id, bytes.clone().into(), revision)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| err("cannot release the session", e))
+                }
+                // Moved on meanwhile (another node took it): nothing to give back.
+                _ => Ok(()),
+            }
+        })
+        .await;
+        if let Err(e) = outcome {
+            tracing::warn!(session = %id, error = %e, "cluster: a session this node could not reopen was not released (it moves when this node's lease lapses)");
+        }
     }
 
     /// Session `id` is closed for good: its lease is deleted.

@@ -159,8 +159,12 @@ async fn decide(
                     bounded("reading the session's owner", cluster.owner(id)).await?
                     && current == owner
                 {
-                    take_over(app, cluster, id, &owner, revision).await?;
-                    return Ok(Decision::Here);
+                    match take_over(app, cluster, id, &owner, revision).await? {
+                        Taken::Here => return Ok(Decision::Here),
+                        Taken::Elsewhere => {}
+                        Taken::Unopened(e) if !relayed => return elsewhere(cluster, e).await,
+                        Taken::Unopened(e) => return Err(e),
+                    }
                 }
             }
             Route::There(owner) => {
@@ -179,8 +183,11 @@ async fn decide(
                 {
                     return Ok(Decision::There(target.node));
                 }
-                if take_over(app, cluster, id, &owner, revision).await? {
-                    return Ok(Decision::Here);
+                match take_over(app, cluster, id, &owner, revision).await? {
+                    Taken::Here => return Ok(Decision::Here),
+                    Taken::Elsewhere => {}
+                    Taken::Unopened(e) if !relayed => return elsewhere(cluster, e).await,
+                    Taken::Unopened(e) => return Err(e),
                 }
             }
         }
@@ -188,22 +195,40 @@ async fn decide(
     Err(ApiError::SessionMoved(id.to_string()))
 }
 
-/// Takes session `id` over from `owner` (its key at `revision`) and reopens it here; false
-/// when another node was faster.
+/// What came of taking a session over.
+enum Taken {
+    /// Taken and reopened here.
+    Here,
+    /// Another node was faster.
+    Elsewhere,
+    /// Taken, but it would not reopen here (why): released again, for a node that can.
+    Unopened(ApiError),
+}
+
+/// After this node could not reopen session it took over (`why`, and released it): the request
+/// goes to another live node with room, which takes it over; `why` when there is none.
+async fn elsewhere(cluster: &Cluster, why: ApiError) -> Result<Decision, ApiError> {
+    match bounded("reading the live nodes", cluster.placement(true)).await? {
+        Some(target) => Ok(Decision::There(target.node)),
+        None => Err(why),
+    }
+}
+
+/// Takes session `id` over from `owner` (its key at `revision`) and reopens it here.
 async fn take_over(
     app: &App,
     cluster: &Cluster,
     id: &str,
     owner: &crate::cluster::Owner,
     revision: u64,
-) -> Result<bool, ApiError> {
+) -> Result<Taken, ApiError> {
     let Some(epoch) = bounded(
         "taking the session over",
         cluster.take_over(id, owner, revision),
     )
     .await?
     else {
-        return Ok(false);
+        return Ok(Taken::Elsewhere);
     };
     let Some(journal) = app.engine.journal().and_then(|j| j.as_replicated()) else {
         return Err(ApiError::Internal(
@@ -224,19 +249,24 @@ async fn take_over(
             }
             tracing::info!(session = %id, from = %owner.node, epoch, "cluster: session taken over");
             if let Err(e) = app.sessions.adopt(id, &bytes).await {
-                cluster.let_go(id);
+                tracing::warn!(session = %id, error = %e.message(), "cluster: a session taken over does not reopen here; released for another node");
                 journal.abandon(id);
-                return Err(e);
+                cluster.release(id, epoch).await;
+                return Ok(Taken::Unopened(ApiError::Internal(format!(
+                    "session {id} cannot be reopened on node {}: {}",
+                    cluster.node(),
+                    e.message()
+                ))));
             }
-            Ok(true)
+            Ok(Taken::Here)
         }
         Ok(crate::journal::replicated::Claimed::Unknown) => {
             cluster.forget(id).await;
-            Ok(true)
+            Ok(Taken::Here)
         }
         Err(crate::journal::JournalError::Fenced { .. }) => {
             cluster.let_go(id);
-            Ok(false)
+            Ok(Taken::Elsewhere)
         }
         Err(e) => {
             cluster.let_go(id);

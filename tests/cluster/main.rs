@@ -1086,6 +1086,53 @@ async fn a_full_node_leaves_an_orphaned_session_to_a_node_with_room() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_a_node_cannot_reopen_is_released_to_a_node_that_can() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    let nats = nats::NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let policy = root.path().join("strict.json");
+    std::fs::write(&policy, r#"{"permissions": {"deny": ["write_file"]}}"#).unwrap();
+    let offer = format!("strict={}", policy.display());
+    let with_policy = ["--session-policy", offer.as_str()];
+    // a and c offer the session policy `strict`; b does not, so it cannot reopen such a session.
+    let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &with_policy);
+    let b = start_node(&nats.urls(), "b", root.path());
+    let nc = start_node_args(&nats.urls(), "c", root.path(), TTL, "3", &with_policy);
+    let c = client();
+    let made = create(&c, &a, json!({"policy": "strict"})).await;
+    let id = made["session_id"].as_str().unwrap().to_string();
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    // Asked through b only: b takes it over, cannot reopen it, gives it back and relays the
+    // request to c, which serves it (with its policy).
+    let body = turn(&[
+        ("p1", "bash", json!({"command": "echo served"})),
+        ("p2", "write_file", json!({"path": "f", "content": "x"})),
+    ]);
+    let answer = dispatch_until_answered(&c, &[&b], &id, "t1", &body).await;
+    let got = results(&answer);
+    assert_eq!(got[0]["content"], "served", "{}", answer.text);
+    assert_eq!(
+        got[1]["is_error"], true,
+        "the policy still holds: {}",
+        answer.text
+    );
+    // From now on c owns it: through either node, the same answers.
+    for node in [&b, &nc] {
+        let again = dispatch_until_answered(&c, &[node], &id, "t1", &body).await;
+        assert_eq!(results(&again), got, "through {}", node.name);
+    }
+    let info = send(
+        c.get(b.url(&format!("/v1/sessions/{id}")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(info.json()["node"], "c", "{}", info.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_another_token_refuses_to_join() {
     let Some(_) = nats::nats_or_skip() else {
         return;
