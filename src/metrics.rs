@@ -109,6 +109,9 @@ pub const CLUSTER_FORWARDS_TOTAL: &str = "switchboard_cluster_forwards_total";
 pub const CLUSTER_FAILOVERS_TOTAL: &str = "switchboard_cluster_failovers_total";
 /// Cluster mode: journal writes of this node refused because another node owns the session.
 pub const CLUSTER_FENCING_REFUSALS_TOTAL: &str = "switchboard_cluster_fencing_refusals_total";
+/// Cluster mode: sessions this node let go of because its own heartbeat was not renewed for half
+/// the lease TTL (their running commands stopped).
+pub const CLUSTER_SELF_FENCED_TOTAL: &str = "switchboard_cluster_self_fenced_total";
 
 /// What kind of metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -384,6 +387,13 @@ pub const METRICS: &[MetricDef] = &[
         help: "Cluster mode: sessions whose journal write from this node was refused because another node took them over (by the stream, or by this node once it saw the new owner); nothing more is written or answered for them here.",
     },
     MetricDef {
+        name: CLUSTER_SELF_FENCED_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &["node"],
+        help: "Cluster mode: sessions this node let go of because its own heartbeat had not been renewed for half the lease TTL (cut off from NATS, or stalled): their running commands were stopped, and nothing more runs for them here until the node takes them back.",
+    },
+    MetricDef {
         name: DEDUP_HITS_TOTAL,
         kind: Kind::Counter,
         unit: Unit::Count,
@@ -550,6 +560,7 @@ pub struct ClusterMetrics {
     forwards_cut: Counter,
     failovers: Counter,
     fenced: Counter,
+    self_fenced: Counter,
 }
 
 /// How a forwarded request ended.
@@ -577,7 +588,8 @@ impl ClusterMetrics {
             forwards_unreachable: forward("unreachable"),
             forwards_cut: forward("cut"),
             failovers: zeroed(counter!(CLUSTER_FAILOVERS_TOTAL, "node" => node.clone())),
-            fenced: zeroed(counter!(CLUSTER_FENCING_REFUSALS_TOTAL, "node" => node)),
+            fenced: zeroed(counter!(CLUSTER_FENCING_REFUSALS_TOTAL, "node" => node.clone())),
+            self_fenced: zeroed(counter!(CLUSTER_SELF_FENCED_TOTAL, "node" => node)),
             leases,
         }
     }
@@ -605,6 +617,11 @@ impl ClusterMetrics {
     /// A journal write was refused: another node owns the session.
     pub fn fenced(&self) {
         self.fenced.increment(1);
+    }
+
+    /// This node let go of `n` sessions: its heartbeat was not renewed for half the TTL.
+    pub fn self_fenced(&self, n: usize) {
+        self.self_fenced.increment(n as u64);
     }
 }
 

@@ -7,11 +7,11 @@
 //!
 //! **Who owns a session.** Two JetStream key-value buckets, replicated like the journal:
 //! - `switchboard_nodes`: one key per live node (`{node, boot, http, sessions, in_flight,
-//!   draining, full}`), put every `--lease-ttl`/3; the bucket's age limit is the lease TTL, so
+//!   draining, full}`), put every `--lease-ttl`/6; the bucket's age limit is the lease TTL, so
 //!   a node that stops putting (dead, paused, cut off) disappears after at most the TTL.
 //! - `switchboard_sessions`: one key per session, `{node, boot, epoch}`, changed only by a
 //!   revision-checked update. A session's lease is valid while its node's heartbeat with the
-//!   same `boot` exists: one put per node per TTL/3 keeps every lease of the node alive, however
+//!   same `boot` exists: one put per node per TTL/6 keeps every lease of the node alive, however
 //!   many sessions it holds. A node takes a session over from a dead owner by updating its key
 //!   to itself with `epoch + 1` (only one node's update can win), then claims the session's
 //!   journal at that epoch ([`crate::journal::replicated`]), which fences the old owner.
@@ -477,14 +477,15 @@ impl Cluster {
         Ok(())
     }
 
-    /// Puts the heartbeat every TTL/3 until `stop`, with `load` read each time; then deletes it,
-    /// so that other nodes take this node's sessions over at once.
+    /// Puts the heartbeat every TTL/6 until `stop`, with `load` read each time; then deletes it,
+    /// so that other nodes take this node's sessions over at once. (Every sixth of the TTL: a
+    /// put may take up to a third of it before the node fences itself at half the TTL.)
     pub async fn keep_alive(
         self: Arc<Self>,
         load: impl Fn() -> Load + Send + 'static,
         stop: tokio_util::sync::CancellationToken,
     ) {
-        let mut tick = tokio::time::interval(self.ttl / 3);
+        let mut tick = tokio::time::interval(self.ttl / 6);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -534,6 +535,18 @@ impl Cluster {
             }
         }
         Ok(out)
+    }
+
+    /// Whether this node's heartbeat was renewed within the last half TTL. A node that is not
+    /// fresh fences itself: it stops the running commands of its sessions and serves none until
+    /// its heartbeat is renewed, well before another node can take them over (at the full TTL).
+    pub fn fresh(&self) -> bool {
+        lock(&self.alive_until).is_some_and(|until| Instant::now() + self.ttl / 2 < until)
+    }
+
+    /// The sessions this node holds now.
+    pub fn held(&self) -> Vec<String> {
+        lock(&self.held).keys().cloned().collect()
     }
 
     /// Whether this node's own heartbeat is known to stand now.

@@ -135,6 +135,18 @@ async fn decide(
     id: &str,
     relayed: bool,
 ) -> Result<Decision, ApiError> {
+    // Fenced while this node's heartbeat is stale (another node may be about to take over); a
+    // node that just resumed from a pause renews it within moments, so wait a little first.
+    let deadline = std::time::Instant::now() + cluster.ttl() / 2;
+    while !cluster.fresh() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    if !cluster.fresh() {
+        return Err(ApiError::ClusterUnavailable(format!(
+            "node {}'s heartbeat has not been renewed for half the lease TTL; it serves no session until it is",
+            cluster.node()
+        )));
+    }
     let open_here = app.sessions.has(id);
     // Its journal still takes this node's writes (not fenced), and its key names this node.
     let journal_here = app
@@ -273,6 +285,45 @@ async fn take_over(
             Err(ApiError::ClusterUnavailable(format!(
                 "cannot read session {id}'s journal to take it over: {e}"
             )))
+        }
+    }
+}
+
+/// Self-fencing: checks this node's heartbeat every twelfth of the lease TTL until `stop`; once
+/// it has not been renewed for half the TTL, lets go of every session held here — their running
+/// commands are stopped (process trees, as a cancel does) and nothing more runs for them — well
+/// before another node may take them over (a full TTL after the last renewal). Once the
+/// heartbeat is renewed, the next request for such a session takes it back (at a new epoch)
+/// from the journal. What stays unfenced: a node frozen with its commands (a machine or VM
+/// paused) runs them on when it resumes, until this check's next tick.
+pub async fn fence_when_stale(
+    cluster: Arc<Cluster>,
+    sessions: Arc<super::sessions::SessionTable>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut tick =
+        tokio::time::interval((cluster.ttl() / 12).max(std::time::Duration::from_millis(20)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => break,
+        }
+        if cluster.fresh() {
+            continue;
+        }
+        let held = cluster.held();
+        if held.is_empty() {
+            continue;
+        }
+        tracing::warn!(
+            node = %cluster.node(),
+            sessions = held.len(),
+            "cluster: this node's heartbeat has not been renewed for half the lease TTL: its sessions' running commands are stopped and nothing runs for them until it is"
+        );
+        cluster.metrics().self_fenced(held.len());
+        for id in held {
+            sessions.drop_local(&id);
         }
     }
 }

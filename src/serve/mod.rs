@@ -493,6 +493,13 @@ impl Server {
                 }
             });
         }
+        if let Some(cluster) = app.cluster.clone() {
+            tokio::spawn(cluster::fence_when_stale(
+                cluster,
+                Arc::clone(&app.sessions),
+                stop_cluster.clone(),
+            ));
+        }
         if let (Some(cluster), Some(mut fenced)) = (app.cluster.clone(), fenced) {
             let sessions = Arc::clone(&app.sessions);
             tokio::spawn(async move {

@@ -863,6 +863,56 @@ async fn a_relayed_stream_whose_owner_dies_ends_with_an_error_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_nats_stops_its_running_commands_before_its_lease_can_expire() {
+    let Some(mut cl) = cluster() else { return };
+    let c = client();
+    let (id, ws) = session_on(&c, &cl.nodes[0]).await;
+    let body = turn(&[(
+        "k1",
+        "bash",
+        json!({"command": "touch started; sleep 4; echo late >> log"}),
+    )]);
+    let request = c
+        .post(cl.nodes[0].url(&format!("/v1/sessions/{id}/dispatch")))
+        .bearer_auth(TOKEN)
+        .header("Switchboard-Turn-Id", "t1")
+        .body(body.clone());
+    let first = tokio::spawn(send(request));
+    assert!(serve_common::appears(&ws.join("started"), Duration::from_secs(20)).await);
+    // Every NATS server frozen for longer than the TTL: no node can renew its heartbeat.
+    for i in 0..3 {
+        cl.nats.signal(i, "STOP");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in 0..3 {
+        cl.nats.signal(i, "CONT");
+    }
+    let first = first.await.unwrap();
+    // The command was stopped within half the TTL of the last renewal: it never wrote.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !ws.join("log").exists(),
+        "the command ran on after its node's heartbeat lapsed"
+    );
+    // One final answer for the call, the same for every copy: it had started, so
+    // outcome_unknown (or the stop's own answer, if that was recorded).
+    let nodes: Vec<&Node> = cl.nodes.iter().collect();
+    let again = dispatch_until_answered(&c, &nodes, &id, "t1", &body).await;
+    let answer = &results(&again)[0];
+    assert_eq!(answer["is_error"], true, "{}", again.text);
+    if first.status == 200 {
+        assert_eq!(results(&first), results(&again), "{}", first.text);
+    }
+    let copy = dispatch_until_answered(&c, &nodes[1..], &id, "t1", &body).await;
+    assert_eq!(results(&copy), results(&again));
+    assert!(!ws.join("log").exists());
+    assert!(
+        metric(&c, &cl.nodes[0], "switchboard_cluster_self_fenced_total").await >= 1.0,
+        "the self-fencing is counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_node_places_new_sessions_elsewhere_and_finishes_its_turns() {
     let Some(cl) = cluster() else { return };
     let c = client();

@@ -148,6 +148,16 @@ impl NatsCluster {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to server `i` (its own process, by pid), if it runs.
+    pub fn signal(&mut self, i: usize, signal: &str) {
+        if let Some(child) = &self.servers[i].child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
     /// Starts server `i` again (killing it first if it still runs) with the same config, ports
     /// and store directory, and waits until it is ready as in [`NatsCluster::start`] (panics with
     /// the log tails after [`READY_BOUND`]).
