@@ -194,12 +194,42 @@ where
     }
 }
 
+/// The latest value of `key` in the key-value bucket kept in `stream` (prefix `$KV.<bucket>.`)
+/// and its revision, read from the stream's leader — never from a replica, which may lag: a key
+/// written while a NATS server was down reads as missing (or as its old value) there for seconds
+/// after the server rejoins, which would route a live session as unknown, or take a live
+/// node's session over. `None` when the key is missing or deleted.
+async fn leader_entry(
+    stream: &jetstream::stream::Stream,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<(axum::body::Bytes, u64)>, String> {
+    use jetstream::stream::LastRawMessageErrorKind;
+    match stream
+        .get_last_raw_message_by_subject(&format!("$KV.{bucket}.{key}"))
+        .await
+    {
+        Ok(message) => {
+            let deleted = message
+                .headers
+                .get("KV-Operation")
+                .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
+            Ok((!deleted).then_some((message.payload, message.sequence)))
+        }
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A node's link to the cluster.
 pub struct Cluster {
     client: async_nats::Client,
     js: jetstream::Context,
     nodes: kv::Store,
     owners: kv::Store,
+    /// The buckets' streams, read through their leaders ([`leader_entry`]).
+    nodes_stream: jetstream::stream::Stream,
+    owners_stream: jetstream::stream::Stream,
     node: String,
     boot: String,
     http: String,
@@ -216,7 +246,31 @@ pub struct Cluster {
     /// here before that (the node was paused or cut off past its TTL in between) is checked
     /// again before it is served.
     alive_since: Mutex<Option<Instant>>,
+    /// One lock per session being taken over here: two requests for one session (copies of a
+    /// turn, a relayed and a local one) never take it over twice at once.
+    taking: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     metrics: ClusterMetrics,
+}
+
+/// Held while this node takes a session over ([`Cluster::taking_over`]).
+pub struct TakingOver {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    taking: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    id: String,
+}
+
+impl Drop for TakingOver {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut taking = lock(&self.taking);
+        // Nobody else waits for this session's lock: forget it.
+        if taking
+            .get(&self.id)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            taking.remove(&self.id);
+        }
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -360,12 +414,24 @@ impl Cluster {
             bucket_ttl
         };
         let owners = open(bucket(SESSIONS_BUCKET, Duration::ZERO)).await?;
+        let stream_of = |bucket: &'static str| {
+            let js = js.clone();
+            async move {
+                settled_for(START_SETTLE, || js.get_stream(format!("KV_{bucket}")))
+                    .await
+                    .map_err(|e| err(&format!("cannot open the {bucket} bucket's stream"), e))
+            }
+        };
+        let nodes_stream = stream_of(NODES_BUCKET).await?;
+        let owners_stream = stream_of(SESSIONS_BUCKET).await?;
         let boot = format!("{:x}{:x}", crate::journal::now_ms(), std::process::id());
         let cluster = Cluster {
             client,
             js,
             nodes,
             owners,
+            nodes_stream,
+            owners_stream,
             node: node.to_string(),
             boot,
             http: http.to_string(),
@@ -376,6 +442,7 @@ impl Cluster {
             held: Mutex::new(HashMap::new()),
             alive_until: Mutex::new(None),
             alive_since: Mutex::new(None),
+            taking: Arc::new(Mutex::new(HashMap::new())),
             metrics: ClusterMetrics::new(node),
         };
         // A live node of the same id would share forwards and leases: refuse.
@@ -510,12 +577,13 @@ impl Cluster {
 
     /// The heartbeat of node `node`, if it is alive.
     pub async fn node_info(&self, node: &str) -> Result<Option<NodeInfo>, ClusterError> {
-        let entry = settled(|| self.nodes.entry(node))
+        if check_node_id(node).is_err() {
+            return Ok(None);
+        }
+        let entry = settled(|| leader_entry(&self.nodes_stream, NODES_BUCKET, node))
             .await
             .map_err(|e| err("cannot read the node heartbeats", e))?;
-        Ok(entry
-            .filter(|e| e.operation == kv::Operation::Put)
-            .and_then(|e| serde_json::from_slice(&e.value).ok()))
+        Ok(entry.and_then(|(value, _)| serde_json::from_slice(&value).ok()))
     }
 
     /// Every live node's heartbeat.
@@ -542,6 +610,22 @@ impl Cluster {
     /// its heartbeat is renewed, well before another node can take them over (at the full TTL).
     pub fn fresh(&self) -> bool {
         lock(&self.alive_until).is_some_and(|until| Instant::now() + self.ttl / 2 < until)
+    }
+
+    /// Waits until no other request of this node is taking session `id` over, and holds that
+    /// place until the guard is dropped.
+    pub async fn taking_over(&self, id: &str) -> TakingOver {
+        let l = Arc::clone(
+            lock(&self.taking)
+                .entry(id.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(()))),
+        );
+        let guard = l.lock_owned().await;
+        TakingOver {
+            guard: Some(guard),
+            taking: Arc::clone(&self.taking),
+            id: id.to_string(),
+        }
     }
 
     /// The sessions this node holds now.
@@ -588,16 +672,15 @@ impl Cluster {
 
     /// Session `id`'s owner and its key's revision.
     pub async fn owner(&self, id: &str) -> Result<Option<(Owner, u64)>, ClusterError> {
-        let entry = settled(|| self.owners.entry(id))
+        if !crate::journal::replicated::valid_id(id) {
+            return Ok(None);
+        }
+        let entry = settled(|| leader_entry(&self.owners_stream, SESSIONS_BUCKET, id))
             .await
             .map_err(|e| err("cannot read a session's owner", e))?;
-        Ok(entry
-            .filter(|e| e.operation == kv::Operation::Put)
-            .and_then(|e| {
-                serde_json::from_slice(&e.value)
-                    .ok()
-                    .map(|o| (o, e.revision))
-            }))
+        Ok(entry.and_then(|(value, revision)| {
+            serde_json::from_slice(&value).ok().map(|o| (o, revision))
+        }))
     }
 
     /// Where a request for session `id` goes.

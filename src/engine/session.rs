@@ -382,6 +382,12 @@ impl Session {
                 .await
             {
                 Ok(results) => results,
+                Err(e @ EngineError::Moved(_)) => {
+                    // Calls ran, but this node may record none of their answers: the new
+                    // owner answers their copies (`outcome_unknown` where it must).
+                    answers.unfinished(&std::mem::take(&mut guard.ids), true);
+                    return Err(e);
+                }
                 Err(e) => {
                     // Refused by the engine: nothing of the turn ran.
                     answers.unfinished(&std::mem::take(&mut guard.ids), false);
@@ -490,6 +496,8 @@ impl Session {
             let mut seen = 0;
             // Answers the journal could not record, as they were sent instead.
             let mut replaced = Vec::new();
+            // A write was refused: another node owns the session now.
+            let mut fenced = false;
             while seen < n {
                 let Some(first) = rx.recv().await else {
                     break;
@@ -515,8 +523,12 @@ impl Session {
                         .collect();
                     match journal.write(records).await {
                         Ok(()) => {}
-                        // Fenced: this node may publish nothing more for the session.
-                        Err(crate::journal::JournalError::Fenced { .. }) => continue,
+                        // Fenced: this node may publish nothing more for the session, and none
+                        // of the turn's answers leaves it (the new owner answers the copies).
+                        Err(crate::journal::JournalError::Fenced { .. }) => {
+                            fenced = true;
+                            continue;
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "journal: answers were not recorded");
                             for (j, result) in &mut batch {
@@ -538,11 +550,14 @@ impl Session {
                     }
                 }
             }
-            replaced
+            (replaced, fenced)
         };
-        let (results, replaced) =
+        let (results, (replaced, fenced)) =
             tokio::join!(self.engine_turn(sub, cancel, Some(tx), gate), forward);
         let mut results = results?;
+        if fenced {
+            return Err(EngineError::Moved(self.id().to_string()));
+        }
         for (j, result) in replaced {
             results[j] = result;
         }

@@ -148,13 +148,7 @@ async fn decide(
         )));
     }
     let open_here = app.sessions.has(id);
-    // Its journal still takes this node's writes (not fenced), and its key names this node.
-    let journal_here = app
-        .engine
-        .journal()
-        .and_then(|j| j.as_replicated())
-        .is_some_and(|r| r.holds(id));
-    if open_here && journal_here && cluster.owns(id).await {
+    if open_here && served_here(app, cluster, id).await {
         return Ok(Decision::Here);
     }
     if open_here {
@@ -167,6 +161,11 @@ async fn decide(
             Route::Here(owner) => {
                 // Its key names this node's run, but the session is not open: it was let go
                 // (fenced) and nobody took it since; take it back at a new epoch.
+                // One takeover at a time here; another request may have done it meanwhile.
+                let _taking = cluster.taking_over(id).await;
+                if served_here(app, cluster, id).await {
+                    return Ok(Decision::Here);
+                }
                 if let Some((current, revision)) =
                     bounded("reading the session's owner", cluster.owner(id)).await?
                     && current == owner
@@ -195,6 +194,10 @@ async fn decide(
                 {
                     return Ok(Decision::There(target.node));
                 }
+                let _taking = cluster.taking_over(id).await;
+                if served_here(app, cluster, id).await {
+                    return Ok(Decision::Here);
+                }
                 match take_over(app, cluster, id, &owner, revision).await? {
                     Taken::Here => return Ok(Decision::Here),
                     Taken::Elsewhere => {}
@@ -205,6 +208,18 @@ async fn decide(
         }
     }
     Err(ApiError::SessionMoved(id.to_string()))
+}
+
+/// Whether session `id` is served here now: open here, its journal still takes this node's
+/// writes (not fenced), and its key names this node.
+async fn served_here(app: &App, cluster: &Cluster, id: &str) -> bool {
+    app.sessions.has(id)
+        && app
+            .engine
+            .journal()
+            .and_then(|j| j.as_replicated())
+            .is_some_and(|r| r.holds(id))
+        && cluster.owns(id).await
 }
 
 /// What came of taking a session over.

@@ -913,6 +913,70 @@ async fn a_node_cut_off_from_nats_stops_its_running_commands_before_its_lease_ca
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_turn_sent_to_every_node_at_once_around_failovers_get_one_answer() {
+    let Some(mut cl) = cluster() else { return };
+    let c = client();
+    let root = cl._root.path().to_path_buf();
+    for round in 0..5 {
+        // The session's owner rotates: a, b, c, a, b.
+        let owner = round % 3;
+        let (id, ws) = session_on(&c, &cl.nodes[owner]).await;
+        let answered = turn(&[(
+            "w1",
+            "bash",
+            json!({"command": "echo w1 >> log; echo $RANDOM$RANDOM"}),
+        )]);
+        let first = dispatch_on(&c, &cl.nodes[owner], &id, "t1", &answered).await;
+        assert_eq!(first.status, 200, "{}", first.text);
+        // A call running when its owner dies: its copies, at every node at once, right after the
+        // lease expires.
+        let running = turn(&[(
+            "w2",
+            "bash",
+            json!({"command": "touch started; sleep 0.5; echo w2 >> log; echo $RANDOM$RANDOM"}),
+        )]);
+        let in_flight = {
+            let request = c
+                .post(cl.nodes[owner].url(&format!("/v1/sessions/{id}/dispatch")))
+                .bearer_auth(TOKEN)
+                .header("Switchboard-Turn-Id", "t2")
+                .body(running.clone());
+            tokio::spawn(async move { request.send().await })
+        };
+        assert!(serve_common::appears(&ws.join("started"), Duration::from_secs(20)).await);
+        let name = cl.nodes[owner].name.clone();
+        let _ = cl.nodes[owner].child.kill();
+        let _ = cl.nodes[owner].child.wait();
+        let _ = in_flight.await;
+        // A replacement joins at once (under a new name: the dead one's is taken until its
+        // heartbeat expires).
+        cl.nodes[owner] = start_node(&cl.nats.urls(), &format!("{name}{round}"), &root);
+        let bases: Vec<String> = cl.nodes.iter().map(|n| n.base.clone()).collect();
+        for (turn_id, body) in [("t2", &running), ("t1", &answered)] {
+            let copies = futures::future::join_all(bases.iter().map(|base| {
+                let (c, id, body) = (c.clone(), id.clone(), body.clone());
+                let one = vec![base.clone()];
+                async move { dispatch_until_answered_at(&c, &one, &id, turn_id, &body).await }
+            }))
+            .await;
+            let texts: Vec<Vec<Value>> = copies.iter().map(results).collect();
+            assert!(
+                texts.windows(2).all(|w| w[0] == w[1]),
+                "round {round}, {turn_id}: copies answered differently: {texts:?}"
+            );
+            if turn_id == "t1" {
+                assert_eq!(texts[0], results(&first), "round {round}");
+            }
+        }
+        let lines = file_lines(ws.join("log"));
+        for id in ["w1", "w2"] {
+            let n = lines.iter().filter(|l| *l == id).count();
+            assert!(n <= 1, "round {round}: {id} ran {n} times");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_node_places_new_sessions_elsewhere_and_finishes_its_turns() {
     let Some(cl) = cluster() else { return };
     let c = client();
