@@ -16,25 +16,32 @@ would), so a session's ledger is one file whichever node ran its calls. The phas
                 owner and to a non-owner (relayed over NATS), alternately, CLUSTER_FAULT_RELAY_TURNS
                 times each, on kept-alive connections: p50/p99 of each and the relay's overhead.
   2. faults     the load runs (one client thread per session; now and then a client moves to a
-                new session made through a random node) while faults happen one at a time, in a
-                random order:
+                new session made through a random node; 1 request in 10 is given up after
+                0.2-1 s, so a copy of a running turn goes to another node) while node faults
+                happen one at a time, in a random order:
                   kill     SIGKILL of a node (CLUSTER_FAULT_KILLS), restarted with the same
-                           --node-id (a new process, once the old heartbeat has expired);
+                           --node-id (a new process, once the old heartbeat has expired; any
+                           refusal to start is tried again, as a supervisor would);
                   stop     SIGSTOP of a node, SIGCONT after 1-3 s, or after TTL + 1-3 s (past
                            its lease: another node takes its sessions, it must be fenced)
                            (CLUSTER_FAULT_STOPS, every other one long);
-                  nats     SIGKILL of one NATS server, restarted after 1-3 s, or SIGSTOP for
-                           1-4 s (CLUSTER_FAULT_NATS); the next NATS fault waits until all three
-                           answer /healthz 200 (JetStream current), so quorum is kept;
                   kill-mid-call, pause-mid-call (CLUSTER_FAULT_TARGETED each): sessions made on
                            node X run [line first, sleep 5; fast] and [sleep 4, then line; fast]
-                           (sent through another node); X is killed (or paused past its lease)
-                           while the first calls run. Their retries through other nodes: each first
-                           call outcome_unknown, each second call run (ok) — it never started. A
-                           paused X also had a copy sent to it directly: once continued it must
-                           answer that copy with the new owner's answer.
-                After each kill the test waits until every session the killed node owned has been
-                answered elsewhere: the failover time.
+                           (sent through the other nodes); X is killed (or paused past its lease)
+                           0.3 s after the first line. Their retries through other nodes: each
+                           first call that had started outcome_unknown, each second call run —
+                           it never started. A paused X also had a copy sent to it directly: once
+                           continued it must answer that copy with the new owner's answer.
+                and, on a thread of their own, overlapping them, NATS faults one at a time
+                (CLUSTER_FAULT_NATS): one server SIGKILLed and restarted after 1-3 s, or
+                SIGSTOPped for 1-4 s; the next waits until all three answer /healthz 200 (JetStream
+                current), so quorum is kept. While a killed server is down, sessions are made
+                through one node X and run a turn; once it is back, turns for them go through
+                every node at once, and half the time X is killed then (its sessions are taken
+                over while the server that came back catches up).
+                After each kill the test waits until every session in use that the killed node
+                owned has been answered elsewhere: the failover time (kills overlapping a NATS
+                fault are listed apart).
   3. resend     every turn of the run sent once more, to a random node: each must be answered with
                 the content first received, byte for byte.
 
@@ -46,11 +53,12 @@ At the end, for every id:
     started (the first call of its turn, or its predecessor in the turn ran or was settled);
     a call whose predecessor has no answer at all, answered outcome_unknown, is a violation.
 A request is refused only with a retryable code (503 node_unreachable, session_moved, overloaded,
-shutting_down) or cut (a relayed answer broken off, a connection reset); any other status is a
-violation. Summary lines give the failover time p50/p99 (kill of an owner to the first successful
-answer for one of its sessions at another node; target <= TTL + 1 s at p99) and the relay's
-overhead (target <= 0.3 ms at p50); missing a target is a failure only with
-CLUSTER_FAULT_ENFORCE_TARGETS=1. Exit 1 on any violation, each one listed.
+shutting_down, cluster_unavailable) or cut (a relayed answer broken off, a connection reset); any
+other status is a violation, listed with the session's last requests and what each NATS server's
+direct get says of its key and journal right then. Summary lines give the failover time p50/p99
+(kill of an owner to the first successful answer for one of its sessions at another node; target
+<= TTL + 1 s at p99) and the relay's overhead (target <= 0.3 ms at p50); missing a target is a
+failure only with CLUSTER_FAULT_ENFORCE_TARGETS=1. Exit 1 on any violation, each one listed.
 
 Bounded: the whole run at most CLUSTER_FAULT_TIME_LIMIT seconds (default 300): faults stop being
 scheduled when too little time is left for the resend and the checks. Loopback only (every server
@@ -58,8 +66,8 @@ on 127.0.0.1, on free ports). Only the processes this test started are signalled
 pid, and all are killed at exit (also on a failure, an exception or SIGTERM). Everything lives in
 one temporary directory (kept, with the nodes' and NATS servers' logs, when the test fails).
 
-Knobs: CLUSTER_FAULT_SEED, CLUSTER_FAULT_KILLS (6), CLUSTER_FAULT_STOPS (6), CLUSTER_FAULT_NATS
-(4), CLUSTER_FAULT_TARGETED (1), CLUSTER_FAULT_SESSIONS (9), CLUSTER_FAULT_TTL (2s),
+Knobs: CLUSTER_FAULT_SEED, CLUSTER_FAULT_KILLS (10), CLUSTER_FAULT_STOPS (10), CLUSTER_FAULT_NATS
+(6), CLUSTER_FAULT_TARGETED (2), CLUSTER_FAULT_SESSIONS (9), CLUSTER_FAULT_TTL (2s),
 CLUSTER_FAULT_RELAY_TURNS (400), CLUSTER_FAULT_CLIENT_TIMEOUT (3 s), CLUSTER_FAULT_TIME_LIMIT (300).
 
 Usage: cluster-fault-test.py PATH/TO/switchboard [PATH/TO/nats-server]   (else $NATS_SERVER_BIN)
@@ -103,10 +111,10 @@ def parse_duration(text):
 
 
 SEED = env_int("CLUSTER_FAULT_SEED", 20261206)
-KILLS = env_int("CLUSTER_FAULT_KILLS", 6)
-STOPS = env_int("CLUSTER_FAULT_STOPS", 6)
-NATS_FAULTS = env_int("CLUSTER_FAULT_NATS", 4)
-TARGETED = env_int("CLUSTER_FAULT_TARGETED", 1)
+KILLS = env_int("CLUSTER_FAULT_KILLS", 10)
+STOPS = env_int("CLUSTER_FAULT_STOPS", 10)
+NATS_FAULTS = env_int("CLUSTER_FAULT_NATS", 6)
+TARGETED = env_int("CLUSTER_FAULT_TARGETED", 2)
 SESSIONS = env_int("CLUSTER_FAULT_SESSIONS", 9)
 TTL_TEXT = os.environ.get("CLUSTER_FAULT_TTL", "2s")
 TTL = parse_duration(TTL_TEXT)
@@ -120,7 +128,8 @@ READY_BOUND = 30               # seconds for a NATS server or a node to be ready
 TURN_BOUND = 45                # seconds a turn may take to be answered, re-sent all along
 FAILOVER_BOUND = max(20.0, 4 * TTL + 10)   # wait for a killed node's sessions to move
 RESEND_RESERVE = 45            # seconds kept for phase 3 and the checks
-RETRYABLE = {"node_unreachable", "session_moved", "overloaded", "shutting_down"}
+RETRYABLE = {"node_unreachable", "session_moved", "overloaded", "shutting_down",
+             "cluster_unavailable"}
 SHORT_TIMEOUT_CHANCE = 0.1     # a request given up after 0.2-1 s (its copy goes elsewhere)
 NEW_SESSION_CHANCE = 0.01      # after each turn, a client moves to a new session
 
@@ -170,8 +179,14 @@ def count(key, n=1):
         stats[key] += n
 
 
+def wall():
+    """UTC time of day, as the nodes' logs show it."""
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
 def say(text):
-    print(f"[{time.monotonic() - started:6.1f} s] {text}", flush=True)
+    print(f"[{time.monotonic() - started:6.1f} s {wall()}] {text}", flush=True)
 
 
 def event(text):
@@ -233,6 +248,7 @@ class NatsServer:
         self.name = f"n{i}"
         self.proc = None
         self.stopped = False
+        self.back_at = None
         self.config = os.path.join(tmp, f"{self.name}.conf")
         self.log = os.path.join(tmp, f"{self.name}.log")
         store = os.path.join(tmp, f"js-{i}")
@@ -305,6 +321,7 @@ class Node:
         self.stopped = False
         self.log = os.path.join(tmp, f"node-{name}.log")
         self.restarts = 0
+        self.exit = None
 
     def launch(self):
         """One try: True once it listens; False when it exited (its last lines in `self.said`)."""
@@ -343,11 +360,15 @@ class Node:
             self.proc, self.base, self.stopped = proc, found["base"], False
             return True
         signal_proc(proc, signal.SIGKILL)
-        proc.wait()
+        self.exit = proc.wait()
+        if "base" not in found and self.exit == -signal.SIGKILL:
+            said.append(f"(no ready line within {READY_BOUND} s)")
         return False
 
     def start(self, bound=READY_BOUND + 4 * TTL):
-        """Starts it, trying again while the old process's heartbeat still holds the id."""
+        """Starts it, trying again (as a supervisor would) while the old process's heartbeat
+        still holds the id, or after any other refusal (each one other than the id in use is a
+        finding)."""
         until = time.monotonic() + bound
         tries = 0
         while True:
@@ -356,7 +377,10 @@ class Node:
                 count("node starts")
                 return tries
             text = " | ".join(self.said[-3:])
-            if "in use by a live node" in text and time.monotonic() < until:
+            if "in use by a live node" not in text:
+                finding(f"node {self.name} refused to start (exit {self.exit}), tried again: "
+                        f"{text[:300]}")
+            if time.monotonic() < until:
                 time.sleep(0.25)
                 continue
             raise Abort(f"node {self.name} did not start after {tries} tries: {text}")
@@ -384,6 +408,7 @@ def cleanup():
 
 nats = []
 nodes = []
+node_lock = threading.Lock()   # one node fault at a time (the NATS fault thread kills some too)
 
 
 def node_named(name):
@@ -396,6 +421,10 @@ class Session:
     def __init__(self, sid, workspace, made_at):
         self.sid, self.workspace, self.made_at = sid, workspace, made_at
         self.last_used = 0.0
+        self.trace = collections.deque(maxlen=12)   # the last requests: when, where, what came
+
+    def history(self):
+        return "; ".join(self.trace)
 
     @property
     def ledger(self):
@@ -432,8 +461,9 @@ class Turn:
 FAST = "echo ID >> ledger.txt; echo $RANDOM"
 SLOW = "sleep 0.2; echo ID >> ledger.txt; echo $RANDOM"
 LINE_FIRST = "echo ID >> ledger.txt; sleep 0.2; echo $RANDOM"
-LONG_LINE_FIRST = "echo ID >> ledger.txt; sleep 5; echo $RANDOM"
-LONG_SLOW = "sleep 4; echo ID >> ledger.txt; echo $RANDOM"
+# The targeted faults' long calls also note in started.txt that they started.
+LONG_LINE_FIRST = "echo ID >> started.txt; echo ID >> ledger.txt; sleep 5; echo $RANDOM"
+LONG_SLOW = "echo ID >> started.txt; sleep 4; echo ID >> ledger.txt; echo $RANDOM"
 
 
 def random_commands(r):
@@ -492,6 +522,8 @@ def create_session(r, via=None, bound=TURN_BOUND):
         if status == 201:
             made = json.loads(text)
             s = Session(made["session_id"], made["workspace"], node.name)
+            s.trace.append(f"made {time.monotonic() - started:.2f} s ({wall()}) through "
+                           f"{node.name}, placed on {made.get('node')}")
             with lock:
                 sessions.append(s)
             return s, made.get("node")
@@ -504,13 +536,16 @@ def create_session(r, via=None, bound=TURN_BOUND):
     raise Abort("no session could be made")
 
 
-def send(turn, r, only=None, timeout=CLIENT_TIMEOUT, halt=None):
+def send(turn, r, only=None, timeout=CLIENT_TIMEOUT, halt=None, bound=TURN_BOUND, quiet=False):
     """Sends `turn` to random nodes (of `only`, default all) until answered 200; its blocks, or
-    None (abandoned after TURN_BOUND; or `halt` set)."""
-    until = time.monotonic() + TURN_BOUND
+    None (abandoned after `bound`, a violation unless `quiet`: then it is re-sent later; or
+    `halt` set)."""
+    until = time.monotonic() + bound
     seen_bad = set()
     while True:
         if halt is not None and halt.is_set():
+            return None
+        if quiet and time.monotonic() > until:
             return None
         if time.monotonic() > until:
             turn.abandoned = f"unanswered after {TURN_BOUND} s"
@@ -532,6 +567,8 @@ def send(turn, r, only=None, timeout=CLIENT_TIMEOUT, halt=None):
                     else "refused" if isinstance(e, ConnectionRefusedError)
                     else "cut" if isinstance(e, http.client.IncompleteRead) else "reset/other")
             count(f"re-sent after: connection {kind}")
+            turn.session.trace.append(f"{turn.turn_id} {sent - started:.2f} s via {node.name}: "
+                                      f"{kind}")
             time.sleep(0.05)
             continue
         if status == 200:
@@ -548,6 +585,8 @@ def send(turn, r, only=None, timeout=CLIENT_TIMEOUT, halt=None):
                           "answered other ids than asked")
                 return None
             received = time.monotonic()
+            turn.session.trace.append(f"{turn.turn_id} {sent - started:.2f} s via {node.name}: "
+                                      f"200 in {received - sent:.2f} s")
             with lock:
                 for i, b in zip(turn.ids, blocks):
                     answers[i].append((node.name, b))
@@ -558,6 +597,8 @@ def send(turn, r, only=None, timeout=CLIENT_TIMEOUT, halt=None):
                 count(f"answers {answer_code(b)}")
             return blocks
         code = error_code(text)
+        turn.session.trace.append(f"{turn.turn_id} {sent - started:.2f} s via {node.name}: "
+                                  f"{status} {code}")
         if status == 503 and code in RETRYABLE:
             count(f"re-sent after: {status} {code}")
             time.sleep(0.1)
@@ -567,7 +608,10 @@ def send(turn, r, only=None, timeout=CLIENT_TIMEOUT, halt=None):
         if (status, code) not in seen_bad:
             seen_bad.add((status, code))
             violation(f"turn {turn.turn_id} ({turn.ids[0]}…) of session {turn.session.sid} "
-                      f"through {node.name}: HTTP {status}: {text[:300]}",
+                      f"through {node.name} at {sent - started:.2f} s: HTTP {status}: "
+                      f"{text[:300]} — the session's last requests: "
+                      f"{turn.session.history()}; {nats_state()}; direct gets right after: "
+                      f"{diagnose_session(turn.session.sid)}",
                       f"a refusal that is not retryable: HTTP {status} {code}")
         count(f"re-sent after: {status} {code}")
         time.sleep(0.2)
@@ -647,20 +691,32 @@ def phase_relay():
 
 # -- phase 2: faults -------------------------------------------------------------------------------
 
-def owners():
-    """session id -> owner node name, as a live node reports it."""
+def owners(bound=3.0):
+    """session id -> owner node name, as a live node reports it (asked in parallel; what is not
+    answered within `bound` seconds is left out)."""
     out = {}
     live = [n for n in nodes if n.alive() and not n.stopped]
-    for s in list(sessions):
-        for n in live:
-            try:
-                status, text = request(n.base, "GET", f"/v1/sessions/{s.sid}", timeout=2)
-            except (OSError, http.client.HTTPException):
-                continue
+    if not live:
+        return out
+
+    def ask(s, n):
+        try:
+            status, text = request(n.base, "GET", f"/v1/sessions/{s.sid}", timeout=bound)
             if status == 200:
                 out[s.sid] = json.loads(text).get("node")
-            break
-    return out
+        except (OSError, http.client.HTTPException, ValueError):
+            pass
+
+    with lock:
+        in_use = {s.sid: s for s in current.values()}
+    threads = [threading.Thread(target=ask, args=(s, live[k % len(live)]), daemon=True)
+               for k, s in enumerate(in_use.values())]
+    for th in threads:
+        th.start()
+    until = time.monotonic() + bound
+    for th in threads:
+        th.join(timeout=max(0.0, until - time.monotonic()))
+    return dict(out)
 
 
 def wait_failover(victim, owned, t0, extra=()):
@@ -723,31 +779,130 @@ def stop_node(victim, seconds):
     victim.stopped = False
 
 
+def nats_state():
+    now = time.monotonic()
+    parts = []
+    for n in nats:
+        state = ("down" if n.proc is None or n.proc.poll() is not None
+                 else "stopped" if n.stopped else "up")
+        if state == "up" and n.back_at:
+            state += f" (back {now - n.back_at:.1f} s ago)"
+        parts.append(f"{n.name} {state}")
+    return "NATS: " + ", ".join(parts)
+
+
+def nats_request(server, subject, payload=b"", timeout=1.0):
+    """One request over the NATS protocol (stdlib socket) to `server`: the reply's status line
+    and body, or why there was none. For diagnosis only."""
+    try:
+        with socket.create_connection(("127.0.0.1", server.client), timeout=timeout) as sock:
+            f = sock.makefile("rb")
+            f.readline()                                        # INFO
+            sock.sendall(b'CONNECT {"verbose":false,"headers":true,"no_responders":true,'
+                         b'"protocol":1}\r\nSUB _INBOX.diag 1\r\n'
+                         + f"PUB {subject} _INBOX.diag {len(payload)}\r\n".encode() + payload
+                         + b"\r\n")
+            while True:
+                parts = f.readline().split()
+                if not parts:
+                    return "connection closed"
+                if parts[0] == b"PING":
+                    sock.sendall(b"PONG\r\n")
+                elif parts[0] in (b"MSG", b"HMSG"):
+                    data = f.read(int(parts[-1]) + 2)[:-2]
+                    if parts[0] == b"HMSG":
+                        head, data = data[:int(parts[-2])], data[int(parts[-2]):]
+                        status = head.split(b"\r\n")[0].decode(errors="replace")
+                        seq = re.search(rb"Nats-Sequence: (\d+)", head)
+                        status += f" seq {seq.group(1).decode()}" if seq else ""
+                    else:
+                        status = "MSG"
+                    return f"{status} {data.decode(errors='replace')[:160]}"
+    except OSError as e:
+        return f"no answer ({e})"
+
+
+def diagnose_session(sid):
+    """What each NATS server's direct get says of session `sid`'s key and last journal record
+    (a direct get may be answered by any current replica, a lagging one included)."""
+    out = []
+    for n in nats:
+        if n.proc is None or n.proc.poll() is not None or n.stopped:
+            out.append(f"{n.name}: not running")
+            continue
+        key = nats_request(n, f"$JS.API.DIRECT.GET.KV_switchboard_sessions."
+                              f"$KV.switchboard_sessions.{sid}")
+        last = nats_request(n, "$JS.API.DIRECT.GET.SWITCHBOARD_JOURNAL",
+                            json.dumps({"last_by_subj": f"sbj.{sid}"}).encode())
+        out.append(f"{n.name}: key: {key} | journal's last: {last[:120]}")
+    return " || ".join(out)
+
+
 def nats_fault(r):
+    """One NATS server killed (and restarted) or paused. While a killed one is down, sessions
+    are made through one node X and each runs a turn (their keys and journals are written
+    without that server); once it is back, turns for them go through every node at once, and
+    half the time X is killed right then, so the other nodes take them over (reading their
+    keys and journals) while the server that came back catches up."""
     server = r.choice(nats)
     begun = time.monotonic()
     with lock:
         nats_busy.append([begun, None])
+    probes = []
+    owner = r.choice(nodes)
     if r.random() < 0.6:
         server.kill()
         count("NATS kills")
         down = r.uniform(1.0, 3.0)
         event(f"kill -9 NATS server {server.name}, restarted after {down:.1f} s")
-        time.sleep(down)
+        until = time.monotonic() + down
+        while time.monotonic() < until - 0.3 and len(probes) < 6:
+            try:
+                s, _ = create_session(r, via=owner, bound=max(1.0, until - time.monotonic()))
+            except Abort:
+                break
+            probes.append(s)
+            send(Turn("probe", s, [FAST]), random.Random(r.random()), [owner], timeout=1.0,
+                 bound=max(1.0, until - time.monotonic()), quiet=True)
+        time.sleep(max(0.0, until - time.monotonic()))
         server.start()
+        server.back_at = time.monotonic()
     else:
         down = r.uniform(1.0, 4.0)
         count("NATS stops")
         event(f"SIGSTOP NATS server {server.name} for {down:.1f} s")
+        server.stopped = True
         signal_proc(server.proc, signal.SIGSTOP)
         time.sleep(down)
         signal_proc(server.proc, signal.SIGCONT)
+        server.stopped = False
+        server.back_at = time.monotonic()
+    if probes:
+        # Turns for the sessions made while it was down, through every node, as it comes back.
+        count("sessions made while a NATS server was down", len(probes))
+
+        def turns_through(s, node, rr):
+            for _ in range(3):
+                send(Turn("probe", s, [FAST]), rr, [node])
+
+        threads = [threading.Thread(target=turns_through, args=(s, node, random.Random(r.random())),
+                                    daemon=True) for s in probes for node in nodes]
+        for th in threads:
+            th.start()
+        if r.random() < 0.5 and node_lock.acquire(timeout=1.0):
+            try:
+                kill_node(owner, f" right after NATS server {server.name} came back")
+            finally:
+                node_lock.release()
+        for th in threads:
+            th.join(timeout=3 * TURN_BOUND)
     t0 = time.monotonic()
     ready = wait_nats_ready(nats)
     with lock:
         nats_busy[-1][1] = time.monotonic()
     if ready:
-        say(f"   NATS servers all ready {time.monotonic() - t0:.1f} s after {server.name} came back")
+        say(f"   NATS servers all ready {time.monotonic() - t0:.1f} s after {server.name} came "
+            f"back")
 
 
 def nats_faults(r, n, halt):
@@ -770,6 +925,8 @@ def mid_call(victim, pause, r):
         if placed is not None and placed != victim.name:
             finding(f"{what}: a session made through {victim.name} was placed on {placed}")
         made.append(s)
+    owned = ([] if pause else [sid for sid, o in owners().items() if o == victim.name]
+             + [s.sid for s in made])
     shapes = [[LONG_LINE_FIRST, FAST], [LONG_SLOW, FAST]]
     pending = [Turn("target", s, shape) for s, shape in zip(made, shapes)]
     halt = threading.Event()
@@ -791,10 +948,14 @@ def mid_call(victim, pause, r):
     until = time.monotonic() + 10
     while time.monotonic() < until and not on_disk(pending[0].session, pending[0].ids[0]):
         time.sleep(0.05)
+    seen = time.monotonic()
     if not on_disk(pending[0].session, pending[0].ids[0]):
         violation(f"{what}: the first call did not start within 10 s", f"{what}: no start")
     time.sleep(0.3)
     halt.set()                          # the first copies are left to fail
+    # Which first calls had started at the fault (a line in started.txt, written before any
+    # sleep); each is still running (4-5 s) if the fault comes within 3 s of the first line.
+    started_at_fault = {t.turn_id: started_mark(t.session, t.ids[0]) for t in pending}
     if pause:
         victim.stopped = True
         signal_proc(victim.proc, signal.SIGSTOP)
@@ -803,11 +964,17 @@ def mid_call(victim, pause, r):
         event(f"SIGSTOP node {victim.name} mid-call (targeted), until its sessions moved")
         t0 = time.monotonic()
     else:
-        owned = [sid for sid, o in owners().items() if o == victim.name]
         t0 = time.monotonic()
         victim.kill()
         count("node kills")
         event(f"kill -9 node {victim.name} mid-call (targeted, owning {len(owned)} sessions)")
+    cut = {t.turn_id: not on_disk(t.session, t.ids[1]) for t in pending}   # c1 not started
+    late = time.monotonic() - seen
+    if late > 3.0:
+        finding(f"{what}: the fault came {late:.1f} s after the first line (the first calls "
+                f"may have finished): not judged")
+        for t in pending:
+            started_at_fault[t.turn_id] = cut[t.turn_id] = False
     # Each turn's second call never started (bash runs its calls one after the other; the first
     # was still running): a retry through the other nodes must run it.
     got = {}
@@ -817,7 +984,6 @@ def mid_call(victim, pause, r):
         th.start()
     for th in threads:
         th.join(timeout=TURN_BOUND + 5)
-    cut = {t.turn_id: not on_disk(t.session, t.ids[1]) for t in pending}
     if pause:
         say(f"   {what}: sessions answered elsewhere {time.monotonic() - t0:.1f} s after the "
             f"stop; SIGCONT")
@@ -848,10 +1014,13 @@ def mid_call(victim, pause, r):
         if blocks is None:
             continue
         first, second = answer_code(blocks[0]), answer_code(blocks[1])
-        if first != "outcome_unknown":
+        if not started_at_fault[t.turn_id]:
+            count("targeted: first call not started (or not judged) at the fault")
+        elif first != "outcome_unknown":
             violation(f"{what}: {t.ids[0]} was running when {victim.name} "
                       f"{'stopped' if pause else 'died'}; its retry was answered {first}, not "
-                      f"outcome_unknown: {json.loads(blocks[0])['content'][:200]}",
+                      f"outcome_unknown: {json.loads(blocks[0])['content'][:200]} — the "
+                      f"session's last requests: {t.session.history()}",
                       f"{what}: an interrupted call's retry not outcome_unknown")
         else:
             count("targeted: interrupted calls answered outcome_unknown")
@@ -884,14 +1053,16 @@ def phase_faults():
                 violation(f"only {done} of {len(kinds)} faults in time "
                           f"(CLUSTER_FAULT_TIME_LIMIT={TIME_LIMIT})", "faults not all done in time")
                 break
-            victim = r.choice(nodes)
-            if kind == "kill":
-                kill_node(victim)
-            elif kind == "stop":
-                long_stop = not long_stop
-                stop_node(victim, r.uniform(TTL + 1, TTL + 3) if long_stop else r.uniform(1, 3))
-            else:
-                mid_call(victim, kind == "pause-mid-call", r)
+            with node_lock:
+                victim = r.choice(nodes)
+                if kind == "kill":
+                    kill_node(victim)
+                elif kind == "stop":
+                    long_stop = not long_stop
+                    stop_node(victim, r.uniform(TTL + 1, TTL + 3) if long_stop
+                              else r.uniform(1, 3))
+                else:
+                    mid_call(victim, kind == "pause-mid-call", r)
             done += 1
             time.sleep(r.uniform(0.5, 1.5))
         # The NATS faults left finish (bounded by the time left).
@@ -911,8 +1082,10 @@ def phase_faults():
 # -- phase 3: every turn once more -----------------------------------------------------------------
 
 def phase_resend():
+    # Every turn once more (one left unanswered on purpose — a probe's turn while its NATS
+    # server was down — gets its first answer here).
     with lock:
-        answered = [t for t in turns if t.blocks is not None]
+        answered = [t for t in turns if not t.abandoned]
     by_session = collections.defaultdict(list)
     for t in answered:
         by_session[t.session.sid].append(t)
@@ -930,7 +1103,9 @@ def phase_resend():
             got = send(t, r)
             if got is None:
                 continue
-            if got != before:
+            if before is None:
+                count("final re-send: a turn's first answer")
+            elif got != before:
                 violation(f"{t.turn_id} ({t.ids[0]}…) re-sent at the end: answered otherwise "
                           f"than first: {got} != {before}", "the final re-send differs")
             else:
@@ -948,6 +1123,14 @@ def phase_resend():
 
 
 # -- the checks ------------------------------------------------------------------------------------
+
+def started_mark(session, tool_use_id):
+    try:
+        with open(os.path.join(session.workspace, "started.txt")) as f:
+            return any(line.strip() == tool_use_id for line in f)
+    except FileNotFoundError:
+        return False
+
 
 def on_disk(session, tool_use_id):
     try:

@@ -154,6 +154,11 @@ fn decode_request(payload: &[u8]) -> Result<Request<Body>, String> {
     builder.body(Body::from(body)).map_err(|e| e.to_string())
 }
 
+/// Ticks every [`PING_EVERY`], the first one [`PING_EVERY`] from now.
+fn pinger() -> tokio::time::Interval {
+    tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY)
+}
+
 async fn answer(
     client: async_nats::Client,
     reply: async_nats::Subject,
@@ -163,8 +168,9 @@ async fn answer(
     let response = match decode_request(payload) {
         Ok(request) => {
             let mut work = handler(request);
-            let mut ping = tokio::time::interval(PING_EVERY);
-            ping.tick().await;
+            // The first ping after a second (an interval's immediate first tick still waits for
+            // the timer's next millisecond: 1 ms on every relayed request).
+            let mut ping = pinger();
             loop {
                 tokio::select! {
                     r = &mut work => break r,
@@ -200,8 +206,7 @@ async fn answer(
         return;
     }
     let mut data = body.into_data_stream();
-    let mut ping = tokio::time::interval(PING_EVERY);
-    ping.tick().await;
+    let mut ping = pinger();
     loop {
         let chunk = tokio::select! {
             c = data.next() => c,
