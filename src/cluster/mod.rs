@@ -73,6 +73,11 @@ pub struct ClusterArgs {
     /// follows the cluster's.
     #[arg(long, value_name = "D", default_value = "24h", value_parser = crate::command::journal_retention, requires = "cluster")]
     pub cluster_retention: Duration,
+    /// How many JetStream streams the journal is spread over, by a hash of the session id: each
+    /// stream has its own Raft leader, so writes spread over the NATS servers. Every node of a
+    /// cluster must use the same number (a node with another refuses to start).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64).map(|n| n as usize), requires = "cluster")]
+    pub cluster_journal_shards: usize,
     /// NATS credentials file (`.creds`: a user JWT and its NKey seed).
     #[arg(long, value_name = "FILE", requires = "cluster")]
     pub cluster_creds: Option<PathBuf>,
@@ -110,6 +115,9 @@ pub struct NodeInfo {
     /// agree refuse to join one cluster.
     #[serde(default)]
     pub token: String,
+    /// Its `--cluster-journal-shards` (0: a node of a version without shards, which has one).
+    #[serde(default)]
+    pub shards: usize,
 }
 
 /// A session's owner, as its key says.
@@ -235,6 +243,8 @@ pub struct Cluster {
     http: String,
     /// The digest of the bearer token this node serves with ([`NodeInfo::token`]).
     token: String,
+    /// Its `--cluster-journal-shards`.
+    shards: usize,
     ttl: Duration,
     replicas: usize,
     draining: AtomicBool,
@@ -436,6 +446,7 @@ impl Cluster {
             boot,
             http: http.to_string(),
             token: token.to_string(),
+            shards: args.cluster_journal_shards.max(1),
             ttl,
             replicas: args.cluster_replicas,
             draining: AtomicBool::new(false),
@@ -468,6 +479,22 @@ impl Cluster {
                 "the live node {:?} serves with another bearer token (or none): every node of a \
                  cluster must share one (SWITCHBOARD_TOKEN or --token-file)",
                 other.node
+            )));
+        }
+        // The journal's shard of a session is its hash modulo the shard count: nodes that
+        // disagree would read and write one session in different streams.
+        if let Some(other) = cluster
+            .live_nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.node != node && n.shards.max(1) != cluster.shards)
+        {
+            return Err(ClusterError(format!(
+                "the live node {:?} spreads the journal over {} stream(s), this one over {}: every \
+                 node of a cluster must use the same --cluster-journal-shards",
+                other.node,
+                other.shards.max(1),
+                cluster.shards
             )));
         }
         Ok(cluster)
@@ -524,6 +551,7 @@ impl Cluster {
             draining: self.draining(),
             full: load.full,
             token: self.token.clone(),
+            shards: self.shards,
         };
         let started = Instant::now();
         let bytes = serde_json::to_vec(&info).map_err(|e| err("heartbeat", e))?;

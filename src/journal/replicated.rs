@@ -124,7 +124,8 @@ pub enum Claimed {
 /// The replicated journal of one node.
 pub struct Replicated {
     js: jetstream::Context,
-    stream: jetstream::stream::Stream,
+    /// The journal's streams (its shards): session `S`'s records are in `streams[shard_of(S)]`.
+    streams: Vec<jetstream::stream::Stream>,
     stream_name: String,
     node: String,
     retention: Duration,
@@ -157,9 +158,31 @@ fn nats_error(stream: &str, e: impl std::fmt::Display) -> JournalError {
     }
 }
 
-/// The subject of session `id`'s records.
-fn subject(id: &str) -> String {
-    format!("{PREFIX}.{id}")
+/// The subject of session `id`'s records in journal shard `shard` (shard 0's is `sbj.<id>`, as
+/// before there were shards; shard `k`'s `sbj<k>.<id>`).
+fn subject(shard: usize, id: &str) -> String {
+    match shard {
+        0 => format!("{PREFIX}.{id}"),
+        k => format!("{PREFIX}{k}.{id}"),
+    }
+}
+
+/// The name of journal shard `shard`'s stream (`name`, then `name_1`, `name_2`, …).
+fn shard_stream(name: &str, shard: usize) -> String {
+    match shard {
+        0 => name.to_string(),
+        k => format!("{name}_{k}"),
+    }
+}
+
+/// Session `id`'s shard among `shards`: FNV-1a of the id (stable across nodes and versions).
+fn shard_of(id: &str, shards: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % shards.max(1) as u64) as usize
 }
 
 /// Whether `id` can be a subject token (session ids are `[A-Za-z0-9_-]`).
@@ -172,43 +195,54 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl Replicated {
-    /// Opens (creating if missing) stream `name` with `replicas` replicas and messages kept for
-    /// `retention`, for node `node`; `on_fenced` is told each session whose write was refused.
+    /// Opens (creating if missing) the `shards` streams of the journal named `name` (`name`,
+    /// `name_1`, …), each with `replicas` replicas and messages kept for `retention`, for node
+    /// `node`; `on_fenced` is told each session whose write was refused.
     pub async fn open(
         js: jetstream::Context,
         name: &str,
+        shards: usize,
         replicas: usize,
         retention: Duration,
         node: &str,
         on_fenced: Box<dyn Fn(&str) + Send + Sync>,
     ) -> Result<Replicated, JournalError> {
-        let config = jetstream::stream::Config {
-            name: name.to_string(),
-            subjects: vec![format!("{PREFIX}.>")],
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            max_age: retention,
-            allow_direct: true,
-            ..Default::default()
-        };
-        // Retried for a while: a stream or its leader may be in the making (another node
-        // created it a moment ago, a fresh NATS cluster is still placing streams, or a server
-        // just restarted).
-        let started = Instant::now();
-        let stream = loop {
-            match js.get_or_create_stream(config.clone()).await {
-                Ok(stream) => break stream,
-                Err(e) if started.elapsed() >= OPEN_SETTLE => {
-                    return Err(nats_error(name, format!("cannot open the stream: {e}")));
+        let mut streams = Vec::with_capacity(shards.max(1));
+        for shard in 0..shards.max(1) {
+            let stream_name = shard_stream(name, shard);
+            let config = jetstream::stream::Config {
+                name: stream_name.clone(),
+                subjects: vec![subject(shard, ">")],
+                storage: jetstream::stream::StorageType::File,
+                num_replicas: replicas,
+                max_age: retention,
+                allow_direct: true,
+                ..Default::default()
+            };
+            // Retried for a while: a stream or its leader may be in the making (another node
+            // created it a moment ago, a fresh NATS cluster is still placing streams, or a
+            // server just restarted).
+            let started = Instant::now();
+            let stream = loop {
+                match js.get_or_create_stream(config.clone()).await {
+                    Ok(stream) => break stream,
+                    Err(e) if started.elapsed() >= OPEN_SETTLE => {
+                        return Err(nats_error(
+                            &stream_name,
+                            format!("cannot open the stream: {e}"),
+                        ));
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        };
+            };
+            streams.push(stream);
+        }
         // The stream's age limit is the cluster's retention: the first node set it; a node
         // asking for another follows it (its snapshots must come before messages age out).
-        let kept = stream.cached_info().config.max_age;
+        let kept = streams[0].cached_info().config.max_age;
+        let asked = retention;
         let retention = if kept.is_zero() { retention } else { kept };
-        if retention != config.max_age {
+        if retention != asked {
             tracing::info!(
                 stream = %name,
                 retention = %humantime::format_duration(retention),
@@ -223,7 +257,7 @@ impl Replicated {
             .max(PART_HEADROOM);
         Ok(Replicated {
             js,
-            stream,
+            streams,
             stream_name: name.to_string(),
             node: node.to_string(),
             retention,
@@ -237,7 +271,27 @@ impl Replicated {
         })
     }
 
-    /// The stream's name.
+    /// Session `id`'s shard.
+    fn shard(&self, id: &str) -> usize {
+        shard_of(id, self.streams.len())
+    }
+
+    /// The stream holding session `id`'s records.
+    fn stream_of(&self, id: &str) -> &jetstream::stream::Stream {
+        &self.streams[self.shard(id)]
+    }
+
+    /// The subject of session `id`'s records.
+    fn subject_of(&self, id: &str) -> String {
+        subject(self.shard(id), id)
+    }
+
+    /// How many streams the journal is spread over.
+    pub fn shards(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The (first) stream's name.
     pub fn stream_name(&self) -> &str {
         &self.stream_name
     }
@@ -345,7 +399,8 @@ impl Replicated {
 
     /// Session `id`'s state, read from its subject.
     async fn replay(&self, id: &str) -> Result<State, JournalError> {
-        let subject = subject(id);
+        let subject = self.subject_of(id);
+        let stream = self.stream_of(id);
         let mut state = State::default();
         let mut next = 1u64;
         let mut since_answer = Instant::now();
@@ -353,8 +408,7 @@ impl Replicated {
         let mut parts: Vec<u8> = Vec::new();
         let mut next_part = 1usize;
         loop {
-            let got = self
-                .stream
+            let got = stream
                 .raw_message_builder()
                 .sequence(next)
                 .next_by_subject(subject.clone())
@@ -523,7 +577,7 @@ impl Replicated {
         let ack = loop {
             let sent = self
                 .js
-                .publish_with_headers(subject(id), headers.clone(), payload.clone())
+                .publish_with_headers(self.subject_of(id), headers.clone(), payload.clone())
                 .await;
             let ack = match sent {
                 Ok(pending) => pending.await,
@@ -630,7 +684,12 @@ impl Replicated {
         let outcome = wait.await.unwrap_or(Err(JournalError::Closed));
         if forget && outcome.is_ok() {
             lock(&self.logs).remove(&session);
-            if let Err(e) = self.stream.purge().filter(subject(&session)).await {
+            if let Err(e) = self
+                .stream_of(&session)
+                .purge()
+                .filter(self.subject_of(&session))
+                .await
+            {
                 tracing::warn!(session = %session, error = %e, "journal: a closed session's records were not purged (the age limit will drop them)");
             }
         }
@@ -749,9 +808,9 @@ impl Replicated {
         let first = outcome.map_err(|e| self.refused(id, &log, e))?;
         // What came before the snapshot is in it: drop it (the age limit would, later).
         if let Err(e) = self
-            .stream
+            .stream_of(id)
             .purge()
-            .filter(subject(id))
+            .filter(self.subject_of(id))
             .sequence(first)
             .await
         {
@@ -824,10 +883,29 @@ mod tests {
     #[test]
     fn only_plain_ids_become_subjects() {
         assert!(valid_id("s0123abcd"));
-        assert_eq!(subject("s1"), "sbj.s1");
+        assert_eq!(subject(0, "s1"), "sbj.s1");
+        assert_eq!(subject(2, "s1"), "sbj2.s1");
+        assert_eq!(shard_stream("J", 0), "J");
+        assert_eq!(shard_stream("J", 2), "J_2");
         for bad in ["", "a.b", "a*", "a>", "a b", &"s".repeat(129)] {
             assert!(!valid_id(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn sessions_spread_over_the_shards_the_same_way_on_every_node() {
+        assert!((0..100).all(|i| shard_of(&format!("s{i}"), 1) == 0));
+        let mut seen = [0usize; 3];
+        for i in 0..300 {
+            seen[shard_of(&format!("s{i:016x}"), 3)] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 60), "{seen:?}");
+        // Fixed by the id alone (FNV-1a), so every node and version agrees.
+        assert_eq!(
+            shard_of("s0123456789abcdef", 3),
+            shard_of("s0123456789abcdef", 3)
+        );
+        assert_eq!(shard_of("", 5), (0xcbf2_9ce4_8422_2325u64 % 5) as usize);
     }
 
     #[test]

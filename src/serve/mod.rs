@@ -347,6 +347,7 @@ impl Server {
                 let journal = crate::journal::replicated::Replicated::open(
                     cluster.jetstream().clone(),
                     crate::journal::replicated::STREAM,
+                    config.cluster.cluster_journal_shards.max(1),
                     cluster.replicas(),
                     match config.cluster.cluster_retention {
                         r if r.is_zero() => crate::journal::DEFAULT_RETENTION,

@@ -1247,6 +1247,70 @@ async fn a_session_a_node_cannot_reopen_is_released_to_a_node_that_can() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_sharded_over_three_streams_keeps_every_session_across_a_failover() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    let nats = nats::NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let sharded = ["--cluster-journal-shards", "3"];
+    let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &sharded);
+    let b = start_node_args(&nats.urls(), "b", root.path(), TTL, "3", &sharded);
+    let c = client();
+    let mut sessions = Vec::new();
+    for i in 0..9 {
+        let (id, ws) = session_on(&c, &a).await;
+        let command = format!("echo {i} >> log; echo {i}");
+        let answer = bash_on(&c, &a, &id, "t1", "x1", &command).await;
+        sessions.push((id, ws, command, answer));
+    }
+    // Every stream holds some of them: each has its own leader.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url(0)).await.unwrap());
+    for name in [
+        "SWITCHBOARD_JOURNAL",
+        "SWITCHBOARD_JOURNAL_1",
+        "SWITCHBOARD_JOURNAL_2",
+    ] {
+        let mut stream = js.get_stream(name).await.unwrap();
+        let info = stream.info().await.unwrap();
+        assert!(info.state.messages > 0, "{name} holds nothing");
+    }
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    for (id, ws, command, answer) in &sessions {
+        let body = bash_turn("x1", command);
+        let again = dispatch_until_answered(&c, &[&b], id, "t1", &body).await;
+        assert_eq!(results(&again), results(answer), "{id}");
+        assert_eq!(file_lines(ws.join("log")).len(), 1, "{id}");
+    }
+    // A node that would read another shard for some sessions refuses to join.
+    let mut other = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--cluster"])
+        .arg(nats.urls())
+        .args(["--node-id", "d", "--lease-ttl", TTL, "--workspace-root"])
+        .arg(root.path())
+        .env("SWITCHBOARD_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while other.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = other.kill();
+            let _ = other.wait();
+            panic!("a node with another shard count was still running after 40 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = other.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("--cluster-journal-shards"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_another_token_refuses_to_join() {
     let Some(_) = nats::nats_or_skip() else {
         return;
