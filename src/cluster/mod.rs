@@ -540,8 +540,13 @@ impl Cluster {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Puts this node's heartbeat now.
+    /// Puts this node's heartbeat now (tried for up to 8 s while JetStream settles).
     pub async fn heartbeat(&self, load: Load) -> Result<(), ClusterError> {
+        self.beat(load, SETTLE).await
+    }
+
+    /// Puts this node's heartbeat, tried for up to `patience`.
+    async fn beat(&self, load: Load, patience: Duration) -> Result<(), ClusterError> {
         let info = NodeInfo {
             node: self.node.clone(),
             boot: self.boot.clone(),
@@ -553,12 +558,25 @@ impl Cluster {
             token: self.token.clone(),
             shards: self.shards,
         };
-        let started = Instant::now();
         let bytes = serde_json::to_vec(&info).map_err(|e| err("heartbeat", e))?;
         let bytes = axum::body::Bytes::from(bytes);
-        settled(|| self.nodes.put(&self.node, bytes.clone()))
-            .await
-            .map_err(|e| err("cannot put this node's heartbeat", e))?;
+        // Each try bounded by a sixth of the TTL (a put sent to a server that just died would
+        // wait for the acknowledgement's own timeout, past the half TTL at which the node
+        // fences itself); tried again, through the servers still up, for up to `patience`.
+        let attempt = (self.ttl / 6).max(Duration::from_millis(50));
+        let started = settled_for(patience, || async {
+            let started = Instant::now();
+            match tokio::time::timeout(attempt, self.nodes.put(&self.node, bytes.clone())).await {
+                Ok(Ok(_)) => Ok(started),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "no acknowledgement within {}",
+                    humantime::format_duration(attempt)
+                )),
+            }
+        })
+        .await
+        .map_err(|e| err("cannot put this node's heartbeat", e))?;
         // Counted from before the put: the server's clock started no earlier.
         let mut until = lock(&self.alive_until);
         if until.is_none_or(|u| started >= u) {
@@ -585,7 +603,7 @@ impl Cluster {
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    if let Err(e) = self.heartbeat(load()).await {
+                    if let Err(e) = self.beat(load(), self.ttl / 2).await {
                         tracing::warn!(node = %self.node, error = %e, "cluster: heartbeat failed");
                     }
                 }
@@ -668,14 +686,14 @@ impl Cluster {
 
     /// Whether this node owns session `id` now: it holds it and its heartbeat stands; after a
     /// lapse (a pause), the session's key is read again, and a session taken by another node is
-    /// let go (false).
-    pub async fn owns(&self, id: &str) -> bool {
+    /// let go (false). An error when the key cannot be read (nothing is let go then).
+    pub async fn owns(&self, id: &str) -> Result<bool, ClusterError> {
         let Some((epoch, verified)) = lock(&self.held).get(id).copied() else {
-            return false;
+            return Ok(false);
         };
         let since = *lock(&self.alive_since);
         if self.alive() && since.is_some_and(|s| verified >= s) {
-            return true;
+            return Ok(true);
         }
         let checked = Instant::now();
         match self.owner(id).await {
@@ -685,16 +703,13 @@ impl Cluster {
                 if let Some(entry) = lock(&self.held).get_mut(id) {
                     entry.1 = checked;
                 }
-                true
+                Ok(true)
             }
             Ok(_) => {
                 self.let_go(id);
-                false
+                Ok(false)
             }
-            Err(e) => {
-                tracing::warn!(session = %id, error = %e, "cluster: cannot check a session's owner");
-                false
-            }
+            Err(e) => Err(e),
         }
     }
 

@@ -99,6 +99,9 @@ struct State {
     /// When this node last published a snapshot of the session (`None`: never, so its oldest
     /// message may be near the age limit).
     snapshot_at: Option<Instant>,
+    /// Created here and nothing written yet: its first message begins its history (it starts
+    /// with a snapshot mark).
+    first: bool,
 }
 
 type Waiter = tokio::sync::oneshot::Sender<Result<(), JournalError>>;
@@ -131,6 +134,9 @@ pub struct Replicated {
     retention: Duration,
     /// Largest payload of one message (the servers' limit less room for headers).
     part_size: usize,
+    /// This run of the node (in every message id), and the number of its next write.
+    run: String,
+    writes: std::sync::atomic::AtomicU64,
     logs: Mutex<HashMap<String, Arc<Log>>>,
     /// Sessions let go because another node took them over: a later write of this node for
     /// one of them is a refusal like one the stream makes (told to `on_fenced`).
@@ -262,6 +268,8 @@ impl Replicated {
             node: node.to_string(),
             retention,
             part_size,
+            run: format!("{:x}{:x}", now_ms(), std::process::id()),
+            writes: std::sync::atomic::AtomicU64::new(0),
             logs: Mutex::new(HashMap::new()),
             moved: Mutex::new(std::collections::HashSet::new()),
             counts: Arc::new(Mutex::new(FlushCounts::default())),
@@ -322,6 +330,7 @@ impl Replicated {
             let mut state = lock(&log.state);
             state.epoch = epoch;
             state.snapshot_at = Some(Instant::now());
+            state.first = true;
         }
         lock(&self.logs).insert(id.to_string(), Arc::new(log));
     }
@@ -407,6 +416,9 @@ impl Replicated {
         // The parts read so far of a message published in parts, and the next part's number.
         let mut parts: Vec<u8> = Vec::new();
         let mut next_part = 1usize;
+        // Whether a message was read, and whether the history read starts with a snapshot.
+        let mut read_any = false;
+        let mut whole = false;
         loop {
             let got = stream
                 .raw_message_builder()
@@ -482,19 +494,37 @@ impl Replicated {
                 continue;
             };
             state.epoch = state.epoch.max(decoded.epoch);
+            // A session's history begins with a snapshot (its first message carries one, and so
+            // does every re-publication): one that does not has lost its beginning to the age
+            // limit (its owner died and nobody held it since), and what is left must not pass
+            // for the whole of it — a late retry of a call whose record aged out would run again.
+            if !read_any {
+                read_any = true;
+                whole = matches!(decoded.entries.first(), Some(Entry::Snapshot));
+            }
             for entry in decoded.entries {
                 match entry {
                     Entry::Call { id, record } => {
                         state.calls.insert(id, *record);
                     }
                     Entry::Session { record } => state.record = Some(record),
-                    Entry::Forget | Entry::Snapshot => {
+                    Entry::Forget => {
                         state.calls.clear();
                         state.record = None;
+                    }
+                    Entry::Snapshot => {
+                        state.calls.clear();
+                        state.record = None;
+                        whole = true;
                     }
                     Entry::Claim { .. } => {}
                 }
             }
+        }
+        if read_any && !whole && state.record.is_some() {
+            tracing::warn!(session = %id, "journal: the session's first records aged out (no node held it for the whole retention); it is dropped");
+            state.calls.clear();
+            state.record = None;
         }
         Ok(state)
     }
@@ -564,11 +594,14 @@ impl Replicated {
             async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
             last_seq.to_string().as_str(),
         );
-        // The same id for every try of this write: a try whose acknowledgement was lost is
-        // acknowledged again as a duplicate, not refused as a moved subject.
+        // The same id for every try of this write, and for no other write (this run's own
+        // number, counted per write): a try whose acknowledgement was lost is acknowledged
+        // again as a duplicate, not refused as a moved subject; another write is never taken
+        // for a duplicate of it (its payload would be dropped without a word).
+        let write = self.writes.fetch_add(1, Ordering::Relaxed);
         headers.insert(
             async_nats::header::NATS_MESSAGE_ID,
-            format!("{}.{id}.{epoch}.{last_seq}", self.node).as_str(),
+            format!("{}.{}.{id}.{epoch}.{last_seq}.{write}", self.node, self.run).as_str(),
         );
         if let Some((k, n)) = part {
             headers.insert(PART_HEADER, format!("{k}/{n}").as_str());
@@ -698,14 +731,19 @@ impl Replicated {
 
     /// One publish carrying `batch`; tells each waiter the outcome.
     async fn flush(&self, session: &str, log: &Log, batch: Vec<(Vec<Entry>, Waiter)>) {
-        let (epoch, mut last_seq, fenced) = {
+        let (epoch, mut last_seq, fenced, first) = {
             let s = lock(&log.state);
-            (s.epoch, s.last_seq, s.fenced)
+            (s.epoch, s.last_seq, s.fenced, s.first)
         };
         let (entries, waiters): (Vec<Vec<Entry>>, Vec<Waiter>) = batch.into_iter().unzip();
+        // A new session's first message begins its history.
+        let mark = first.then_some(Entry::Snapshot);
         let message = Message {
             epoch,
-            entries: entries.into_iter().flatten().collect(),
+            entries: mark
+                .into_iter()
+                .chain(entries.into_iter().flatten())
+                .collect(),
         };
         let outcome = if fenced {
             Err(JournalError::Fenced {
@@ -719,6 +757,7 @@ impl Replicated {
         let outcome = match outcome {
             Ok(_) => {
                 let mut s = lock(&log.state);
+                s.first = false;
                 for entry in message.entries {
                     match entry {
                         Entry::Call { id, record } => {
@@ -747,8 +786,19 @@ impl Replicated {
     fn refused(&self, session: &str, log: &Log, e: JournalError) -> JournalError {
         if matches!(e, JournalError::Fenced { .. }) {
             let first = !std::mem::replace(&mut lock(&log.state).fenced, true);
-            if first {
-                lock(&self.logs).remove(session);
+            // Only this log: the node may have taken the session back since (a new log), which
+            // an old write's refusal must not tear down.
+            let current = {
+                let mut logs = lock(&self.logs);
+                let current = logs
+                    .get(session)
+                    .is_some_and(|l| std::ptr::eq(Arc::as_ptr(l), log));
+                if current {
+                    logs.remove(session);
+                }
+                current
+            };
+            if first && current {
                 tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
                 (self.on_fenced)(session);
             }

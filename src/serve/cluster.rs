@@ -148,7 +148,7 @@ async fn decide(
         )));
     }
     let open_here = app.sessions.has(id);
-    if open_here && served_here(app, cluster, id).await {
+    if open_here && served_here(app, cluster, id).await? {
         return Ok(Decision::Here);
     }
     if open_here {
@@ -163,7 +163,7 @@ async fn decide(
                 // (fenced) and nobody took it since; take it back at a new epoch.
                 // One takeover at a time here; another request may have done it meanwhile.
                 let _taking = cluster.taking_over(id).await;
-                if served_here(app, cluster, id).await {
+                if served_here(app, cluster, id).await? {
                     return Ok(Decision::Here);
                 }
                 if let Some((current, revision)) =
@@ -195,7 +195,7 @@ async fn decide(
                     return Ok(Decision::There(target.node));
                 }
                 let _taking = cluster.taking_over(id).await;
-                if served_here(app, cluster, id).await {
+                if served_here(app, cluster, id).await? {
                     return Ok(Decision::Here);
                 }
                 match take_over(app, cluster, id, &owner, revision).await? {
@@ -211,15 +211,16 @@ async fn decide(
 }
 
 /// Whether session `id` is served here now: open here, its journal still takes this node's
-/// writes (not fenced), and its key names this node.
-async fn served_here(app: &App, cluster: &Cluster, id: &str) -> bool {
-    app.sessions.has(id)
+/// writes (not fenced), and its key names this node. A key that cannot be read is
+/// `cluster_unavailable` (the session is not let go for it).
+async fn served_here(app: &App, cluster: &Cluster, id: &str) -> Result<bool, ApiError> {
+    Ok(app.sessions.has(id)
         && app
             .engine
             .journal()
             .and_then(|j| j.as_replicated())
             .is_some_and(|r| r.holds(id))
-        && cluster.owns(id).await
+        && bounded("reading the session's owner", cluster.owns(id)).await?)
 }
 
 /// What came of taking a session over.
@@ -249,6 +250,17 @@ async fn take_over(
     owner: &crate::cluster::Owner,
     revision: u64,
 ) -> Result<Taken, ApiError> {
+    // Let go here earlier (fenced): its old turns finish first (they were cancelled), so that
+    // none of their writes lands in the journal of the session taken back.
+    let deadline = std::time::Instant::now() + NATS_WAIT;
+    while app.sessions.departed_busy(id) {
+        if std::time::Instant::now() >= deadline {
+            return Err(ApiError::ClusterUnavailable(format!(
+                "an earlier run of session {id} on this node is still finishing its turns"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let Some(epoch) = bounded(
         "taking the session over",
         cluster.take_over(id, owner, revision),

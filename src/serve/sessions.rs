@@ -426,6 +426,9 @@ pub struct SessionTable {
     /// Cluster mode: sessions taken over here whose workspace directory is missing on this
     /// node, and that directory.
     lost: Mutex<HashMap<String, PathBuf>>,
+    /// Cluster mode: sessions let go here ([`SessionTable::drop_local`]) whose turns may still
+    /// be finishing: each one's turn share (a permit per turn running or waiting) and its size.
+    departed: Mutex<HashMap<String, (Arc<tokio::sync::Semaphore>, usize)>>,
     /// Journaled sessions not open now (see the module docs).
     dormant: Mutex<HashMap<Arc<str>, Dormant>>,
     /// How many there are (read without the lock on every request).
@@ -477,6 +480,7 @@ impl SessionTable {
             next: AtomicU64::new(0),
             cluster: None,
             lost: Mutex::new(HashMap::new()),
+            departed: Mutex::new(HashMap::new()),
             dormant: Mutex::new(HashMap::new()),
             dormant_count: AtomicUsize::new(0),
             reopening: tokio::sync::Mutex::new(()),
@@ -520,6 +524,15 @@ impl SessionTable {
         lock(&self.lost).remove(id);
         if let Some(session) = session {
             session.session.cancel();
+            let mut departed = lock(&self.departed);
+            if departed.len() >= 1024 {
+                // Those whose turns are over need no waiting for.
+                departed.retain(|_, (share, size)| share.available_permits() < *size);
+            }
+            departed.insert(
+                id.to_string(),
+                (Arc::clone(&session.share), session.share_size),
+            );
         }
         if let Some(cluster) = &self.cluster {
             cluster.let_go(id);
@@ -527,6 +540,20 @@ impl SessionTable {
         if let Some(r) = self.engine.journal().and_then(|j| j.as_replicated()) {
             r.release(id);
         }
+    }
+
+    /// Whether a turn of session `id`, let go here earlier, may still be running (a handler
+    /// finishing its commit, an answer on its way to the journal): the session must not be
+    /// taken back here before — that turn's writes would land in the new run's journal.
+    pub fn departed_busy(&self, id: &str) -> bool {
+        let mut departed = lock(&self.departed);
+        let busy = departed
+            .get(id)
+            .is_some_and(|(share, size)| share.available_permits() < *size);
+        if !busy {
+            departed.remove(id);
+        }
+        busy
     }
 
     /// Reopens session `id`, taken over from another node, from its journal record `bytes`.

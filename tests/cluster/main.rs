@@ -870,7 +870,8 @@ async fn a_node_cut_off_from_nats_stops_its_running_commands_before_its_lease_ca
     let body = turn(&[(
         "k1",
         "bash",
-        json!({"command": "touch started; sleep 4; echo late >> log"}),
+        // Its line would come 2.5 s after the freeze: after the lease could have expired.
+        json!({"command": "touch started; sleep 2.5; echo late >> log"}),
     )]);
     let request = c
         .post(cl.nodes[0].url(&format!("/v1/sessions/{id}/dispatch")))
