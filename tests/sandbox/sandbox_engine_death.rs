@@ -77,7 +77,13 @@ fn kill_9_leaves_nothing(mode: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let before = processes_of_call(&id);
+    // `started` is written while the background jobs may still be forking: wait (bounded)
+    // until all four are there.
+    let mut before = processes_of_call(&id);
+    while before.len() < 4 && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+        before = processes_of_call(&id);
+    }
     assert!(
         before.len() >= 4,
         "expected the command's processes: {before:?}"
