@@ -599,10 +599,8 @@ impl Replicated {
         // again as a duplicate, not refused as a moved subject; another write is never taken
         // for a duplicate of it (its payload would be dropped without a word).
         let write = self.writes.fetch_add(1, Ordering::Relaxed);
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            format!("{}.{}.{id}.{epoch}.{last_seq}.{write}", self.node, self.run).as_str(),
-        );
+        let message_id = format!("{}.{}.{id}.{epoch}.{last_seq}.{write}", self.node, self.run);
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, message_id.as_str());
         if let Some((k, n)) = part {
             headers.insert(PART_HEADER, format!("{k}/{n}").as_str());
         }
@@ -634,7 +632,24 @@ impl Replicated {
                     session: id.to_string(),
                 })
             }
-            Err(e) => Err(nats_error(&self.stream_name, e)),
+            // No acknowledgement came, but the write may have been stored all the same (its
+            // acknowledgement lost): the subject's last message, read through the stream's
+            // leader, says so — an answer that was stored is not told "not recorded".
+            Err(e) => match self
+                .stream_of(id)
+                .get_last_raw_message_by_subject(&self.subject_of(id))
+                .await
+            {
+                Ok(last)
+                    if last
+                        .headers
+                        .get(async_nats::header::NATS_MESSAGE_ID)
+                        .is_some_and(|v| v.as_str() == message_id) =>
+                {
+                    Ok(last.sequence)
+                }
+                _ => Err(nats_error(&self.stream_name, e)),
+            },
         }
     }
 

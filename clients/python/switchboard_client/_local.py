@@ -80,6 +80,8 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "cluster": ("--cluster", "value"),
     "node_id": ("--node-id", "value"),
     "lease_ttl": ("--lease-ttl", "duration"),
+    "cluster_retention": ("--cluster-retention", "duration"),
+    "cluster_journal_shards": ("--cluster-journal-shards", "value"),
     "cluster_replicas": ("--cluster-replicas", "value"),
     "cluster_creds": ("--cluster-creds", "value"),
     "cluster_tls_ca": ("--cluster-tls-ca", "value"),
