@@ -123,6 +123,23 @@ fn cluster() -> Option<Cluster> {
     })
 }
 
+/// 3 NATS servers and a workspace root for nodes started by the test; `None` when skipped.
+fn nats_and_root() -> Option<(nats::NatsCluster, tempfile::TempDir)> {
+    nats::nats_or_skip()?;
+    Some((nats::NatsCluster::start(3), tempfile::tempdir().unwrap()))
+}
+
+/// The node that owns session `id`, as `node` reports it.
+async fn owner_seen_by(c: &reqwest::Client, node: &Node, id: &str) -> String {
+    let info = send(
+        c.get(node.url(&format!("/v1/sessions/{id}")))
+            .bearer_auth(TOKEN),
+    )
+    .await;
+    assert_eq!(info.status, 200, "{}", info.text);
+    info.json()["node"].as_str().unwrap_or_default().to_string()
+}
+
 fn client() -> reqwest::Client {
     switchboard::providers::install_crypto_provider();
     reqwest::Client::builder()
@@ -1093,12 +1110,7 @@ async fn a_node_started_with_another_lease_ttl_follows_the_clusters_and_keeps_it
     let b = &cl.nodes[1];
     let answer = bash_on(&c, b, &id, "t1", "d1", "echo still d").await;
     assert_eq!(results(&answer)[0]["content"], "still d", "{}", answer.text);
-    let info = send(
-        c.get(b.url(&format!("/v1/sessions/{id}")))
-            .bearer_auth(TOKEN),
-    )
-    .await;
-    assert_eq!(info.json()["node"], "d", "{}", info.text);
+    assert_eq!(owner_seen_by(&c, b, &id).await, "d");
     assert_eq!(
         metric(&c, b, "switchboard_cluster_failovers_total").await,
         0.0
@@ -1175,21 +1187,14 @@ async fn sigterm_hands_a_nodes_sessions_over_at_once_not_after_the_lease_ttl() {
     )
     .await;
     assert_eq!(first.text, again.text);
-    let info = send(
-        c.get(b.url(&format!("/v1/sessions/{id}")))
-            .bearer_auth(TOKEN),
-    )
-    .await;
-    assert_eq!(info.json()["node"], "b", "{}", info.text);
+    assert_eq!(owner_seen_by(&c, &b, &id).await, "b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_node_leaves_an_orphaned_session_to_a_node_with_room() {
-    let Some(_) = nats::nats_or_skip() else {
+    let Some((nats, root)) = nats_and_root() else {
         return;
     };
-    let nats = nats::NatsCluster::start(3);
-    let root = tempfile::tempdir().unwrap();
     let mut a = start_node(&nats.urls(), "a", root.path());
     let b = start_node_args(
         &nats.urls(),
@@ -1223,11 +1228,9 @@ async fn a_full_node_leaves_an_orphaned_session_to_a_node_with_room() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_a_node_cannot_reopen_is_released_to_a_node_that_can() {
-    let Some(_) = nats::nats_or_skip() else {
+    let Some((nats, root)) = nats_and_root() else {
         return;
     };
-    let nats = nats::NatsCluster::start(3);
-    let root = tempfile::tempdir().unwrap();
     let policy = root.path().join("strict.json");
     std::fs::write(&policy, r#"{"permissions": {"deny": ["write_file"]}}"#).unwrap();
     let offer = format!("strict={}", policy.display());
@@ -1260,21 +1263,14 @@ async fn a_session_a_node_cannot_reopen_is_released_to_a_node_that_can() {
         let again = dispatch_until_answered(&c, &[node], &id, "t1", &body).await;
         assert_eq!(results(&again), got, "through {}", node.name);
     }
-    let info = send(
-        c.get(b.url(&format!("/v1/sessions/{id}")))
-            .bearer_auth(TOKEN),
-    )
-    .await;
-    assert_eq!(info.json()["node"], "c", "{}", info.text);
+    assert_eq!(owner_seen_by(&c, &b, &id).await, "c");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_sharded_over_three_streams_keeps_every_session_across_a_failover() {
-    let Some(_) = nats::nats_or_skip() else {
+    let Some((nats, root)) = nats_and_root() else {
         return;
     };
-    let nats = nats::NatsCluster::start(3);
-    let root = tempfile::tempdir().unwrap();
     let sharded = ["--cluster-journal-shards", "3"];
     let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &sharded);
     let b = start_node_args(&nats.urls(), "b", root.path(), TTL, "3", &sharded);
@@ -1306,68 +1302,51 @@ async fn a_journal_sharded_over_three_streams_keeps_every_session_across_a_failo
         assert_eq!(file_lines(ws.join("log")).len(), 1, "{id}");
     }
     // A node that would read another shard for some sessions refuses to join.
+    let said = refused_start(&nats.urls(), root.path(), TOKEN).await;
+    assert!(said.contains("--cluster-journal-shards"), "{said}");
+}
+
+/// Starts node `d` with bearer token `token` (and the default flags), which must refuse to start
+/// (exit non-zero within 30 s); what it printed.
+async fn refused_start(nats: &str, root: &Path, token: &str) -> String {
     let mut other = Command::new(env!("CARGO_BIN_EXE_switchboard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--cluster"])
-        .arg(nats.urls())
+        .arg(nats)
         .args(["--node-id", "d", "--lease-ttl", TTL, "--workspace-root"])
-        .arg(root.path())
-        .env("SWITCHBOARD_TOKEN", TOKEN)
+        .arg(root)
+        .env("SWITCHBOARD_TOKEN", token)
+        .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(40);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while other.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = other.kill();
             let _ = other.wait();
-            panic!("a node with another shard count was still running after 40 s");
+            panic!("a node that should refuse to start was still running after 30 s");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let out = other.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{said}");
-    assert!(said.contains("--cluster-journal-shards"), "{said}");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "it started: {said}");
+    said
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_another_token_refuses_to_join() {
-    let Some(_) = nats::nats_or_skip() else {
+    let Some((nats, root)) = nats_and_root() else {
         return;
     };
-    let nats = nats::NatsCluster::start(3);
-    let root = tempfile::tempdir().unwrap();
     let _a = start_node(&nats.urls(), "a", root.path());
     // Tried up to three times: a start that fails for another reason (JetStream still settling on
     // a loaded machine) is tried again; one that runs, or never names the token, fails the test.
     let mut said = String::new();
     for _ in 0..3 {
-        let mut other = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--cluster"])
-            .arg(nats.urls())
-            .args(["--node-id", "b", "--lease-ttl", TTL, "--workspace-root"])
-            .arg(root.path())
-            .env("SWITCHBOARD_TOKEN", "another-token-entirely")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while other.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = other.kill();
-                let _ = other.wait();
-                panic!("a node with another token was still running after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let out = other.wait_with_output().unwrap();
-        said = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success(), "it started: {said}");
+        said = refused_start(&nats.urls(), root.path(), "another-token-entirely").await;
         if said.contains("another bearer token") {
             break;
         }
@@ -1424,11 +1403,9 @@ async fn journal_messages(nats_url: &str, id: &str) -> Vec<(bool, Value)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_larger_than_a_nats_message_and_sessions_idle_past_the_age_limit_survive_a_failover()
  {
-    let Some(_) = nats::nats_or_skip() else {
+    let Some((nats, root)) = nats_and_root() else {
         return;
     };
-    let nats = nats::NatsCluster::start(3);
-    let root = tempfile::tempdir().unwrap();
     // The shortest retention there is: the stream drops messages older than a minute.
     let short = ["--cluster-retention", "1m"];
     let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &short);
