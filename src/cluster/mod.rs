@@ -466,12 +466,13 @@ impl Cluster {
                 humantime::format_duration(ttl)
             )));
         }
+        // The live nodes, read once, tried again while JetStream settles (a node restarted
+        // while a NATS server is down or catching up may wait a while for the listing).
+        let live = settled_for(START_SETTLE, || cluster.live_nodes()).await?;
         // A node serving with another token would accept requests its clients could not make
         // elsewhere, and take over sessions for clients the others refuse: refuse to join.
-        if let Some(other) = cluster
-            .live_nodes()
-            .await?
-            .into_iter()
+        if let Some(other) = live
+            .iter()
             // An empty digest is a node of an older version (no check: rolling upgrades).
             .find(|n| n.node != node && !n.token.is_empty() && n.token != cluster.token)
         {
@@ -483,10 +484,8 @@ impl Cluster {
         }
         // The journal's shard of a session is its hash modulo the shard count: nodes that
         // disagree would read and write one session in different streams.
-        if let Some(other) = cluster
-            .live_nodes()
-            .await?
-            .into_iter()
+        if let Some(other) = live
+            .iter()
             .find(|n| n.node != node && n.shards.max(1) != cluster.shards)
         {
             return Err(ClusterError(format!(

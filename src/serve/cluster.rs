@@ -233,7 +233,7 @@ enum Taken {
     Unopened(ApiError),
 }
 
-/// After this node could not reopen session it took over (`why`, and released it): the request
+/// After this node could not reopen a session it took over (`why`, and released it): the request
 /// goes to another live node with room, which takes it over; `why` when there is none.
 async fn elsewhere(cluster: &Cluster, why: ApiError) -> Result<Decision, ApiError> {
     match bounded("reading the live nodes", cluster.placement(true)).await? {
