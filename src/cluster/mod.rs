@@ -17,7 +17,10 @@
 //!   journal at that epoch ([`crate::journal::replicated`]), which fences the old owner.
 //!
 //! A node whose heartbeat lapsed (it was paused or cut off past the TTL) re-reads each session's
-//! key before it serves it again, and lets go of those another node took.
+//! key before it serves it again, and lets go of those another node took. Keys are read through
+//! the buckets' stream leaders (`leader_entry`), not from whichever replica answers first (it may lag); a node
+//! takes a session over one request at a time ([`Cluster::taking_over`]) and gives back one it
+//! cannot reopen ([`Cluster::release`]).
 
 pub mod forward;
 

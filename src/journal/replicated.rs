@@ -2,10 +2,12 @@
 //! stream replicated across the NATS servers, so that the node that takes a session over after
 //! its owner died answers retried calls as the owner would have.
 //!
-//! **Layout.** One stream (default `SWITCHBOARD_JOURNAL`, subjects `sbj.>`, file storage, `R`
-//! replicas, messages older than the retention dropped). Every record of session `S` is a
-//! message on subject `sbj.S`; a message carries one batch of [`Write`]s and the owner's lease
-//! epoch. A session's state is the replay of its subject.
+//! **Layout.** One stream per shard (`--cluster-journal-shards`, default 1: `SWITCHBOARD_JOURNAL`,
+//! then `SWITCHBOARD_JOURNAL_1`, …, subjects `sbj.>`, `sbj1.>`, …; file storage, `R` replicas,
+//! messages older than the retention dropped). Session `S` lives in shard FNV-1a(`S`) mod N:
+//! every record of it is a message on subject `sbj.S` (`sbj<k>.S` in shard `k`); a message
+//! carries one batch of [`Write`]s and the owner's lease epoch. A session's state is the replay
+//! of its subject, read through the stream's leader, and must begin with a snapshot mark.
 //!
 //! **Fencing.** Every publish carries `Nats-Expected-Last-Subject-Sequence`: the sequence of the
 //! last message this node wrote (or read) on the session's subject. A node that claims the

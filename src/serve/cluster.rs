@@ -15,6 +15,11 @@
 //!
 //! `POST /v1/sessions` is placed here unless this node is draining or at its session limit;
 //! then it goes to the live node with the fewest calls in flight.
+//!
+//! Also here: NATS trouble while routing is `503 cluster_unavailable` after a bounded wait
+//! ([`NATS_WAIT`] per step); a node that cannot reopen a session it took over gives it back
+//! and relays the request to a node with room; and self-fencing ([`fence_when_stale`]): a node
+//! whose heartbeat is stale for half the TTL lets go of its sessions and serves none.
 
 use std::sync::Arc;
 
