@@ -216,18 +216,38 @@ impl Default for PolicyArgs {
     }
 }
 
+/// Why the policy flags cannot be applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyFlagsError {
+    /// The `--policy` file is refused (it names the file and the rule at fault).
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    /// SIGHUP, which reopens the audit log, cannot be caught.
+    #[error("cannot catch SIGHUP for the audit log: {0}")]
+    Sighup(#[source] std::io::Error),
+    /// The `--audit-log` file cannot be opened.
+    #[error("cannot open audit log {}: {source}", path.display())]
+    AuditLog {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 impl PolicyArgs {
     /// The policy the flags ask for (`None`: no `--policy` and no `--audit-log`), with
     /// `approver` answering `ask`. The error names the file and the rule at fault.
     pub fn policy(
         &self,
         approver: std::sync::Arc<dyn crate::policy::Approver>,
-    ) -> Result<Option<crate::policy::Policy>, String> {
+    ) -> Result<Option<crate::policy::Policy>, PolicyFlagsError> {
         if self.file.is_none() && self.audit_log.is_none() {
             return Ok(None);
         }
         let mut policy = match &self.file {
-            Some(path) => crate::policy::Policy::load(path).map_err(|e| e.to_string())?,
+            Some(path) => crate::policy::Policy::load(path)?,
             None => crate::policy::Policy::allow_all(),
         };
         policy = policy
@@ -241,16 +261,22 @@ impl PolicyArgs {
                 signal_hook::consts::SIGHUP,
                 std::sync::Arc::clone(&reopen),
             )
-            .map_err(|e| format!("cannot catch SIGHUP for the audit log: {e}"))?;
+            .map_err(PolicyFlagsError::Sighup)?;
             let log = crate::policy::AuditLog::open_reopening(path, self.audit_args, reopen)
-                .map_err(|e| format!("cannot open audit log {}: {e}", path.display()))?;
+                .map_err(|source| PolicyFlagsError::AuditLog {
+                    path: path.clone(),
+                    source,
+                })?;
             policy = policy.audit(log);
         }
         Ok(Some(policy))
     }
 
     /// `builder` under the flags' policy (non-interactive: `ask` is denied, and says so).
-    pub fn apply(&self, builder: crate::EngineBuilder) -> Result<crate::EngineBuilder, String> {
+    pub fn apply(
+        &self,
+        builder: crate::EngineBuilder,
+    ) -> Result<crate::EngineBuilder, PolicyFlagsError> {
         self.apply_with(builder, std::sync::Arc::new(crate::policy::RefuseAll))
     }
 
@@ -259,7 +285,7 @@ impl PolicyArgs {
         &self,
         builder: crate::EngineBuilder,
         approver: std::sync::Arc<dyn crate::policy::Approver>,
-    ) -> Result<crate::EngineBuilder, String> {
+    ) -> Result<crate::EngineBuilder, PolicyFlagsError> {
         Ok(match self.policy(approver)? {
             Some(policy) => builder.policy(policy),
             None => builder,

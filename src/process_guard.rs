@@ -38,7 +38,23 @@ pub fn harden_current_process() -> io::Result<()> {
 /// open and usable in this process; no child started afterwards inherits one. Call it early in
 /// `main`. Idempotent, and safe with other threads running (it closes nothing).
 pub fn close_inherited_fds() {
+    INHERITED.get_or_init(|| close_fds::iter_open_fds_threadsafe(3).collect());
     close_fds::set_fds_cloexec_threadsafe(3, &[]);
+}
+
+/// The descriptors above stderr that were open when [`close_inherited_fds`] first ran.
+static INHERITED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+
+/// True when descriptor `fd` was open when [`close_inherited_fds`] first ran — one the process
+/// inherited from its launcher (when that ran first thing in `main`), not one it opened itself
+/// since (an async runtime's, a socket's). False before that call, and for 0, 1 and 2.
+pub fn was_inherited(fd: i32) -> bool {
+    INHERITED.get().is_some_and(|fds| fds.contains(&fd))
+}
+
+/// True once [`close_inherited_fds`] has run (and so [`was_inherited`] knows the answer).
+pub fn inherited_known() -> bool {
+    INHERITED.get().is_some()
 }
 
 /// True when the current process is marked non-dumpable.

@@ -18,7 +18,7 @@
 //! launcher as it is.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -62,6 +62,8 @@ pub enum Isolation {
 pub struct ProcessTree {
     isolation: Isolation,
     launcher: OnceCell<Launcher>,
+    /// `setsid(1)`, looked for once ([`ProcessTree::setsid`]).
+    setsid: std::sync::OnceLock<Option<PathBuf>>,
 }
 
 impl ProcessTree {
@@ -70,7 +72,16 @@ impl ProcessTree {
         ProcessTree {
             isolation,
             launcher: OnceCell::new(),
+            setsid: std::sync::OnceLock::new(),
         }
+    }
+
+    /// `setsid` (util-linux) on the engine's `PATH`, looked for on first use: what
+    /// [`Launcher::command_in_session`] starts a command with.
+    pub fn setsid(&self) -> Option<&Path> {
+        self.setsid
+            .get_or_init(|| find_program("setsid"))
+            .as_deref()
     }
 
     /// The launcher, probed on first use (`what` names the commands in the warning logged when
@@ -125,6 +136,25 @@ impl Launcher {
             }
         };
         cmd.process_group(0).kill_on_drop(true);
+        cmd
+    }
+
+    /// [`Launcher::command`], but leading a session of its own, without the engine's
+    /// controlling terminal (if it has one: `/dev/tty` then fails to open, with `ENXIO`): started
+    /// through `setsid` (the path given, from [`ProcessTree::setsid`]), which calls `setsid(2)`
+    /// and execs the rest — so the session's id, and its process group's, is the pid started,
+    /// as with [`Launcher::command`]. Until `setsid` has run, the process is in the engine's
+    /// group and a [`GroupKiller`] finds no group of its pid: kill the process itself too
+    /// (`kill_on_drop` does). Without `setsid`, [`Launcher::command`] as it is.
+    pub fn command_in_session(&self, program: &[OsString], setsid: Option<&Path>) -> Command {
+        let Some(setsid) = setsid else {
+            return self.command(program);
+        };
+        let mut cmd = Command::new(setsid);
+        if let Launcher::Namespaces { unshare, flags } = self {
+            cmd.arg(unshare).args(flags).arg("--");
+        }
+        cmd.args(program).kill_on_drop(true);
         cmd
     }
 

@@ -57,7 +57,8 @@ fuzz_target!(|data: &[u8]| {
                         safe.push(tool.safe);
                         Ok(())
                     }
-                    Err(detail) => {
+                    Err(error) => {
+                        let detail = error.to_string();
                         assert!(!detail.is_empty());
                         Err((ErrorCode::InvalidArguments, detail))
                     }

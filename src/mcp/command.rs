@@ -51,10 +51,10 @@ impl McpArgs {
     }
 
     /// The configuration named by the flag (empty without it).
-    pub fn config(&self) -> Result<McpConfig, String> {
+    pub fn config(&self) -> Result<McpConfig, super::ConfigError> {
         match &self.mcp_config {
             None => Ok(McpConfig::default()),
-            Some(path) => McpConfig::load(path).map_err(|e| e.to_string()),
+            Some(path) => McpConfig::load(path),
         }
     }
 }
@@ -63,7 +63,7 @@ impl McpArgs {
 /// failed (a failed server is reported on stderr; the engine runs without its tools). `Err` is a
 /// one-line reason (a bad configuration, or an engine that cannot be built).
 pub async fn start_engine(builder: EngineBuilder, mcp: &McpArgs) -> Result<Engine, String> {
-    let config = mcp.config()?;
+    let config = mcp.config().map_err(|e| e.to_string())?;
     let builder = builder.deferral(mcp.deferral());
     if config.servers.is_empty() {
         return builder.build().map_err(|e| engine_error(&e));

@@ -1,13 +1,25 @@
 //! The audit log: one JSON line per call, written by a thread of its own.
 //!
 //! A call hands its line to a bounded buffer and goes on ([`AuditLog::record`] never blocks); the
-//! writer thread drains the buffer into the file, everything queued in one `write`. Lines are
-//! lost — and counted ([`AuditLog::dropped`], `switchboard_audit_dropped_total`) — when the buffer
-//! is full (the disk or the pipe is slower than the calls) and when a write fails (a full disk):
-//! a call is never held back, and no loss goes uncounted. Before each write the writer checks that
-//! the path still names the file it has open; when the file was deleted or renamed (log
-//! rotation), or [`AuditLog::reopen`] was asked for (the CLI does on SIGHUP), it opens the path
-//! again, creating it.
+//! writer thread drains the buffer into the file, everything queued in one `write`. What the log
+//! promises:
+//!
+//! * **No loss goes uncounted.** A line is lost only when the buffer is full (the disk or the pipe
+//!   is slower than the calls: a call is never held back) or when it cannot be written (a full
+//!   disk; the file deleted and not creatable again). Every such line is counted, once, in
+//!   [`AuditLog::dropped`] and in `switchboard_audit_dropped_total{reason}` (`buffer_full`,
+//!   `write_failed`); a line cut short by a failing write counts as lost, and the next line starts
+//!   on a line of its own.
+//! * **A loss is said once, at error level**, when lines start being lost — not per line or per
+//!   batch — and once more (a warning, with how many were lost) when lines have been written again
+//!   after [`QUIET`] without a loss.
+//! * **Rotation and deletion are followed.** Before each write (once per batch: everything queued
+//!   at that moment) the writer compares the device and inode the path names with the open file's;
+//!   when the file was deleted or renamed (log rotation without `copytruncate`), or
+//!   [`AuditLog::reopen`] was asked for (the CLI does on SIGHUP), it opens the path again,
+//!   creating it, appending, never truncating. Lines never go to a deleted file: when the path
+//!   cannot be opened again, lines are written to the file still open only if it still has a
+//!   name (renamed), and are counted as lost otherwise.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -16,18 +28,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::metrics::PolicyMetrics;
+use crate::metrics::{AuditLoss, PolicyMetrics};
 
 /// Lines the buffer holds before new ones are dropped.
 pub const AUDIT_BUFFER: usize = 8_192;
 
 /// Longest subject (path or command) written, in bytes.
 pub const SUBJECT_CAP: usize = 256;
+
+/// How long lines must have been written without a loss before a loss is said again (at error
+/// level) rather than only counted.
+pub const QUIET: Duration = Duration::from_secs(10);
 
 /// One call's audit line.
 #[derive(Debug, Serialize)]
@@ -68,18 +84,75 @@ pub struct AuditLog {
 }
 
 /// Lines lost, counted where they are lost: by a caller (buffer full) or the writer (a failed
-/// write).
-#[derive(Debug, Default)]
+/// write); and whether the loss has been said.
+#[derive(Debug)]
 struct Losses {
+    path: PathBuf,
     dropped: AtomicU64,
     metrics: OnceLock<PolicyMetrics>,
+    /// When this log was opened: the origin of `last_loss`.
+    opened: Instant,
+    /// Lines are being lost: said (at error level) when it became true; cleared by the writer
+    /// once lines have been written for [`QUIET`] without a loss.
+    failing: AtomicBool,
+    /// `dropped` when the loss being said began.
+    dropped_before: AtomicU64,
+    /// Milliseconds from `opened` to the last loss.
+    last_loss: AtomicU64,
 }
 
 impl Losses {
-    fn lost(&self, lines: u64) {
-        self.dropped.fetch_add(lines, Ordering::Relaxed);
+    fn new(path: &Path) -> Losses {
+        Losses {
+            path: path.to_path_buf(),
+            dropped: AtomicU64::new(0),
+            metrics: OnceLock::new(),
+            opened: Instant::now(),
+            failing: AtomicBool::new(false),
+            dropped_before: AtomicU64::new(0),
+            last_loss: AtomicU64::new(0),
+        }
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Counts `lines` lost for `reason`; the first loss since lines were last written says so.
+    fn lost(&self, reason: AuditLoss, lines: u64, why: &dyn std::fmt::Display) {
+        let before = self.dropped.fetch_add(lines, Ordering::Relaxed);
         if let Some(m) = self.metrics.get() {
-            m.audit_dropped(lines);
+            m.audit_dropped(reason, lines);
+        }
+        self.last_loss.store(self.millis(), Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            self.dropped_before.store(before, Ordering::Relaxed);
+            tracing::error!(
+                "audit log {}: lines are being lost ({why}); every lost line is counted in \
+                 switchboard_audit_dropped_total{{reason=\"{}\"}}; said again only after {}s \
+                 of lines written without a loss",
+                self.path.display(),
+                reason.label(),
+                QUIET.as_secs()
+            );
+        }
+    }
+
+    /// A batch was written whole: a loss being said ends once none came for [`QUIET`].
+    fn written(&self) {
+        if !self.failing.load(Ordering::Relaxed) {
+            return;
+        }
+        let quiet = self
+            .millis()
+            .saturating_sub(self.last_loss.load(Ordering::Relaxed));
+        if u128::from(quiet) >= QUIET.as_millis() && self.failing.swap(false, Ordering::Relaxed) {
+            let lost =
+                self.dropped.load(Ordering::Relaxed) - self.dropped_before.load(Ordering::Relaxed);
+            tracing::warn!(
+                "audit log {}: lines are written again; {lost} line(s) were lost meanwhile",
+                self.path.display()
+            );
         }
     }
 }
@@ -115,12 +188,13 @@ impl AuditLog {
     ) -> io::Result<AuditLog> {
         let target = Target::open(path)?;
         let (tx, rx) = sync_channel(capacity.max(1));
-        let losses = Arc::new(Losses::default());
+        let losses = Arc::new(Losses::new(path));
         let writer = Writer {
             target,
             losses: Arc::clone(&losses),
             reopen: Arc::clone(&reopen),
             torn: false,
+            reopen_failed: false,
         };
         std::thread::Builder::new()
             .name("switchboard-audit".into())
@@ -156,12 +230,21 @@ impl AuditLog {
 
     /// Queues one line; never blocks (a full buffer drops it and counts the drop).
     pub(crate) fn record(&self, line: &AuditLine) {
-        let Ok(text) = serde_json::to_string(line) else {
-            return;
+        let text = match serde_json::to_string(line) {
+            Ok(text) => text,
+            // Not expected (plain strings and numbers); counted all the same.
+            Err(e) => return self.losses.lost(AuditLoss::WriteFailed, 1, &e),
         };
         match self.tx.try_send(Msg::Line(text)) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.losses.lost(1),
+            Err(TrySendError::Full(_)) => {
+                self.losses
+                    .lost(AuditLoss::BufferFull, 1, &"the writer's buffer is full")
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.losses
+                    .lost(AuditLoss::WriteFailed, 1, &"the writer thread is gone")
+            }
         }
     }
 
@@ -226,6 +309,11 @@ impl Target {
     fn moved(&self) -> bool {
         !self.fifo && std::fs::metadata(&self.path).map_or(true, |m| (m.dev(), m.ino()) != self.id)
     }
+
+    /// True when the open file has no name left (deleted): what is written to it is lost.
+    fn deleted(&self) -> bool {
+        self.file.metadata().is_ok_and(|m| m.nlink() == 0)
+    }
 }
 
 /// The writer thread's state.
@@ -235,6 +323,8 @@ struct Writer {
     reopen: Arc<AtomicBool>,
     /// The last write stopped inside a line: the next one starts on a new line.
     torn: bool,
+    /// Opening the path again failed (said once, until it works).
+    reopen_failed: bool,
 }
 
 impl Writer {
@@ -267,28 +357,27 @@ impl Writer {
         if ends.is_empty() {
             return;
         }
+        let written = self.write_lines(batch, ends);
+        batch.clear();
+        ends.clear();
+        match written {
+            Ok(()) => self.losses.written(),
+            Err((lost, why)) => self.losses.lost(AuditLoss::WriteFailed, lost as u64, &why),
+        }
+    }
+
+    /// Writes the lines to the file the path names now; `Err` with how many were not wholly
+    /// written, and why.
+    fn write_lines(&mut self, batch: &[u8], ends: &[usize]) -> Result<(), (usize, String)> {
         if self.reopen.swap(false, Ordering::Relaxed) || self.target.moved() {
-            match Target::open(&self.target.path) {
-                Ok(target) => {
-                    self.target = target;
-                    self.torn = false;
-                }
-                Err(e) => tracing::warn!(
-                    "audit log: cannot reopen {}: {e}; writing to the file still open",
-                    self.target.path.display()
-                ),
-            }
+            self.reopen_path().map_err(|why| (ends.len(), why))?;
         }
         if self.torn {
             // Whatever the last write left half-written ends here, on a line of its own.
             match self.target.file.write(b"\n") {
                 Ok(1) => self.torn = false,
-                _ => {
-                    self.lose(ends.len(), "a write failed");
-                    batch.clear();
-                    ends.clear();
-                    return;
-                }
+                Ok(_) => return Err((ends.len(), "a write failed".into())),
+                Err(e) => return Err((ends.len(), e.to_string())),
             }
         }
         let mut written = 0;
@@ -308,18 +397,39 @@ impl Writer {
             }
         }
         let lost = ends.iter().filter(|&&end| end > written).count();
-        if lost > 0 {
-            self.torn = !ends.contains(&written) && written > 0;
-            let why = error.map_or_else(|| "a write failed".to_string(), |e| e.to_string());
-            self.lose(lost, &why);
+        if lost == 0 {
+            return Ok(());
         }
-        batch.clear();
-        ends.clear();
+        self.torn = !ends.contains(&written) && written > 0;
+        Err((
+            lost,
+            error.map_or_else(|| "a write failed".to_string(), |e| e.to_string()),
+        ))
     }
 
-    fn lose(&self, lines: usize, why: &str) {
-        self.losses.lost(lines as u64);
-        tracing::warn!("audit log: {lines} line(s) lost: {why}");
+    /// Opens the path again (it was deleted, renamed, or SIGHUP asked). When that fails, the
+    /// file still open is kept if it still has a name (renamed: its lines are on disk); a
+    /// deleted one is not written to — `Err`: the batch is lost.
+    fn reopen_path(&mut self) -> Result<(), String> {
+        match Target::open(&self.target.path) {
+            Ok(target) => {
+                self.target = target;
+                self.torn = false;
+                self.reopen_failed = false;
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!("cannot open {} again: {e}", self.target.path.display());
+                if self.target.deleted() {
+                    return Err(why);
+                }
+                if !self.reopen_failed {
+                    self.reopen_failed = true;
+                    tracing::warn!("audit log: {why}; writing to the file still open");
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -407,18 +517,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let log = AuditLog::open(&path, false).unwrap();
-        let ids = |p: &Path| -> Vec<String> {
-            std::fs::read_to_string(p)
-                .unwrap_or_default()
-                .lines()
-                .map(|l| {
-                    serde_json::from_str::<serde_json::Value>(l).unwrap()["tool_use_id"]
-                        .as_str()
-                        .unwrap()
-                        .to_string()
-                })
-                .collect()
-        };
         log.record(&line(1));
         log.flush(Duration::from_secs(10));
         std::fs::remove_file(&path).unwrap();
@@ -445,6 +543,72 @@ mod tests {
             "reopening appends, never truncates"
         );
         assert_eq!(log.dropped(), 0);
+    }
+
+    fn ids(p: &Path) -> Vec<String> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["tool_use_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_deleted_log_whose_path_cannot_be_created_again_gets_no_line_and_each_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let path = logs.join("audit.jsonl");
+        let log = AuditLog::open(&path, false).unwrap();
+        log.record(&line(1));
+        log.flush(Duration::from_secs(10));
+        // The file and its directory deleted: the path cannot be opened again, and a line
+        // written to the deleted file would be lost without a trace.
+        std::fs::remove_dir_all(&logs).unwrap();
+        for i in 2..5 {
+            log.record(&line(i));
+            log.flush(Duration::from_secs(10));
+        }
+        assert_eq!(
+            log.dropped(),
+            3,
+            "every line the deleted file would have had"
+        );
+        std::fs::create_dir(&logs).unwrap();
+        log.record(&line(5));
+        log.flush(Duration::from_secs(10));
+        assert_eq!(
+            ids(&path),
+            ["t5"],
+            "written again once the path can be created"
+        );
+        assert_eq!(log.dropped(), 3);
+    }
+
+    #[test]
+    fn a_renamed_log_keeps_its_lines_while_its_path_cannot_be_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, false).unwrap();
+        log.record(&line(1));
+        log.flush(Duration::from_secs(10));
+        let rotated = dir.path().join("audit.jsonl.1");
+        std::fs::rename(&path, &rotated).unwrap();
+        // Something that is no file takes the path: the renamed file, still named, gets the line.
+        std::fs::create_dir(&path).unwrap();
+        log.record(&line(2));
+        log.flush(Duration::from_secs(10));
+        assert_eq!(ids(&rotated), ["t1", "t2"]);
+        assert_eq!(log.dropped(), 0);
+        std::fs::remove_dir(&path).unwrap();
+        log.record(&line(3));
+        log.flush(Duration::from_secs(10));
+        assert_eq!(ids(&path), ["t3"]);
     }
 
     #[test]

@@ -230,10 +230,10 @@ impl CallCgroup {
                     human_bytes(self.limits.max_memory)
                 )
             } else {
-                format!(
-                    "killed: out of memory, by a limit above the call's (it used at most {} of its {})",
-                    human_bytes(peak.unwrap_or(0)),
-                    human_bytes(self.limits.max_memory)
+                oom_above(
+                    peak.unwrap_or(0),
+                    self.limits.max_memory,
+                    enclosing_memory_limit(dir),
                 )
             });
         }
@@ -304,6 +304,53 @@ impl CallCgroup {
     }
 }
 
+/// The sentence for a call killed for memory by a limit other than its own: the enclosing
+/// cgroup's limit when one could be read (`enclosing`: its size and directory), else "a limit
+/// outside the engine" (the machine's memory, or a cgroup whose files cannot be read).
+fn oom_above(peak: u64, own_limit: u64, enclosing: Option<(u64, PathBuf)>) -> String {
+    let used = format!(
+        "the call used at most {} of its own {}",
+        human_bytes(peak),
+        human_bytes(own_limit)
+    );
+    match enclosing {
+        Some((limit, dir)) => format!(
+            "killed: out of memory, by the memory limit of the cgroup {} that holds the engine ({}; {used})",
+            dir.display(),
+            human_bytes(limit)
+        ),
+        None => format!(
+            "killed: out of memory, by a limit outside the engine: the machine's memory or a cgroup above it ({used})"
+        ),
+    }
+}
+
+/// The tightest memory limit of the cgroups above `dir` (a call's memory cgroup), with the
+/// directory that sets it: cgroup v1's `memory.limit_in_bytes` or v2's `memory.max`, walking up
+/// while the directory is a cgroup (`cgroup.procs`). `None` when no ancestor has a limit that
+/// can be read, or only v1's "unlimited" (a number near 2^63).
+fn enclosing_memory_limit(dir: &Path) -> Option<(u64, PathBuf)> {
+    let mut tightest: Option<(u64, PathBuf)> = None;
+    let mut up = dir.parent();
+    while let Some(d) = up {
+        if !d.join("cgroup.procs").exists() {
+            break;
+        }
+        let limit = ["memory.limit_in_bytes", "memory.max"]
+            .iter()
+            .find_map(|f| std::fs::read_to_string(d.join(f)).ok())
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        if let Some(limit) = limit
+            && limit < 1 << 60
+            && tightest.as_ref().is_none_or(|(t, _)| limit < *t)
+        {
+            tightest = Some((limit, d.to_path_buf()));
+        }
+        up = d.parent();
+    }
+    tightest
+}
+
 /// The value of `key` in a `key value` lines file (0 when absent).
 fn counter(file: &Path, key: &str) -> u64 {
     std::fs::read_to_string(file)
@@ -336,5 +383,41 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/cpuacct/c"))
         );
         assert_eq!(own_dir("0::/x\n", "pids"), None);
+    }
+
+    #[test]
+    fn an_oom_by_an_enclosing_cgroup_names_its_limit_or_says_it_is_outside() {
+        // A fake hierarchy: root (unlimited, v1's number) > caller (1 GiB) > engine (none, v2
+        // "max") > call.
+        let root = tempfile::tempdir().unwrap();
+        let caller = root.path().join("caller");
+        let engine = caller.join("engine");
+        let call = engine.join("call");
+        std::fs::create_dir_all(&call).unwrap();
+        for d in [root.path(), &caller, &engine, &call] {
+            std::fs::write(d.join("cgroup.procs"), "").unwrap();
+        }
+        std::fs::write(
+            root.path().join("memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        )
+        .unwrap();
+        std::fs::write(caller.join("memory.limit_in_bytes"), "1073741824\n").unwrap();
+        std::fs::write(engine.join("memory.max"), "max\n").unwrap();
+        let found = enclosing_memory_limit(&call);
+        assert_eq!(found, Some((1 << 30, caller.clone())));
+        let text = oom_above(1_060_937_728, 2 << 30, found);
+        assert!(
+            text.contains(&format!(
+                "by the memory limit of the cgroup {} that holds the engine (1 GiB; ",
+                caller.display()
+            )) && text.contains("of its own 2 GiB"),
+            "{text}"
+        );
+        // Nothing readable above: said to be outside the engine.
+        std::fs::remove_file(caller.join("memory.limit_in_bytes")).unwrap();
+        assert_eq!(enclosing_memory_limit(&call), None);
+        let text = oom_above(5 << 20, 2 << 30, None);
+        assert!(text.contains("a limit outside the engine"), "{text}");
     }
 }

@@ -50,7 +50,11 @@
 //! confined (MCP stdio servers) are kept under process-tree control ([`super::contain`]).
 //!
 //! Both stages first mark every descriptor above stderr close-on-exec, whatever the engine (or an
-//! embedder's process) inherited: the command gets stdin, stdout and stderr, nothing else.
+//! embedder's process) inherited: the command gets stdin, stdout and stderr, nothing else. And a
+//! call leads a session of its own, with no controlling terminal, before anything else runs
+//! (`setsid`: in the spawner's child as it is forked, else first thing in the outer stage), so
+//! the terminal the engine may run in is out of reach: `/dev/tty` fails to open (`ENXIO`), and
+//! neither a write nor `TIOCSTI` reaches the terminal, in every mode, `off` included.
 //!
 //! Any failure exits [`TRAMPOLINE_FAILED`] with one line on stderr starting with
 //! [`FAILURE_PREFIX`]; the engine turns that into an `execution_error`. Nothing runs then.
@@ -112,6 +116,7 @@ pub(super) fn run_args(args: Vec<OsString>, forked: Option<super::spawner::Forke
             plan.pid_ns_made = forked.pid_ns;
             plan.spawner_pidfd = forked.spawner_pidfd;
             plan.bounding_set_empty = forked.bounding_set_empty;
+            plan.in_own_session = true;
         }
         plan
     });
@@ -148,6 +153,8 @@ struct Plan {
     spawner_pidfd: Option<std::os::fd::OwnedFd>,
     /// The spawner that forked this process had emptied its bounding set (so this one has).
     bounding_set_empty: bool,
+    /// This process leads a session of its own already (the spawner's fork did it).
+    in_own_session: bool,
     /// Only the outer stage, then exec the program (a helper under process-tree control, see
     /// [`super::contain`]).
     contain: bool,
@@ -336,6 +343,12 @@ fn run(mut plan: Plan) -> Result<u8, String> {
         return Err(format!("cannot run {:?}: {err}", plan.program[0]));
     }
     if !plan.inner {
+        if !plan.in_own_session {
+            // A call started by the engine itself: first a session of its own, as the spawner
+            // gives the calls it forks (the engine starts this process in the engine's own
+            // process group, so it is no group leader and `setsid` can succeed).
+            super::spawner::own_session();
+        }
         outer(&plan)?;
         if let Some(unshare) = &plan.unshare {
             let me = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;

@@ -229,8 +229,10 @@ impl CallSandbox {
     /// Starts `cmd` (made by [`CallSandbox::command`], with its environment and directory set):
     /// forked by the engine's spawner when it serves — no program start for the trampoline —
     /// else as a child of this process. Either way stdin is `/dev/null`, stdout and stderr are
-    /// pipes, the process leads a process group of its own and is killed if dropped before it
-    /// ended; `cmd`'s own stdio, group and kill-on-drop settings count only for the child.
+    /// pipes, the process leads a session (and so a process group) of its own without a
+    /// controlling terminal, and is killed if dropped before it ended; `cmd`'s own stdio and
+    /// kill-on-drop settings count only for the child, which makes its session itself (so `cmd`
+    /// must not make it a group leader: no `process_group(0)`).
     pub async fn spawn(&self, mut cmd: Command) -> std::io::Result<Running> {
         if let Some(spawned) = self.spawner.spawn(&self.trampoline, &cmd).await {
             return Ok(Running::Spawned(spawned));

@@ -36,7 +36,14 @@ mod landlock_rules;
 mod launch;
 mod mode;
 mod mounts;
+// The engine process's own hardening, and the process groups of calls: foundation modules
+// (`src/process_guard.rs`, `src/process_tree.rs`) that the sandbox builds on, nested here for
+// embedders.
 mod probe;
+#[path = "../process_guard.rs"]
+pub mod process_guard;
+#[path = "../process_tree.rs"]
+pub mod process_tree;
 mod slots;
 mod spawned;
 mod spawner;

@@ -389,7 +389,7 @@ pub enum Running {
 pub type OutputPipe = Box<dyn AsyncRead + Send + Unpin>;
 
 impl Running {
-    /// Its pid (which is also its process group's id: it leads one).
+    /// Its pid (which is also its session's and process group's id: it leads both).
     pub fn id(&self) -> Option<u32> {
         match self {
             Running::Child(child) => child.id(),
@@ -410,6 +410,22 @@ impl Running {
         match self {
             Running::Child(child) => child.stderr.take().map(|p| Box::new(p) as OutputPipe),
             Running::Spawned(s) => s.stderr.take().map(|p| Box::new(p) as OutputPipe),
+        }
+    }
+
+    /// Sends it `SIGKILL` unless it has been waited for: a child of the engine itself (which
+    /// may not lead its session yet, just started), or the process group of a call the spawner
+    /// started (which does: the spawner answers its pid only then).
+    pub fn start_kill(&mut self) {
+        match self {
+            Running::Child(child) => {
+                let _ = child.start_kill();
+            }
+            Running::Spawned(s) => {
+                if s.status.is_none() {
+                    let _ = kill_process_group(s.pid, Signal::KILL);
+                }
+            }
         }
     }
 

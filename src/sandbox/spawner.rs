@@ -6,14 +6,15 @@
 //! ([`super::spawned`]). For each call the engine sends one [`Request`] — the trampoline's
 //! arguments, exactly as it would have started it with them, the command's whole environment and
 //! its working directory — with the call's stdin, stdout and stderr attached (`SCM_RIGHTS`). The
-//! spawner forks (it is single-threaded: [`super::fork`]); the child leads a process group of its
-//! own, takes those descriptors as 0, 1 and 2, enters the directory and runs the trampoline
-//! as [`super::exec`] describes, with the spawner as its parent (its parent-death signal, its
-//! check that the parent is still there). For a root engine it makes the call's PID namespace
-//! itself just before the fork ([`PidNamespaces`]): the child is then the namespace's init,
-//! and no process stands between them. The spawner answers `started <pid>` and, when that
-//! child has ended (its pidfd turns readable), `exited <wait status>`: the engine waits for the
-//! call as for a child of its own.
+//! spawner forks (it is single-threaded: [`super::fork`]); the child first leads a session of its
+//! own — a process group too, and no controlling terminal ([`own_session`]; the spawner answers
+//! the pid only once it does) — takes those descriptors as 0, 1 and 2, enters the directory and
+//! runs the trampoline as [`super::exec`] describes, with the spawner as its parent (its
+//! parent-death signal, its check that the parent is still there). For a root engine it makes
+//! the call's PID namespace itself just before the fork ([`PidNamespaces`]): the child is then
+//! the namespace's init, and no process stands between them. The spawner answers `started
+//! <pid>` and, when that child has ended (its pidfd turns readable), `exited <wait status>`: the
+//! engine waits for the call as for a child of its own.
 //!
 //! Before its first confined call it empties its capability bounding set, which its calls
 //! inherit (each would otherwise empty its own); it keeps its own capabilities, and no longer
@@ -264,6 +265,17 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
             )?;
             continue;
         }
+        // Closed by the child once it leads a session of its own (or by its end). Out of
+        // descriptors is this call's failure, not the spawner's: its other calls go on.
+        let (in_session, session_made) =
+            match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+                Ok(pipe) => pipe,
+                Err(e) => {
+                    drop(stdio);
+                    reply(&mut socket, request.id, FAILED, e.raw_os_error())?;
+                    continue;
+                }
+            };
         let netns = spare.take_for(&request.args);
         let made_pid_ns = pid_ns.enter_new(&request.args);
         let forked = super::fork::fork();
@@ -271,13 +283,20 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
             pid_ns.leave()?;
         }
         match forked {
-            Ok(super::fork::Forked::Child) => break (request, stdio, netns, made_pid_ns),
+            Ok(super::fork::Forked::Child) => {
+                // First of all, before the engine can hear of this process: a session of its
+                // own, without the controlling terminal the engine may have.
+                own_session();
+                drop(session_made);
+                break (request, stdio, netns, made_pid_ns);
+            }
             Ok(super::fork::Forked::Parent(pid)) => {
                 // Kept for the next calls only when the call's end is all of its processes'.
                 let netns = netns.filter(|_| made_pid_ns);
-                // Also done by the child; whichever runs first makes the group before the
-                // engine can signal it.
-                let _ = rustix::process::setpgid(Some(pid), Some(pid));
+                // The engine kills the call's process group, which is its session's: the pid
+                // is answered only once that exists.
+                drop(session_made);
+                wait_for_eof(&in_session);
                 drop(stdio);
                 match pidfd_open(pid, PidfdFlags::empty()) {
                     Ok(pidfd) => {
@@ -310,7 +329,6 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
     drop(running);
     drop(spare);
     let spawner_pidfd = pid_ns.into_pidfd();
-    let _ = rustix::process::setpgid(None, None);
     rustix::stdio::dup2_stdin(&stdio[0])
         .and_then(|()| rustix::stdio::dup2_stdout(&stdio[1]))
         .and_then(|()| rustix::stdio::dup2_stderr(&stdio[2]))
@@ -329,6 +347,29 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
             bounding_set_empty: bounding_set == BoundingSet::Empty,
         },
     ))
+}
+
+/// Makes this process — a call just forked — the leader of a new session, and so of a new
+/// process group, with no controlling terminal: nothing the call runs can open `/dev/tty`
+/// (`ENXIO`) and write to the terminal the engine runs in, or be stopped or interrupted by it.
+/// A fresh child never leads a group, so `setsid` succeeds; should it fail all the same, the
+/// call still leads a process group of its own.
+pub(super) fn own_session() {
+    if rustix::process::setsid().is_err() {
+        let _ = rustix::process::setpgid(None, None);
+    }
+}
+
+/// Blocks until every write end of the pipe `fd` reads from is closed.
+fn wait_for_eof(fd: &OwnedFd) {
+    let mut buf = [0u8; 1];
+    loop {
+        match rustix::io::read(fd, &mut buf) {
+            Ok(0) => return,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// How [`serve`] returned.

@@ -30,12 +30,16 @@
 //!   non-dumpable flag ([`crate::process_guard`]) do not stop a reader. Whether this works is
 //!   probed once per tool instance (the first call); where it does not, bash runs directly and a
 //!   warning is logged once.
-//! * **Process control.** The process started for the call leads a new process group; a guard
-//!   kills the whole group (`SIGKILL`) when the call ends for any reason — exit, deadline,
-//!   cancellation, or the engine dropping the future. In namespace mode, when the namespace's
-//!   init ends (after the command's shell, or killed with the group) the kernel kills every
-//!   process left in the namespace, including ones that left the process group (`setsid`,
-//!   double forks, daemons). Pids printed by a command are pids of its namespace; the
+//! * **Process control.** The process started for the call leads a new session, and so a new
+//!   process group, without a controlling terminal (the trampoline calls `setsid` first thing,
+//!   or the engine's spawner as it forks it; without a trampoline, `setsid(1)` when the system
+//!   has it): `/dev/tty` fails to open (`ENXIO`), so nothing a command does reaches the terminal
+//!   the engine runs in. A guard kills the whole group (`SIGKILL`) when the call ends for any
+//!   reason — exit, deadline, cancellation, or the engine dropping the future — and the first
+//!   process itself on a deadline or cancellation, in case it had not made its session yet. In
+//!   namespace mode, when the namespace's init ends (after the command's shell, or killed with
+//!   the group) the kernel kills every process left in the namespace, including ones that left
+//!   the process group (`setsid`, double forks, daemons). Pids printed by a command are pids of its namespace; the
 //!   `SWITCHBOARD_CALL_ID` marker is how to find its processes from outside. In direct mode a second sweep kills every process whose environment still carries the
 //!   call's private token (`SWITCHBOARD_CALL_TOKEN`, set only in that mode).
 //! * **Deadlines.** `timeout_ms` (1 to [`MAX_TIMEOUT_MS`], default [`DEFAULT_TIMEOUT`]) bounds
@@ -234,7 +238,7 @@ impl Bash {
             command,
             &ctx,
             token.as_deref(),
-            launcher,
+            (launcher, self.tree.setsid()),
             sandbox.as_ref(),
             notice.as_ref().map(|f| f.path()),
         );
@@ -245,7 +249,7 @@ impl Bash {
             None => cmd.spawn().map(Running::Child),
         }
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
-        // The first process is the group leader, so its pid is the group id.
+        // The first process leads the call's session, so its pid is the group id.
         let group = GroupKiller::of_id(child.id());
         let (stdout, stderr) = (child.take_stdout(), child.take_stderr());
         let mut out = Capture::new(OUTPUT_CAP);
@@ -278,6 +282,8 @@ impl Bash {
                 End::Exited(_) => DRAIN_AFTER_EXIT,
                 End::Stopped(_) => {
                     group.kill();
+                    // The first process too, in case it had not made its session yet.
+                    child.start_kill();
                     DRAIN_AFTER_KILL
                 }
             };
@@ -367,13 +373,13 @@ fn timeout_arg(args: &Value) -> Result<Duration, ToolError> {
 }
 
 /// The command line for one call, with the rebuilt environment and the settings described in the
-/// module docs.
+/// module docs; `launcher` with the `setsid` it starts an unsandboxed command through.
 fn shell(
     root: &Path,
     command: &str,
     ctx: &ToolContext,
     token: Option<&str>,
-    launcher: &Launcher,
+    (launcher, setsid): (&Launcher, Option<&Path>),
     sandbox: Option<&CallSandbox>,
     notice: Option<&Path>,
 ) -> Command {
@@ -402,7 +408,7 @@ fn shell(
             };
             sandbox.command(unshare, &program)
         }
-        None => launcher.command(&program),
+        None => launcher.command_in_session(&program, setsid),
     };
     crate::process_env::inherit_tool_env(&mut cmd);
     if let Some(sandbox) = sandbox.filter(|s| s.confines()) {
@@ -413,11 +419,12 @@ fn shell(
         .env(CALL_ID_VAR, &*ctx.call_id)
         .env(IDEMPOTENCY_KEY_VAR, ctx.idempotency_key());
     Launcher::mark(&mut cmd, token);
+    // No `process_group(0)`: the first process makes a session of its own (the trampoline
+    // first thing, else `setsid`), which a group leader cannot.
     cmd.current_dir(root)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     cmd
 }

@@ -1,6 +1,6 @@
-//! MCP: the command line, misbehaving and third-party servers, the idempotency key of a call,
-//! `mcp-serve` with the TypeScript client and with `--order arrival`, and the overhead figure
-//! (ignored by default).
+//! MCP: the command line, misbehaving and third-party servers, bounded tool lists and schemas,
+//! the idempotency key of a call, `mcp-serve` with the TypeScript client and with `--order
+//! arrival`, and the overhead figure (ignored by default).
 //!
 //! One test binary for the area; each module is one suite (filter with `<module>::`).
 
@@ -18,5 +18,6 @@ mod mcp_serve_with_ts_client;
 mod mcp_server_process_trees_end;
 mod mcp_third_party_servers;
 mod mcp_tool_lists_are_bounded;
+mod mcp_tool_schemas_are_bounded;
 mod mcp_tools_take_their_effect_from_annotations;
 mod mcp_unreadable_responses;

@@ -143,6 +143,20 @@ fn every_request_gets_an_answer_with_the_right_code_and_its_id() {
         Value::Null,
         "the id must be a string or an integer",
     );
+    // MCP forbids a null id (JSON-RPC only discourages it); such a request would otherwise pass
+    // for a notification and never be answered, leaving a client without a timeout waiting.
+    for line in [
+        &br#"{"jsonrpc":"2.0","id":null,"method":"tools/list"}"#[..],
+        br#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#,
+        br#"{"jsonrpc":"2.0","id":null,"method":"no/such/notification"}"#,
+    ] {
+        assert_error(
+            &serve.ask(line),
+            -32600,
+            Value::Null,
+            "the id must be a string or an integer",
+        );
+    }
     let answer = serve.ask(br#"{"jsonrpc":"2.0","id":9,"method":"no/such","params":{}}"#);
     assert_error(&answer, -32601, json!(9), "no/such");
 

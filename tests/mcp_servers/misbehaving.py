@@ -38,6 +38,9 @@ OPTIONS_JSON, a JSON object, adds behaviour:
                         watch its stdin)
   "meta": true          page 2 also lists meta (answers the request's params._meta as JSON,
                         null when it has none)
+  "greedy_patterns": N  page 2 also lists greedy (an input schema of N distinct patterns like
+                        [^x]{3000}y: 11 bytes each, megabytes each once compiled without a
+                        limit) and patterned (one ordinary pattern, ^[a-z]+$, on its `id`)
 """
 import json
 import os
@@ -102,6 +105,15 @@ def tools():
         page2.append(tool("spawn_grandchild"))
     if OPTIONS.get("meta"):
         page2.append(tool("meta"))
+    if OPTIONS.get("greedy_patterns"):
+        greedy = tool("greedy")
+        greedy["inputSchema"] = {"type": "object", "properties": {
+            "p%d" % i: {"type": "string", "pattern": "[^x]{3000}y%d" % i}
+            for i in range(OPTIONS["greedy_patterns"])}}
+        patterned = tool("patterned", True)
+        patterned["inputSchema"] = {"type": "object", "required": ["id"], "properties": {
+            "id": {"type": "string", "pattern": "^[a-z]+$"}}}
+        page2 += [greedy, patterned]
     return page1, page2
 
 
@@ -123,7 +135,7 @@ def call(mid, name, args, meta=None):
     log("call %s %s" % (json.dumps(mid), name))
     if "named" in OPTIONS:
         return text("%s %s" % (OPTIONS.get("label", ""), name))
-    if name in ("echo", "echo2"):
+    if name in ("echo", "echo2", "patterned"):
         return text(json.dumps(args, sort_keys=True))
     if name == "env":
         return text(json.dumps(sorted(os.environ.keys())))

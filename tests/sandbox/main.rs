@@ -1,5 +1,6 @@
 //! The bash sandbox: files, sessions, network, namespaces, inherited descriptors, limits, the
-//! private TMPDIR, modes, the engine's death, and its cost figure (ignored by default).
+//! private TMPDIR, modes, the engine's death, the terminal it runs in, and its cost figure
+//! (ignored by default).
 //!
 //! One test binary for the area; each module is one suite (filter with `<module>::`).
 
@@ -18,4 +19,5 @@ mod sandbox_network;
 mod sandbox_read_paths;
 mod sandbox_sessions;
 mod sandbox_spawner;
+mod sandbox_terminal;
 mod sandbox_tmpdir;

@@ -182,8 +182,8 @@ fn own_memory_cgroup() -> Option<std::path::PathBuf> {
 }
 
 /// When the kernel kills a call's process for a memory limit above the call's own (here: the
-/// engine's cgroup, 300 MB, around a call allowed 1 GiB), the answer says so and names the
-/// call's limit as not the one that applied. The engine runs in a cgroup this test makes under
+/// engine's cgroup, 300 MB, around a call allowed 1 GiB), the answer names the limit that
+/// applied and the cgroup that sets it, and the call's own limit as not the one. The engine runs in a cgroup this test makes under
 /// its own, so the memory bomb is bounded by a limit set here.
 #[test]
 fn an_out_of_memory_kill_by_a_limit_above_the_call_says_so() {
@@ -217,9 +217,13 @@ fn an_out_of_memory_kill_by_a_limit_above_the_call_says_so() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let text = String::from_utf8_lossy(&out.stdout);
+    // The limit that applied is named: this test's cgroup (300,000,000 bytes, rounded down to
+    // whole pages by the kernel), which holds the engine.
     assert!(
-        text.contains("killed: out of memory, by a limit above the call's")
-            && text.contains("of its 1 GiB"),
+        text.contains(&format!(
+            "killed: out of memory, by the memory limit of the cgroup {} that holds the engine (",
+            dir.display()
+        )) && text.contains("of its own 1 GiB"),
         "{text}"
     );
 }

@@ -340,3 +340,66 @@ async fn timeout_ms_is_validated_and_bounds_the_call() {
         "Error [timeout]: timeout (1ms)"
     );
 }
+
+/// The session (and process group) of a live process, from `/proc/PID/stat`.
+fn session_and_group(pid: &str) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses: state, ppid, pgrp, session, …
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(3)?.parse().ok()?, fields.get(2)?.parse().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_sandbox_a_command_still_leads_a_session_of_its_own() {
+    // Without the sandbox's trampoline, `setsid` (util-linux, like `unshare`) makes the session.
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v setsid"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        println!("SKIPPED: no `setsid` on PATH");
+        return;
+    }
+    // From /proc, not getsid(2): a process whose session leader is outside its PID namespace
+    // (CI's container) is in session 0, which rustix's `Pid` cannot hold.
+    let (own, _) = session_and_group("self").expect("this process's /proc/self/stat");
+    for isolation in [Isolation::Auto, Isolation::Off] {
+        let b = Bash::new(isolation);
+        let id = unique_id("session");
+        let cancel = CancellationToken::new();
+        let ready = b.ws.root().join("ready");
+        let args = json!({"command": "sleep 30 & touch ready; wait"});
+        let (outcome, seen) = tokio::join!(b.run(&id, args, cancel.clone()), async {
+            wait_for_file(&ready).await;
+            let seen: Vec<(String, Option<(i32, i32)>)> = common::direct::marked_processes(&id)
+                .into_iter()
+                .map(|pid| {
+                    let ids = session_and_group(&pid);
+                    (pid, ids)
+                })
+                .collect();
+            cancel.cancel();
+            seen
+        });
+        assert_eq!(outcome.unwrap_err().code, ErrorCode::Cancelled);
+        assert!(seen.len() >= 2, "{isolation:?}: {seen:?}");
+        let (session, group) = seen[0].1.expect("a live process");
+        assert_ne!(
+            session, own,
+            "{isolation:?}: the engine's session: {seen:?}"
+        );
+        assert_eq!(session, group, "{isolation:?}: {seen:?}");
+        for (pid, ids) in &seen {
+            assert_eq!(
+                *ids,
+                Some((session, group)),
+                "{isolation:?}: process {pid} is elsewhere: {seen:?}"
+            );
+        }
+        assert!(
+            seen.iter().any(|(pid, _)| *pid == session.to_string()),
+            "{isolation:?}: the session's leader is a process of the call: {seen:?}"
+        );
+        assert_eq!(survivors(&id).await, Vec::<String>::new());
+    }
+}

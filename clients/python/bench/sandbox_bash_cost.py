@@ -18,10 +18,13 @@ def run(binary, n, mode):
     for _ in range(100):
         try: sid = post("/v1/sessions", {})["session_id"]; break
         except Exception: time.sleep(0.1)
-    turn = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "true"}}]}
+    # A new tool_use id per turn: a turn repeated exactly would be answered from the session's
+    # memory of answers, running nothing.
+    def turn(i):
+        return {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "bash", "input": {"command": "true"}}]}
     times = []
     for i in range(n + 10):
-        t = time.perf_counter(); a = post(f"/v1/sessions/{sid}/dispatch", turn); d = time.perf_counter() - t
+        t = time.perf_counter(); a = post(f"/v1/sessions/{sid}/dispatch", turn(i)); d = time.perf_counter() - t
         assert "Error" not in a["content"][0]["content"], a
         if i >= 10: times.append(d * 1000)
     p.terminate(); p.wait()

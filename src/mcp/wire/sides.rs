@@ -17,6 +17,11 @@ use crate::mcp::lines::{MAX_MESSAGE, Outline, outline};
 use crate::mcp::recover::{self, cause};
 use crate::sandbox::human_bytes;
 
+/// The answer to a request whose id is null (or another value that is neither a string nor an
+/// integer, where the request otherwise decodes as a notification).
+const NULL_ID: &str =
+    "invalid request: the id must be a string or an integer (MCP does not allow null)";
+
 /// An error answer of `Role` to the peer.
 fn answer<Role: Side>(code: ErrorCode, id: Option<RequestId>, message: String) -> Read<Role> {
     Read::Answer(TxJsonRpcMessage::<Role>::error(
@@ -87,6 +92,11 @@ fn refuse<Role: Side>(text: &[u8], error: &serde_json::Error) -> Read<Role> {
         return skip("a response");
     }
     let Some(id) = envelope.id else {
+        // `"id": null` reads as no id; MCP forbids it (JSON-RPC only discourages it), and a
+        // request sent with it must not pass for a notification, which is never answered.
+        if seen.has_id && Role::ANSWERS_ANONYMOUS {
+            return answer(ErrorCode::INVALID_REQUEST, None, NULL_ID.into());
+        }
         if envelope.method.is_some() || !Role::ANSWERS_ANONYMOUS {
             return skip("a notification");
         }
@@ -214,6 +224,12 @@ impl Side for RoleServer {
                     Some(r.id),
                     format!("invalid params for {method}: {detail}"),
                 )
+            }
+            // A request whose id is neither a string nor an integer (null, a boolean) decodes as
+            // a notification, which is never answered: MCP forbids such ids, so it is an
+            // invalid request, answered with a null id as JSON-RPC asks.
+            Ok(JsonRpcMessage::Notification(_)) if outline(text).has_id => {
+                answer(ErrorCode::INVALID_REQUEST, None, NULL_ID.into())
             }
             Ok(message) => Read::Deliver(message),
             Err(e) => refuse(text, &e),
