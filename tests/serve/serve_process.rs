@@ -1,6 +1,7 @@
 //! The real `switchboard serve` binary: refusing to start without a token or with `--no-auth`
-//! off loopback, serving `/metrics` with the HTTP series, and SIGTERM during a running call
-//! (every request in flight gets its complete answer, exit 0).
+//! off loopback, serving `/metrics` with the HTTP series, SIGTERM during a running call (every
+//! request in flight gets its complete answer, exit 0), and SIGHUP reopening the audit log
+//! without stopping anything.
 
 use crate::serve_common;
 
@@ -216,5 +217,57 @@ fn sigterm_lets_a_call_finish_within_the_grace_period() {
     assert_eq!(
         wait_exit(&mut child, Duration::from_secs(30)).code(),
         Some(0)
+    );
+}
+
+/// `serve --audit-log`: SIGHUP (as logrotate sends after renaming the log) neither stops the
+/// server nor ends a session; the next call's line goes to a new file at the path, the renamed
+/// file keeps what it had, and SIGTERM still stops the server (exit 0) with every line written.
+#[test]
+fn sighup_reopens_the_audit_log_and_sigterm_still_stops_the_server() {
+    let root = tempfile::tempdir().unwrap();
+    let audit = root.path().join("audit.jsonl");
+    let mut cmd = serve_cmd(&root.path().join("ws"));
+    cmd.args(["--listen", "127.0.0.1:0", "--no-auth", "--audit-log"])
+        .arg(&audit);
+    let (child, base) = spawn_server(cmd);
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let rotated = root.path().join("audit.jsonl.1");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = client();
+        let created = send(c.post(format!("{base}/v1/sessions")).body("{}")).await;
+        let id = created.json()["session_id"].as_str().unwrap().to_string();
+        let url = format!("{base}/v1/sessions/{id}/dispatch");
+        let glob = |call: &str| turn(&[(call, "glob", json!({"pattern": "*"}))]);
+        let first = send(c.post(&url).body(glob("before"))).await;
+        assert_eq!(first.status, 200, "{}", first.text);
+        let written = eventually(Duration::from_secs(20), || {
+            let audit = audit.clone();
+            async move { file_lines(&audit).len() == 1 }
+        })
+        .await;
+        assert!(written, "the first line reached the log");
+        std::fs::rename(&audit, &rotated).unwrap();
+        for _ in 0..3 {
+            rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+        }
+        let second = send(c.post(&url).body(glob("after"))).await;
+        assert_eq!(second.status, 200, "{}", second.text);
+    });
+    terminate(child);
+    let id_of = |line: &String| {
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["tool_use_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let old: Vec<String> = file_lines(&rotated).iter().map(id_of).collect();
+    let new: Vec<String> = file_lines(&audit).iter().map(id_of).collect();
+    assert_eq!(old, ["before"]);
+    assert_eq!(
+        new,
+        ["after"],
+        "the line after SIGHUP is in a new file at the path"
     );
 }

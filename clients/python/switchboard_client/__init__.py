@@ -29,7 +29,8 @@ it stops the server). The guide is ``docs/python.md``.
 from ._async import AsyncClient, AsyncDispatchStream, AsyncSession, AsyncTurn
 from ._common import SwitchboardError, ToolError
 from ._context import ToolCallContext, current_call, idempotency_key
-from ._local import AsyncLocalClient, LocalClient, LocalServer, LocalServerError, local, local_async
+from ._local import (AsyncLocalClient, LocalClient, LocalServer, LocalServerError, find_binary, local,
+                     local_async)
 from ._sync import Client, DispatchStream, Session, Turn
 from ._tools import function_schema, tool_spec, type_schema
 
@@ -50,6 +51,7 @@ __all__ = [
     "ToolError",
     "Turn",
     "current_call",
+    "find_binary",
     "function_schema",
     "idempotency_key",
     "local",

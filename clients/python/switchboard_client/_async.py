@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import functools
 import inspect
-import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import time
+import weakref
 from typing import Any, AsyncIterator, Callable, Dict, Generator, List, Optional, Set, Tuple
 
 import aiohttp
@@ -20,6 +21,7 @@ from ._context import ToolCallContext, calling
 log = logging.getLogger("switchboard_client")
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_RESET = (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
 
 
 class AsyncClient:
@@ -39,7 +41,8 @@ class AsyncClient:
         self.retry_budget_s = retry_budget_s
         self._http: Optional[aiohttp.ClientSession] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._executor: Optional[c.ToolThreads] = None
+        self._sessions: "weakref.WeakSet[AsyncSession]" = weakref.WeakSet()  # created here
 
     # --- transport ---
 
@@ -59,8 +62,11 @@ class AsyncClient:
         return http
 
     async def _open(self, method: str, path: str, body: Optional[bytes],
-                    headers: Dict[str, str]) -> aiohttp.ClientResponse:
-        """Sends one request, retrying ``overloaded``; returns the response (status < 400)."""
+                    headers: Dict[str, str], resend: str = c.RESEND_ANY
+                    ) -> aiohttp.ClientResponse:
+        """Sends one request; returns the response (status < 400). Retries ``overloaded`` (and
+        the cluster's refusals), and re-sends the request when its connection failed before any
+        answer, if ``resend`` allows (see :data:`c.RESEND_ANY`)."""
         http = self._session()
         url = self.base_url + path
         retries = c.Retries(self.max_retries, self.retry_budget_s)
@@ -68,7 +74,15 @@ class AsyncClient:
             try:
                 resp = await http.request(method, url, data=body, headers=headers)
             except _TRANSPORT_ERRORS as e:
-                raise c.connection_error(e) from e
+                failed = _failed_before_answer(e)
+                if failed is None:
+                    raise _transport_error(e) from e
+                delay = retries.reconnect() \
+                    if failed == c.RESEND_UNSENT or resend == c.RESEND_ANY else None
+                if delay is None:
+                    raise c.connection_error(e) from e
+                await asyncio.sleep(delay)
+                continue
             if resp.status < 400:
                 return resp
             try:
@@ -85,19 +99,24 @@ class AsyncClient:
             await asyncio.sleep(delay)
 
     async def _request(self, method: str, path: str, body: Optional[bytes] = None,
-                       headers: Optional[Dict[str, str]] = None) -> Any:
+                       headers: Optional[Dict[str, str]] = None,
+                       resend: str = c.RESEND_ANY) -> Any:
         resp = await self._open(method, path, body,
                                 headers or (self._json_headers if body is not None
-                                            else self._headers))
+                                            else self._headers), resend)
         try:
             data = await resp.read()
         except _TRANSPORT_ERRORS as e:
             raise c.connection_error(e) from e
         finally:
             resp.release()
-        return json.loads(data) if data else None
+        return c.json_answer(data, resp.headers.get("Content-Type"), resp.status)
 
-    def _tool_executor(self) -> ThreadPoolExecutor:
+    def _turns_in_flight(self) -> List["AsyncSession"]:
+        """The open sessions of this client with a turn in flight."""
+        return [s for s in list(self._sessions) if s._in_flight and not s._closed]
+
+    def _tool_executor(self) -> c.ToolThreads:
         if self._executor is None:
             self._executor = c.tool_executor()
         return self._executor
@@ -140,6 +159,7 @@ class AsyncSession(c.SessionBase):
         super().__init__(client, workspace, tools, sandbox)
         self._client: AsyncClient = client
         self._creating: Optional["asyncio.Future[str]"] = None
+        self._in_flight = 0     # turns of this session running now (dispatch, stream)
 
     # --- creation ---
 
@@ -167,7 +187,9 @@ class AsyncSession(c.SessionBase):
             raise
 
     async def _create(self) -> str:
-        created = await self._client._request("POST", "/v1/sessions", self._create_body())
+        created = await self._client._request("POST", "/v1/sessions", self._create_body(),
+                                              resend=c.RESEND_UNSENT)
+        self._client._sessions.add(self)
         return self._adopt(created)
 
     def _need_created(self) -> None:
@@ -190,34 +212,63 @@ class AsyncSession(c.SessionBase):
     def _tools_fixed(self) -> bool:
         return self._id is not None or self._creating is not None or self._closed
 
-    async def _run_call(self, call: Dict[str, Any]) -> None:
+    async def _run_call(self, call: Dict[str, Any], received: float) -> None:
+        """Runs one client-tool call (a coroutine function as this task, a plain one on a
+        thread of its own) and posts its answer, once — unless its deadline passed before the
+        function could start (the engine answered it ``timeout``). Whatever the function
+        raises or returns is an answer; only the task's cancellation propagates."""
+        call_id = call["call_id"]
+        try:
+            body = await self._call_body(call, received)
+        except asyncio.CancelledError:
+            raise
+        except c.CallExpired:
+            log.info("switchboard: client call %s (%s) not started: its deadline passed "
+                     "before it could start", call_id, call.get("name"))
+            return
+        except BaseException as e:  # noqa: BLE001 - a failing tool is a result, never a crash
+            body = c.answer_body(error=e)
+        await self._answer(call_id, body)
+
+    async def _call_body(self, call: Dict[str, Any], received: float) -> bytes:
+        if c.call_expired(call, received):
+            raise c.CallExpired(call["call_id"])
         entry, missing = self._call_entry(call)
         if entry is None or entry.fn is None:
-            body = c.error_body(missing)
-        else:
-            try:
-                context = ToolCallContext.from_event(call)
-                args, kwargs = entry.arguments(call.get("input"), context)
-                with calling(context):  # this task's context, copied to a worker thread
-                    if entry.is_async:
-                        value = await entry.fn(*args, **kwargs)
-                    else:
-                        loop = asyncio.get_running_loop()
-                        ctx = contextvars.copy_context()
-                        value = await loop.run_in_executor(
-                            self._client._tool_executor(),
-                            functools.partial(ctx.run, entry.fn, *args, **kwargs))
-                body = c.answer_body(value)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a failing tool is a result, never a crashed loop
-                body = c.answer_body(error=e)
+            return c.error_body(missing)
+        context = ToolCallContext.from_event(call)
+        args, kwargs = entry.arguments(call.get("input"), context)
+        with calling(context):  # this task's context, copied to a worker thread
+            if entry.is_async:
+                value = await entry.fn(*args, **kwargs)
+            else:
+                loop = asyncio.get_running_loop()
+                ctx = contextvars.copy_context()
+                value = await loop.run_in_executor(
+                    self._client._tool_executor(),
+                    functools.partial(ctx.run, c.start_in_time, call, received, entry.fn,
+                                      *args, **kwargs))
+        return c.answer_body(value)
+
+    async def _answer(self, call_id: str, body: bytes) -> None:
+        """Posts a call's answer; see :meth:`Session._answer` (a refused answer is logged and
+        replaced at once by an error naming why; a late one is dropped)."""
         try:
-            await self._client._request("POST", f"{self._base}/calls/{call['call_id']}", body)
+            await self._client._request("POST", f"{self._base}/calls/{call_id}", body)
         except SwitchboardError as e:
-            if e.code not in c.LATE_ANSWER_CODES:
-                log.warning("switchboard: answering client call %s failed: %s",
-                            call["call_id"], e)
+            if e.code in c.LATE_ANSWER_CODES:
+                return
+            log.warning("switchboard: the server refused the answer to client call %s: %s",
+                        call_id, e)
+            if e.status is None or not 400 <= e.status < 500:
+                return
+            try:
+                await self._client._request("POST", f"{self._base}/calls/{call_id}",
+                                            c.refused_body(e))
+            except SwitchboardError as again:
+                if again.code not in c.LATE_ANSWER_CODES:
+                    log.warning("switchboard: answering client call %s with an error failed "
+                                "too: %s", call_id, again)
 
     # --- dispatch ---
 
@@ -236,8 +287,12 @@ class AsyncSession(c.SessionBase):
                 pass
             return stream.answer
         headers = {**self._client._json_headers, c.TURN_HEADER: tid}
-        return await self._client._request("POST", f"{self._base}/dispatch?format={fmt}", body,
-                                           headers)
+        self._in_flight += 1
+        try:
+            return await self._client._request("POST", f"{self._base}/dispatch?format={fmt}",
+                                               body, headers)
+        finally:
+            self._in_flight -= 1
 
     def start(self, message: Any, format: Optional[str] = None, *,
               turn_id: Optional[str] = None) -> "AsyncTurn":
@@ -319,21 +374,38 @@ class AsyncDispatchStream(c.StreamBase):
             allow = self._on_approval(request)
             if inspect.isawaitable(allow):
                 allow = await allow
-        await self._session.approve(request["approval_id"], bool(allow))
+        try:
+            await self._session.approve(request["approval_id"], bool(allow))
+        except SwitchboardError as e:
+            if e.code != "unknown_approval":
+                raise
+            # Not waiting any more: answered (by this answer, when it was sent again after a
+            # broken connection) or timed out; the call's result says which.
+            log.info("switchboard: approval %s was no longer waiting", request["approval_id"])
 
     async def _run(self) -> AsyncIterator[Tuple[int, Any]]:
         session = self._session
         await session._ensure()
+        session._in_flight += 1
+        try:
+            async for item in self._events():
+                yield item
+        finally:
+            session._in_flight -= 1
+
+    async def _events(self) -> AsyncIterator[Tuple[int, Any]]:
+        session = self._session
         client = session._client
         path, headers = self._request()
         resp = await client._open("POST", path, self._body, headers)
         state = self._state
         tasks: Set["asyncio.Task[None]"] = set()
         try:
+            c.check_event_stream(resp.headers.get("Content-Type"), resp.status)
             async for chunk in resp.content.iter_any():
                 for kind, value in state.feed(chunk):
                     if kind == "call":
-                        task = asyncio.ensure_future(session._run_call(value))
+                        task = asyncio.ensure_future(session._run_call(value, time.monotonic()))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
                     elif kind == "approval":
@@ -358,6 +430,29 @@ class AsyncDispatchStream(c.StreamBase):
         if self._iter is None:
             self._iter = self._run()
         return self._iter
+
+
+def _failed_before_answer(e: BaseException) -> Optional[str]:
+    """What may be sent again after ``e``, raised before any answer arrived (see the sync
+    client's): :data:`c.RESEND_UNSENT` when no connection was made, :data:`c.RESEND_ANY` when
+    the connection was closed or reset without an answer, None otherwise (a timeout: the
+    server is working on it)."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return c.RESEND_UNSENT
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return c.RESEND_ANY
+    if isinstance(e, ConnectionError) or (isinstance(e, aiohttp.ClientOSError)
+                                          and e.errno in _RESET):
+        return c.RESEND_ANY
+    return None
+
+
+def _transport_error(e: BaseException) -> SwitchboardError:
+    """A failure of the transport as the client's error: ``bad_response`` when what came back
+    is not HTTP, else ``connection_error``."""
+    if isinstance(e, aiohttp.ClientResponseError):
+        return c.bad_response("the server's answer is not HTTP", c.safe_text(e))
+    return c.connection_error(e)
 
 
 class AsyncTurn:

@@ -114,6 +114,25 @@ def make_client(client: Union[AsyncClient, str, None]) -> AsyncClient:
     return AsyncClient(client or os.environ.get(URL_ENV) or DEFAULT_URL)
 
 
+def own_client(client: Union["Client", AsyncClient, str, None]) -> AsyncClient:
+    """An adapter's own ``AsyncClient``, used on its private loop only. For a ``Client`` or an
+    ``AsyncClient`` (``local()``'s and ``local_async()``'s too): a new one to the same server,
+    with its token, read timeout and retries — the one given is never used, so it stays the
+    caller's, on the caller's loop (closing a ``local()`` client stops its server). For a URL or
+    None: one to it (default ``$SWITCHBOARD_URL``, else ``http://127.0.0.1:7420``)."""
+    from ._sync import Client
+    if not isinstance(client, (Client, AsyncClient)):
+        check_client(client)
+        return make_client(client)
+    timeout = client._timeout
+    read = timeout.sock_read if isinstance(client, AsyncClient) else timeout.read_timeout
+    own = AsyncClient(client.base_url, timeout=read, max_retries=client.max_retries,
+                      retry_budget_s=client.retry_budget_s)
+    own._headers, own._json_headers, own._stream_headers = (
+        client._headers, client._json_headers, client._stream_headers)
+    return own
+
+
 def check_options(name: str, options: Dict[str, Any]) -> None:
     unknown = set(options) - set(OPTION_KEYS)
     if unknown:

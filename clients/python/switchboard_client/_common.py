@@ -1,14 +1,18 @@
 """What the sync and async clients share: the error types, headers and request bodies, format
 detection, the incremental SSE decoder and the stream's events, client-tool answers, the retry
-rule, and the I/O-free halves of a session and of a streamed dispatch. No I/O here."""
+rule, the threads of plain-function client tools, and the I/O-free halves of a session and of a
+streamed dispatch. No I/O here."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from enum import Enum
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -24,14 +28,18 @@ TURN_HEADER = "Switchboard-Turn-Id"
 #: What the server answers a client-tool answer that came too late (the call is closed, already
 #: answered, or its session is gone): nothing to report.
 LATE_ANSWER_CODES = ("call_closed", "already_answered", "unknown_call", "unknown_session")
+#: How much of a malformed answer a ``bad_response`` error quotes.
+_QUOTED = 200
 
 
 class SwitchboardError(Exception):
     """A request that failed. ``code`` is the server's error code (``unauthorized``,
     ``unknown_session``, ``bad_request``, ``payload_too_large``, ``too_many_sessions``,
-    ``overloaded``, ``shutting_down``, ``session_moved``, ...), or ``connection_error`` when
-    the server could not be reached; ``status`` is the HTTP status (None for connection errors);
-    ``retry_after`` the seconds the server asked to wait (with ``overloaded``)."""
+    ``overloaded``, ``shutting_down``, ``session_moved``, ...), ``connection_error`` when
+    the server could not be reached (or the connection broke), or ``bad_response`` when what
+    came back is not what the server sends (not JSON, cut short, a malformed event); ``status``
+    is the HTTP status (None for connection errors); ``retry_after`` the seconds the server
+    asked to wait (with ``overloaded``)."""
 
     def __init__(self, code: str, message: str, status: Optional[int] = None,
                  retry_after: Optional[float] = None):
@@ -67,9 +75,9 @@ def request_headers(token: Optional[str]) -> Tuple[Dict[str, str], Dict[str, str
     return headers, json_headers, {**json_headers, "Accept": "text/event-stream"}
 
 
-def tool_executor() -> ThreadPoolExecutor:
+def tool_executor() -> "ToolThreads":
     """The worker threads of a client's plain-function client tools."""
-    return ThreadPoolExecutor(max_workers=32, thread_name_prefix="switchboard-tool")
+    return ToolThreads()
 
 
 def connect_timeout(timeout: Optional[float]) -> float:
@@ -95,6 +103,40 @@ def connection_error(e: BaseException) -> SwitchboardError:
     return SwitchboardError("connection_error", str(e) or type(e).__name__)
 
 
+def bad_response(what: str, data: Any = b"", status: Optional[int] = None) -> SwitchboardError:
+    """``bad_response``: ``what`` is wrong with an answer (``data``, quoted in part)."""
+    if isinstance(data, (bytes, bytearray)):
+        data = bytes(data[:_QUOTED]).decode("utf-8", "replace")
+    quoted = f": {str(data)[:_QUOTED]!r}" if data else ""
+    return SwitchboardError("bad_response", f"{what}{quoted}", status)
+
+
+def loads(data: bytes, what: str = "the server's answer is not JSON",
+          status: Optional[int] = None) -> Any:
+    """``json.loads``, raising :func:`bad_response` instead of a ``ValueError``."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise bad_response(what, data, status) from None
+
+
+def json_answer(data: bytes, content_type: Optional[str], status: int) -> Any:
+    """The JSON document of a 2xx answer (None when empty); ``bad_response`` for anything else
+    (an HTML page from a proxy, a body cut short)."""
+    if not data:
+        return None
+    return loads(data, f"the server's {status} answer ({content_type or 'no content type'}) "
+                       "is not JSON", status)
+
+
+def check_event_stream(content_type: Optional[str], status: int) -> None:
+    """Raises ``bad_response`` when a streamed dispatch was answered with something else than
+    an event stream (an HTML page from a proxy, a JSON document)."""
+    if content_type and not content_type.lower().startswith("text/event-stream"):
+        raise bad_response(f"a streamed dispatch was answered {status} with {content_type}, "
+                           "not text/event-stream", status=status)
+
+
 #: The refusals a request is retried after (see :func:`retry_delay`).
 RETRIED = ("overloaded", "node_unreachable", "session_moved", "cluster_unavailable")
 
@@ -116,24 +158,60 @@ def retry_delay(err: SwitchboardError, attempt: int, elapsed: float, max_retries
     return delay
 
 
-class Retries:
-    """The retries of one request: :meth:`delay` is the wait before the next attempt after the
-    refusal ``err``, or None to raise it (see :func:`retry_delay`)."""
+#: The waits before the re-sends of a request whose connection failed before any answer: at
+#: once (a keep-alive connection the server had just closed), then backing off while the server
+#: restarts (connections refused), at most :data:`RECONNECT_MAX` seconds apart.
+RECONNECT_FIRST, RECONNECT_NEXT, RECONNECT_MAX = 0.0, 0.25, 2.0
 
-    __slots__ = ("max_retries", "budget", "attempt", "started")
+
+def reconnect_delay(reconnect: int) -> float:
+    """The wait before the re-send that follows the ``reconnect``-th failed connection (0-based)."""
+    if reconnect == 0:
+        return RECONNECT_FIRST
+    return min(RECONNECT_MAX, RECONNECT_NEXT * 2 ** (reconnect - 1))
+
+
+class Retries:
+    """The retries of one request, within one bound: at most ``max_retries`` of them, and no
+    wait that would end past ``budget`` seconds from the first failure. :meth:`delay` is the
+    wait before the next attempt after the refusal ``err`` (see :func:`retry_delay`),
+    :meth:`reconnect` the wait before re-sending after a connection that failed before any
+    answer (see :func:`reconnect_delay`); None from either: give up."""
+
+    __slots__ = ("max_retries", "budget", "attempt", "reconnects", "started")
 
     def __init__(self, max_retries: int, budget: float) -> None:
         self.max_retries, self.budget = max_retries, budget
-        self.attempt, self.started = 0, 0.0
+        self.attempt, self.reconnects, self.started = 0, 0, 0.0
 
-    def delay(self, err: SwitchboardError) -> Optional[float]:
+    def _elapsed(self) -> float:
         if self.attempt == 0:
             self.started = time.monotonic()
-        delay = retry_delay(err, self.attempt, time.monotonic() - self.started,
-                            self.max_retries, self.budget)
+        return time.monotonic() - self.started
+
+    def delay(self, err: SwitchboardError) -> Optional[float]:
+        delay = retry_delay(err, self.attempt, self._elapsed(), self.max_retries, self.budget)
         if delay is not None:
             self.attempt += 1
         return delay
+
+    def reconnect(self) -> Optional[float]:
+        elapsed = self._elapsed()
+        delay = reconnect_delay(self.reconnects)
+        if self.attempt >= self.max_retries or elapsed + delay > self.budget:
+            return None
+        self.attempt += 1
+        self.reconnects += 1
+        return delay
+
+
+#: What may be re-sent after a connection that failed before any answer. ``ANY``: every request
+#: the client makes but the creation of a session — a turn (its turn id makes the copy answered
+#: from the first one's answers, never run twice), a client-tool answer (a second one is
+#: ``already_answered``), an approval, a cancel, a delete, a read. ``UNSENT``: only when the
+#: request cannot have reached the server (the connection was refused or never made): a second
+#: ``POST /v1/sessions`` would make a second session.
+RESEND_ANY, RESEND_UNSENT = "any", "unsent"
 
 
 def new_turn_id() -> str:
@@ -313,9 +391,14 @@ class StreamState:
         once the events before it have been acted on."""
         for event, data in self._decoder.feed(chunk):
             if event == "call":
-                yield "call", json.loads(data)
+                call = _event(event, data)
+                if not isinstance(call, dict) or not isinstance(call.get("call_id"), str):
+                    raise bad_response("a malformed `call` event", data, 200)
+                yield "call", call
             elif event == "approval_required":
-                request = json.loads(data)
+                request = _event(event, data)
+                if not isinstance(request, dict) or "approval_id" not in request:
+                    raise bad_response("a malformed `approval_required` event", data, 200)
                 self.approvals.append(request)
                 yield "approval", request
             else:
@@ -325,10 +408,13 @@ class StreamState:
 
     def handle(self, event: str, data: bytes) -> Optional[Tuple[int, Any]]:
         if event == "result":
-            item = json.loads(data)
-            return item["index"], item["result"]
+            item = _event(event, data)
+            try:
+                return int(item["index"]), item["result"]
+            except (KeyError, TypeError, ValueError):
+                raise bad_response("a malformed `result` event", data, 200) from None
         if event == "done":
-            self.answer = json.loads(data)
+            self.answer = _event(event, data)
             self.done = True
             return None
         if event == "error":
@@ -336,9 +422,15 @@ class StreamState:
                 err = json.loads(data).get("error", {})
             except ValueError:
                 err = {}
+            if not isinstance(err, dict):
+                err = {}
             raise SwitchboardError(err.get("code", "internal"),
                                    err.get("message", data.decode("utf-8", "replace")), 200)
         return None
+
+
+def _event(event: str, data: bytes) -> Any:
+    return loads(data, f"the data of an `{event}` event is not JSON", 200)
 
 
 # --- client-tool answers ---------------------------------------------------------------------
@@ -368,17 +460,140 @@ def answer_content(value: Any) -> Any:
 
 
 def answer_body(value: Any = None, error: Optional[BaseException] = None) -> bytes:
+    """The body answering a call with the function's ``value``, or with the ``error`` it
+    raised. Never raises: a value that cannot be sent (blocks holding an object JSON cannot
+    carry, a ``str()`` that raises) is answered as an error naming why, and so is an
+    exception whose ``str()`` raises; text that is not valid Unicode is sent replaced."""
+    if error is None:
+        try:
+            return _answer_bytes({"content": answer_content(value), "is_error": False})
+        except Exception as e:  # noqa: BLE001 - whatever the value does, the call is answered
+            error = e
     if isinstance(error, ToolError):
-        return error_body(str(error.message))
-    if error is not None:
-        text = str(error)
-        name = type(error).__name__
-        return dumps({"content": f"{name}: {text}" if text else name, "is_error": True})
-    return dumps({"content": answer_content(value), "is_error": False})
+        return error_body(safe_text(error.message))
+    name = type(error).__name__
+    text = safe_text(error)
+    return error_body(f"{name}: {text}" if text else name)
 
 
 def error_body(text: str) -> bytes:
-    return dumps({"content": text, "is_error": True})
+    return _answer_bytes({"content": text, "is_error": True})
+
+
+def refused_body(err: SwitchboardError) -> bytes:
+    """The error answer of a call whose answer the server refused (``err``, a 4xx: larger
+    than its ``--max-body``, an image by URL, ...), so the model learns why at once."""
+    return error_body(f"SwitchboardError: the server refused this tool's answer ({err.code}): "
+                      f"{safe_text(err.message)[:1000]}")
+
+
+def safe_text(obj: Any) -> str:
+    """``str(obj)``, or a description of ``obj`` when its ``str()`` raises."""
+    try:
+        return str(obj)
+    except Exception as e:  # noqa: BLE001 - a broken __str__ is the object's, not ours
+        return f"<{type(obj).__name__} object whose str() raised {type(e).__name__}>"
+
+
+def _answer_bytes(document: Any) -> bytes:
+    return _dumps(document).encode("utf-8", "replace")
+
+
+def call_expired(call: Mapping[str, Any], received: float) -> bool:
+    """Whether the deadline of a client-tool call, handed over at ``received``
+    (``time.monotonic()``), has passed: the engine has answered it ``timeout`` itself, so its
+    function must not start."""
+    deadline_ms = call.get("deadline_ms")
+    if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, (int, float)):
+        return False
+    return time.monotonic() - received >= deadline_ms / 1000
+
+
+class CallExpired(Exception):
+    """A client-tool call's deadline passed before its function could start."""
+
+
+def start_in_time(call: Mapping[str, Any], received: float, fn: Callable[..., Any], /,
+                  *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, unless the call's deadline has passed (:class:`CallExpired`)."""
+    if call_expired(call, received):
+        raise CallExpired(call.get("call_id"))
+    return fn(*args, **kwargs)
+
+
+#: Seconds an idle tool thread waits for the next call before it ends, and how many may wait.
+IDLE_S, KEEP_IDLE = 30.0, 32
+_Job = Tuple["Future[Any]", Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
+
+
+class ToolThreads(Executor):
+    """The threads of a client's plain-function client tools. Every call starts at once on a
+    thread of its own — one an earlier call left idle, else a new one — so a function that
+    hangs holds its own thread only, never a place other calls (of this session or any other)
+    wait for. The number of threads is not bounded here: the engine bounds the calls in flight
+    (a turn's calls, ``--max-requests`` turns), and a hung function holds a thread whatever the
+    pool. An idle thread ends after :data:`IDLE_S` seconds; at most :data:`KEEP_IDLE` wait.
+    Daemon threads: the interpreter's exit does not wait for a hung function. After
+    :meth:`shutdown` nothing starts (``submit`` raises ``RuntimeError``)."""
+
+    def __init__(self, name: str = "switchboard-tool") -> None:
+        self._lock = threading.Lock()
+        self._jobs: "queue.SimpleQueue[Optional[_Job]]" = queue.SimpleQueue()
+        self._idle = 0          # threads waiting on _jobs, less the jobs put there for them
+        self._closed = False
+        self._name = name
+        self._numbers = itertools.count(1)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "Future[Any]":
+        future: "Future[Any]" = Future()
+        job: _Job = (future, fn, args, kwargs)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed: no client-tool call starts")
+            if self._idle:
+                self._idle -= 1
+                self._jobs.put(job)
+                return future
+        threading.Thread(target=self._work, args=(job,), daemon=True,
+                         name=f"{self._name}-{next(self._numbers)}").start()
+        return future
+
+    def _work(self, job: Optional[_Job]) -> None:
+        while job is not None:
+            future, fn, args, kwargs = job
+            job = None
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # noqa: BLE001 - handed to the future
+                    future.set_exception(e)
+            del future, fn, args, kwargs
+            job = self._next()
+
+    def _next(self) -> Optional[_Job]:
+        """The next job for a thread that finished one, or None: it ends."""
+        with self._lock:
+            if self._closed or self._idle >= KEEP_IDLE:
+                return None
+            self._idle += 1
+        try:
+            return self._jobs.get(timeout=IDLE_S)
+        except queue.Empty:
+            with self._lock:  # a job put for this thread while it timed out is still its own
+                try:
+                    return self._jobs.get_nowait()
+                except queue.Empty:
+                    self._idle -= 1
+                    return None
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stops starting calls and ends the idle threads; calls running go on (a thread
+        cannot be stopped). Does not wait."""
+        with self._lock:
+            self._closed = True
+            for _ in range(self._idle):
+                self._jobs.put(None)
+            self._idle = 0
 
 
 def prepare(message: Any, format: Optional[str]) -> Tuple[str, Optional[List[str]], bytes]:
@@ -430,9 +645,17 @@ class SessionBase(SessionTools):
 
     def _adopt(self, created: Dict[str, Any]) -> str:
         """Takes the server's answer to the creation; the id last (a set id means created)."""
-        self._workspace = created["workspace"]
-        self._base = f"/v1/sessions/{created['session_id']}"
-        self._id = created["session_id"]
+        try:
+            session_id, workspace = created["session_id"], created["workspace"]
+        except (KeyError, TypeError):
+            raise bad_response("the answer to a session's creation has no session_id and "
+                               "workspace", safe_text(created), 201) from None
+        if not isinstance(session_id, str) or not session_id:
+            raise bad_response("the answer to a session's creation has no session id",
+                               safe_text(created), 201)
+        self._workspace = workspace
+        self._base = f"/v1/sessions/{session_id}"
+        self._id = session_id
         return self._id
 
     @property

@@ -3,9 +3,13 @@
 For notebooks, tests and single-machine harnesses. The binary is the one the ``switchboard-sidecar``
 wheel put beside this Python (the virtualenv's scripts directory), else ``$SWITCHBOARD_BIN``, else
 ``switchboard`` on ``PATH``. The server listens on a free loopback port with a fresh random token
-and a temporary workspace root; closing the client stops it (``SIGTERM``, then ``SIGKILL`` after a
-grace), so does the interpreter's exit, and on Linux so does this process dying any other way (the
-server is started with ``PR_SET_PDEATHSIG``). Nothing here needs the binary until ``local()`` is
+and a temporary workspace root, and says where on a channel of its own (``--ready-fd``: a pipe
+only it writes; never its stderr, where an MCP server's warning may print anything). Closing the
+client cancels its turns in flight and stops the server (``SIGTERM``, then ``SIGKILL`` after a
+grace), so does the interpreter's exit, and so does this process dying any other way: the server
+stops when its stdin, a pipe this process holds, reaches end of file (``--stop-on-stdin-close``),
+and on Linux it also gets ``PR_SET_PDEATHSIG``. Only the process that started a server stops it:
+a forked child that exits leaves it alone. Nothing here needs the binary until ``local()`` is
 called: the pure ``switchboard-client`` install imports it as well.
 """
 
@@ -13,10 +17,11 @@ import asyncio
 import atexit
 import collections
 import concurrent.futures
+import json
 import os
 import queue
-import re
 import secrets
+import select
 import shutil
 import signal
 import stat
@@ -88,17 +93,26 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "cluster_tls_cert": ("--cluster-tls-cert", "value"),
     "cluster_tls_key": ("--cluster-tls-key", "value"),
 }
-# The flags local() sets itself (or refuses), for the check against `--help`.
-MANAGED_FLAGS = ("--listen", "--workspace-root", "--token-file")
+# The flags local() sets itself (or refuses), for the check against `--help`: `--ready-fd`
+# (`--ready-file` where descriptors cannot be passed) and `--stop-on-stdin-close` are how it
+# learns the URL and ties the server's life to its own.
+MANAGED_FLAGS = ("--listen", "--workspace-root", "--token-file", "--ready-fd", "--ready-file",
+                 "--stop-on-stdin-close")
+#: The ``--grace`` (seconds) ``local()`` gives the server unless ``grace=`` says otherwise:
+#: ``close()`` cancels its own turns first, so the grace only spares turns it does not know
+#: (another client of the same server, an exit without ``close()``).
+LOCAL_GRACE = 1.0
 
-_LISTENING = re.compile(r"listening on (http://\S+)")
 _STDERR_LINES = 200
+# Whether the server reports ready on an inherited pipe (else: in a file, polled).
+_READY_BY_FD = os.name == "posix"
 
 
 class LocalServerError(SwitchboardError):
     """The local server could not be found or started. ``code`` is ``binary_not_found``,
-    ``server_exited`` (it ended before it listened; ``stderr`` is what it printed) or
-    ``start_timeout``."""
+    ``server_exited`` (it ended before it was ready; ``stderr`` is what it printed),
+    ``start_timeout`` or ``bad_ready_line`` (what it reported on its ready channel is not
+    ``{"url": ..., "pid": ...}``)."""
 
     def __init__(self, code: str, message: str, stderr: str = ""):
         super().__init__(code, message)
@@ -251,12 +265,16 @@ def _spawn_loop() -> None:
                 future.set_exception(e)
 
 
-def _popen(argv: List[str], env: Dict[str, str]) -> "subprocess.Popen[str]":
+def _popen(argv: List[str], env: Dict[str, str],
+           pass_fds: Tuple[int, ...] = ()) -> "subprocess.Popen[str]":
     def job() -> "subprocess.Popen[str]":
         preexec = _make_preexec(os.getpid()) if _make_preexec else None  # type: ignore[misc]
+        # stdin: a pipe never written, whose end of file (this process gone, however it went)
+        # stops the server (--stop-on-stdin-close).
         return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=env, text=True, errors="replace", start_new_session=True, preexec_fn=preexec)
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=env, text=True, errors="replace", start_new_session=True, preexec_fn=preexec,
+            pass_fds=pass_fds)
 
     global _spawner
     with _spawn_lock:
@@ -281,6 +299,110 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
+# --- the ready channel ---------------------------------------------------------------------
+
+class _ReadyPipe:
+    """``--ready-fd``: a pipe whose write end only the server gets. It writes one line,
+    ``{"pid", "url"}``, once it listens (and keeps the descriptor, unused, until it exits); a
+    server that fails first exits, and the reader sees end of file without a line."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()   # neither inheritable but through pass_fds
+        self._buf = b""
+        self._eof = False
+
+    def args(self) -> List[str]:
+        return ["--ready-fd", str(self._write)]
+
+    def pass_fds(self) -> Tuple[int, ...]:
+        return (self._write,)
+
+    def started(self) -> None:
+        """After the spawn: only the server holds the write end now."""
+        os.close(self._write)
+        self._write = -1
+
+    def line(self, wait: float) -> Optional[bytes]:
+        """The ready line once it has come (at most ``wait`` seconds from now), else None."""
+        if not self._eof and b"\n" not in self._buf:
+            if _readable(self._read, wait):
+                chunk = os.read(self._read, 4096)
+                self._buf += chunk
+                self._eof = not chunk
+        if b"\n" in self._buf:
+            return self._buf.split(b"\n", 1)[0]
+        return None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the server closed its end without a line: it failed before it was ready."""
+        return self._eof and b"\n" not in self._buf
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._read = self._write = -1
+
+
+def _readable(fd: int, wait: float) -> bool:
+    """Whether ``fd`` has bytes (or end of file) within ``wait`` seconds; ``poll`` where there
+    is one (``select`` refuses descriptors past 1023, which a busy process may hand out)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(wait * 1000))
+    return bool(select.select([fd], [], [], wait)[0])
+
+
+class _ReadyFile:
+    """``--ready-file``, where descriptors cannot be passed: the same line, in a file the
+    server writes beside its place and renames into it (never seen half written), polled."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="switchboard-ready-")
+        self._path = os.path.join(self._dir, "ready.json")
+        self.closed = False
+
+    def args(self) -> List[str]:
+        return ["--ready-file", self._path]
+
+    def pass_fds(self) -> Tuple[int, ...]:
+        return ()
+
+    def started(self) -> None:
+        pass
+
+    def line(self, wait: float) -> Optional[bytes]:
+        try:
+            with open(self._path, "rb") as f:
+                return f.read().split(b"\n", 1)[0]
+        except FileNotFoundError:
+            time.sleep(wait)
+            return None
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _ready_url(line: bytes) -> str:
+    """The URL of a ready line, ``{"url": "http://...", "pid": N}``."""
+    try:
+        ready = json.loads(line)
+        url = ready["url"]
+    except (ValueError, KeyError, TypeError):
+        url = None
+    if not isinstance(url, str) or not url.startswith("http://"):
+        raise LocalServerError(
+            "bad_ready_line", f'the server\'s ready line is not {{"url", "pid"}}: {line[:200]!r}')
+    return url.rstrip("/")
+
+
+# --- the servers of this process -------------------------------------------------------------
+
 _live: "set[LocalServer]" = set()
 _live_lock = threading.Lock()
 
@@ -296,15 +418,35 @@ def _stop_all() -> None:
             pass
 
 
+def _forget_in_child() -> None:
+    """In a child forked from this process the servers are the parent's: forget them (the
+    child's exit stops none), and point the child's copy of each server's stdin pipe at
+    ``/dev/null``, so that the pipe still reaches end of file when the parent goes (even while
+    the child lives). The locks a thread of the parent may have held are made anew."""
+    global _live, _live_lock, _spawn_queue, _spawn_lock, _spawner
+    servers = list(_live)
+    _live, _live_lock = set(), threading.Lock()
+    _spawn_queue, _spawn_lock, _spawner = queue.Queue(), threading.Lock(), None
+    for server in servers:
+        server._disown()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 class LocalServer:
     """A ``switchboard serve`` process ``local()`` started. ``base_url``, ``token``, ``pid``,
     ``binary``, ``argv`` and ``workspace_root`` describe it; ``stderr()`` is the tail of its
-    log; ``stop()`` ends it (idempotent; the client's ``close()`` calls it)."""
+    log; ``stop()`` ends it (idempotent; the client's ``close()`` calls it). Only the process
+    that started it stops it (``owned``): in a forked child ``stop()`` does nothing."""
 
     def __init__(self, *, binary: Optional[str] = None, workspace_root: Optional[str] = None,
                  listen: str = "127.0.0.1:0", token: Optional[str] = None,
                  startup_timeout: float = 30.0, stop_timeout: float = 15.0,
                  env: Optional[Dict[str, str]] = None, **serve_options: Any):
+        if "grace" not in serve_options:
+            serve_options["grace"] = LOCAL_GRACE
         extra = serve_args(**serve_options)  # refuses an unknown option before anything starts
         self.binary = os.path.abspath(binary) if binary else find_binary()
         self.token = token or secrets.token_urlsafe(32)
@@ -314,20 +456,27 @@ class LocalServer:
             self._tmp = tempfile.mkdtemp(prefix="switchboard-local-")
             workspace_root = os.path.join(self._tmp, "workspaces")
         self.workspace_root = os.path.abspath(os.fspath(workspace_root))
+        ready = _ReadyPipe() if _READY_BY_FD else _ReadyFile()
         self.argv = [self.binary, "serve", "--listen", listen,
-                     "--workspace-root", self.workspace_root, *extra]
+                     "--workspace-root", self.workspace_root, *ready.args(),
+                     "--stop-on-stdin-close", *extra]
         child_env = dict(os.environ if env is None else env)
         child_env["SWITCHBOARD_TOKEN"] = self.token
         self.base_url = ""
         self.returncode: Optional[int] = None
+        self._owner = os.getpid()
         self._lines: Deque[str] = collections.deque(maxlen=_STDERR_LINES)
-        self._ready = threading.Event()
         self._stop_lock = threading.Lock()
         try:
-            self._proc = _popen(self.argv, child_env)
-        except OSError as e:
+            self._proc = _popen(self.argv, child_env, ready.pass_fds())
+        except BaseException as e:
+            ready.close()
             self._remove_tmp()
-            raise LocalServerError("server_exited", f"could not start {self.binary}: {e}") from e
+            if isinstance(e, OSError):
+                raise LocalServerError("server_exited",
+                                       f"could not start {self.binary}: {e}") from e
+            raise
+        ready.started()
         self.pid = self._proc.pid
         with _live_lock:
             _live.add(self)
@@ -335,44 +484,72 @@ class LocalServer:
                                         name=f"switchboard-local-{self.pid}-stderr")
         self._reader.start()
         try:
-            self._wait_ready(startup_timeout)
+            self.base_url = self._wait_ready(ready, startup_timeout)
         except BaseException:
             self.stop()
             raise
+        finally:
+            ready.close()
 
     def _read_stderr(self) -> None:
+        """Keeps the tail of the server's log, for error messages (never to learn its URL)."""
         stream = self._proc.stderr
         assert stream is not None
-        for line in stream:
-            self._lines.append(line.rstrip("\n"))
-            if not self._ready.is_set():
-                m = _LISTENING.search(line)
-                if m:
-                    self.base_url = m.group(1)
-                    self._ready.set()
-        self._ready.set()  # EOF: the process ended (or closed stderr)
+        try:
+            for line in stream:
+                self._lines.append(line.rstrip("\n"))
+        except (OSError, ValueError):  # closed by stop()
+            pass
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, ready: Any, timeout: float) -> str:
+        """The URL the server reports on its ready channel, once it listens."""
         deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.05):
-            if self._proc.poll() is not None:
-                self._reader.join(1.0)  # what it printed before it ended
+        while True:
+            line = ready.line(0.05)
+            if line is not None:
+                return _ready_url(line)
+            if ready.closed or self._proc.poll() is not None:
                 break
             if time.monotonic() > deadline:
                 raise LocalServerError(
                     "start_timeout",
-                    f"{self.binary} serve did not report listening within {timeout:g} s"
+                    f"{self.binary} serve did not report ready within {timeout:g} s"
                     + self._stderr_suffix(), self.stderr())
-        if not self.base_url:
-            code = self._proc.wait(5) if self._proc.poll() is None else self._proc.returncode
-            raise LocalServerError(
-                "server_exited",
-                f"{' '.join(self.argv)} exited with status {code} before it listened"
-                + self._stderr_suffix(), self.stderr())
+        try:
+            code: Any = self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = "none yet (it closed its ready channel without a line)"
+        self._reader.join(1.0)  # what it printed before it ended
+        raise LocalServerError(
+            "server_exited",
+            f"{' '.join(self.argv)} exited with status {code} before it was ready"
+            + self._stderr_suffix(), self.stderr())
 
     def _stderr_suffix(self) -> str:
         text = self.stderr().strip()
+        if "--ready-fd" in text and "unexpected argument" in text:
+            return (f"; {self.binary} is older than this client (it has no --ready-fd): use the "
+                    f"binary of the same release. Its stderr:\n{text}")
         return f"; its stderr:\n{text}" if text else "; it printed nothing on stderr"
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process started the server (not a child forked from it)."""
+        return os.getpid() == self._owner
+
+    def _disown(self) -> None:
+        """In a forked child: this copy of the stdin pipe no longer keeps the server alive."""
+        stdin = self._proc.stdin
+        if stdin is None:
+            return
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, stdin.fileno())
+            finally:
+                os.close(null)
+        except (OSError, ValueError):
+            pass
 
     def stderr(self) -> str:
         """The last lines the server printed on stderr (its log)."""
@@ -382,11 +559,15 @@ class LocalServer:
     def running(self) -> bool:
         return self._proc.poll() is None
 
-    def stop(self, timeout: Optional[float] = None) -> int:
-        """Stops the server: ``SIGTERM`` (it lets turns in flight finish within its ``--grace``,
-        then cancels them; their commands die with it), ``SIGKILL`` if it has not exited after
-        ``timeout`` seconds (default ``stop_timeout``), then ``SIGKILL`` to whatever is left in
-        its process group; removes the temporary workspace root. Returns its exit status."""
+    def stop(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Stops the server: closes its stdin and sends ``SIGTERM`` (it lets turns in flight
+        finish within its ``--grace``, then cancels them; their commands die with it),
+        ``SIGKILL`` if it has not exited after ``timeout`` seconds (default ``stop_timeout``),
+        then ``SIGKILL`` to whatever is left in its process group; removes the temporary
+        workspace root. Returns its exit status. In a process forked from the one that started
+        it, does nothing and returns None: the server is the parent's."""
+        if not self.owned:
+            return None
         with self._stop_lock:
             if self.returncode is not None:
                 return self.returncode
@@ -394,11 +575,14 @@ class LocalServer:
             proc = self._proc
             if proc.poll() is None:
                 try:
-                    proc.send_signal(signal.SIGTERM)
+                    if hasattr(signal, "SIGKILL"):  # elsewhere send_signal(SIGTERM) kills
+                        proc.send_signal(signal.SIGTERM)
+                    self._close_stdin()
                     proc.wait(timeout)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            self._close_stdin()
             if hasattr(os, "killpg"):
                 try:  # stragglers in its process group (start_new_session made it the leader)
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -413,6 +597,13 @@ class LocalServer:
             self._remove_tmp()
             return self.returncode
 
+    def _close_stdin(self) -> None:
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        except OSError:
+            pass
+
     def _remove_tmp(self) -> None:
         if self._tmp is not None:
             _rmtree(self._tmp)
@@ -425,17 +616,31 @@ class LocalServer:
 
 class LocalClient(Client):
     """A :class:`Client` connected to a server ``local()`` started (``server``); ``close()``
-    (and leaving ``with``) stops that server too."""
+    (and leaving ``with``) cancels this client's turns in flight and stops that server too."""
 
     def __init__(self, server: LocalServer, **client_options: Any):
         self.server = server
         super().__init__(server.base_url, token=server.token, **client_options)
 
     def close(self) -> None:
-        try:
+        """Cancels the turns this client has in flight (their calls are answered
+        ``cancelled``, their commands killed), closes the connections and stops the server.
+        In a child forked from the process that called ``local()``, closes this copy of the
+        connections only: the server, and its turns, are the parent's."""
+        if not self.server.owned:
             super().close()
+            return
+        try:
+            for session in self._turns_in_flight():
+                try:
+                    session.cancel()
+                except SwitchboardError:
+                    pass
         finally:
-            self.server.stop()
+            try:
+                super().close()
+            finally:
+                self.server.stop()
 
     def __enter__(self) -> "LocalClient":
         return self
@@ -450,10 +655,21 @@ class AsyncLocalClient(AsyncClient):
         super().__init__(server.base_url, token=server.token, **client_options)
 
     async def close(self) -> None:
-        try:
+        """See :meth:`LocalClient.close`."""
+        if not self.server.owned:
             await super().close()
+            return
+        try:
+            for session in self._turns_in_flight():
+                try:
+                    await session.cancel()
+                except SwitchboardError:
+                    pass
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, self.server.stop)
+            try:
+                await super().close()
+            finally:
+                await asyncio.get_running_loop().run_in_executor(None, self.server.stop)
 
     async def __aenter__(self) -> "AsyncLocalClient":
         return self
@@ -482,8 +698,9 @@ def local(**options: Any) -> LocalClient:
     :func:`find_binary`), ``env`` (the server's environment; default this process's),
     ``startup_timeout`` (30 s), ``stop_timeout`` (seconds between SIGTERM and SIGKILL, 15), and
     the :class:`Client` keywords ``timeout``, ``max_retries``, ``retry_budget_s``,
-    ``max_connections``. A server that cannot start raises :class:`LocalServerError` with its
-    stderr."""
+    ``max_connections``. ``grace`` is 1 s unless given (:data:`LOCAL_GRACE`; ``None``: the
+    server's own): ``close()`` cancels this client's turns in flight before it stops the server.
+    A server that cannot start raises :class:`LocalServerError` with its stderr."""
     client_options = _split(options, _CLIENT_OPTIONS)
     server = LocalServer(**options)
     try:

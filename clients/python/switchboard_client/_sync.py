@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+import http.client
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import weakref
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import urllib3
@@ -25,8 +27,11 @@ class Client:
     ``token`` defaults to the ``SWITCHBOARD_TOKEN`` environment variable. ``timeout`` is the
     read timeout in seconds (None: none, since a call may run for minutes); connecting waits at
     most 10 s. A request refused ``overloaded`` (or a cluster's ``node_unreachable``,
-    ``session_moved`` or ``cluster_unavailable``) is retried after its ``Retry-After``, at most ``max_retries`` times within
-    ``retry_budget_s`` seconds."""
+    ``session_moved`` or ``cluster_unavailable``) is retried after its ``Retry-After``, and one
+    whose connection failed before any answer is sent again (a session's creation only when it
+    cannot have reached the server), at most ``max_retries`` times within ``retry_budget_s``
+    seconds. ``close()`` is final: afterwards no client-tool call starts and no late answer is
+    posted."""
 
     def __init__(self, base_url: str = c.DEFAULT_BASE_URL, token: Optional[str] = None, *,
                  timeout: Optional[float] = None, max_retries: int = 5,
@@ -40,27 +45,39 @@ class Client:
             retries=False)
         self.max_retries = max_retries
         self.retry_budget_s = retry_budget_s
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._executor: Optional[c.ToolThreads] = None
         self._executor_lock = threading.Lock()
+        self._closed = False
+        self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()  # created here
 
     # --- transport ---
 
     def _urlopen(self, method: str, path: str, body: Optional[bytes], headers: Dict[str, str],
-                 stream: bool) -> Any:
-        """Sends one request, retrying ``overloaded``; returns the response (status < 400)."""
+                 resend: str = c.RESEND_ANY) -> Any:
+        """Sends one request; returns the response (status < 400) with its body unread. Retries
+        ``overloaded`` (and the cluster's refusals), and re-sends the request when its
+        connection failed before any answer, if ``resend`` allows (see :data:`c.RESEND_ANY`)."""
         retries = c.Retries(self.max_retries, self.retry_budget_s)
         url = self._prefix + path
         while True:
             try:
                 resp = self._pool.urlopen(method, url, body=body, headers=headers, retries=False,
-                                          redirect=False, preload_content=not stream,
+                                          redirect=False, preload_content=False,
                                           assert_same_host=False)
             except urllib3.exceptions.HTTPError as e:
-                raise c.connection_error(e) from e
+                failed = _failed_before_answer(e)
+                if failed is None:
+                    raise _transport_error(e) from e
+                delay = retries.reconnect() \
+                    if failed == c.RESEND_UNSENT or resend == c.RESEND_ANY else None
+                if delay is None:
+                    raise c.connection_error(e) from e
+                time.sleep(delay)
+                continue
             if resp.status < 400:
                 return resp
             try:
-                data = resp.data if not stream else resp.read()
+                data = resp.read()
             except urllib3.exceptions.HTTPError:
                 data = b""
             finally:
@@ -72,19 +89,35 @@ class Client:
             time.sleep(delay)
 
     def _request(self, method: str, path: str, body: Optional[bytes] = None,
-                 headers: Optional[Dict[str, str]] = None) -> Any:
+                 headers: Optional[Dict[str, str]] = None, resend: str = c.RESEND_ANY) -> Any:
         resp = self._urlopen(method, path, body,
                              headers or (self._json_headers if body is not None else self._headers),
-                             False)
-        data = resp.data
-        return json.loads(data) if data else None
+                             resend)
+        try:
+            data = resp.read()
+        except urllib3.exceptions.HTTPError as e:
+            raise _transport_error(e) from e
+        finally:
+            resp.release_conn()
+        return c.json_answer(data, resp.headers.get("content-type"), resp.status)
 
-    def _tool_executor(self) -> ThreadPoolExecutor:
+    def _tool_executor(self) -> c.ToolThreads:
         if self._executor is None:
             with self._executor_lock:
                 if self._executor is None:
                     self._executor = c.tool_executor()
         return self._executor
+
+    def _start_call(self, session: "Session", call: Dict[str, Any]) -> None:
+        """Starts a client-tool call on a thread of its own (none once the client is closed:
+        the server answers it ``cancelled`` or ``timeout``)."""
+        try:
+            if not self._closed:
+                self._tool_executor().submit(session._run_call, call, time.monotonic())
+                return
+        except RuntimeError:  # closed meanwhile
+            pass
+        log.debug("switchboard: client closed; client call %s not started", call["call_id"])
 
     # --- API ---
 
@@ -104,9 +137,18 @@ class Client:
         return self._request("GET", "/healthz")
 
     def close(self) -> None:
+        """Closes the connections. From now on no client-tool call starts, and the answers of
+        calls still running are dropped without a word (the server has answered them itself,
+        or will: ``cancelled`` when their turn's stream ends, else ``timeout``)."""
+        self._closed = True
+        with self._executor_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
         self._pool.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+
+    def _turns_in_flight(self) -> List["Session"]:
+        """The open sessions of this client with a turn in flight."""
+        return [s for s in list(self._sessions) if s._in_flight and not s._closed]
 
     def __enter__(self) -> "Client":
         return self
@@ -126,6 +168,7 @@ class Session(c.SessionBase):
         self._client: Client = client
         self._created: Any = None
         self._lock = threading.Lock()
+        self._in_flight = 0     # turns of this session running now (dispatch, stream)
 
     # --- creation ---
 
@@ -141,10 +184,23 @@ class Session(c.SessionBase):
             if self._id is None:
                 if self._closed:
                     raise SwitchboardError("unknown_session", "the session is closed", 404)
-                created = self._client._request("POST", "/v1/sessions", self._create_body())
+                created = self._client._request("POST", "/v1/sessions", self._create_body(),
+                                                resend=c.RESEND_UNSENT)
                 self._created = created
+                self._client._sessions.add(self)
                 return self._adopt(created)
         return self._id
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Counts a turn in flight while the block runs (``local()``'s close cancels them)."""
+        with self._lock:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
 
     @property
     def id(self) -> str:
@@ -162,19 +218,50 @@ class Session(c.SessionBase):
     def _tools_fixed(self) -> bool:
         return self._id is not None or self._closed
 
-    def _run_call(self, call: Dict[str, Any]) -> None:
-        """Runs one client-tool call (in a worker thread) and posts its answer, once."""
-        entry, missing = self._call_entry(call)
-        body = _call_body(entry, call.get("input"), ToolCallContext.from_event(call)) \
-            if entry is not None else c.error_body(missing)
-        self._answer(call["call_id"], body)
+    def _run_call(self, call: Dict[str, Any], received: float) -> None:
+        """Runs one client-tool call (on a thread of its own) and posts its answer, once —
+        unless its deadline passed before the thread took it (the engine answered it
+        ``timeout``: the function never starts) or the client closed. Never raises."""
+        call_id = call["call_id"]
+        try:
+            if self._client._closed:
+                return
+            if c.call_expired(call, received):
+                log.info("switchboard: client call %s (%s) not started: its deadline passed "
+                         "before a thread took it", call_id, call.get("name"))
+                return
+            entry, missing = self._call_entry(call)
+            body = _call_body(entry, call.get("input"), ToolCallContext.from_event(call)) \
+                if entry is not None else c.error_body(missing)
+            self._answer(call_id, body)
+        except BaseException as e:  # noqa: BLE001 - a worker never dies with its call unanswered
+            log.warning("switchboard: client call %s failed in the client: %s", call_id,
+                        c.safe_text(e))
+            self._answer(call_id, c.answer_body(error=e))
 
     def _answer(self, call_id: str, body: bytes) -> None:
+        """Posts a call's answer. An answer the server refuses (4xx: larger than its
+        ``--max-body``, an image by URL, ...) is logged, and the call answered at once with an
+        error naming why; a late one (the call already answered) is dropped, and so is any
+        answer once the client is closed."""
+        if self._client._closed:
+            return
         try:
             self._client._request("POST", f"{self._base}/calls/{call_id}", body)
         except SwitchboardError as e:
-            if e.code not in c.LATE_ANSWER_CODES:
-                log.warning("switchboard: answering client call %s failed: %s", call_id, e)
+            if e.code in c.LATE_ANSWER_CODES or self._client._closed:
+                return
+            log.warning("switchboard: the server refused the answer to client call %s: %s",
+                        call_id, e)
+            if e.status is None or not 400 <= e.status < 500:
+                return
+            try:
+                self._client._request("POST", f"{self._base}/calls/{call_id}",
+                                      c.refused_body(e))
+            except SwitchboardError as again:
+                if again.code not in c.LATE_ANSWER_CODES and not self._client._closed:
+                    log.warning("switchboard: answering client call %s with an error failed "
+                                "too: %s", call_id, again)
 
     # --- dispatch ---
 
@@ -195,8 +282,9 @@ class Session(c.SessionBase):
                 pass
             return stream.answer
         headers = {**self._client._json_headers, c.TURN_HEADER: tid}
-        return self._client._request("POST", f"{self._base}/dispatch?format={fmt}", body,
-                                     headers)
+        with self._turn():
+            return self._client._request("POST", f"{self._base}/dispatch?format={fmt}", body,
+                                         headers)
 
     def start(self, message: Any, format: Optional[str] = None, *,
               turn_id: Optional[str] = None) -> "Turn":
@@ -281,9 +369,34 @@ def _call_body(entry: ToolEntry, input: Any, context: ToolCallContext) -> bytes:
                 value = asyncio.run(entry.fn(*args, **kwargs))  # type: ignore[misc]
             else:
                 value = entry.fn(*args, **kwargs)  # type: ignore[misc]
-        return c.answer_body(value)
-    except Exception as e:  # a failing tool is a result, never a crashed loop
+    except BaseException as e:  # noqa: BLE001 - a failing tool is a result (SystemExit too)
         return c.answer_body(error=e)
+    return c.answer_body(value)
+
+
+def _failed_before_answer(e: urllib3.exceptions.HTTPError) -> Optional[str]:
+    """What may be sent again after ``e``, raised before any answer arrived:
+    :data:`c.RESEND_UNSENT` when the request cannot have reached the server (no connection was
+    made), :data:`c.RESEND_ANY` when it may have (the connection was closed or reset without an
+    answer: a keep-alive connection the server had just closed, a server that stopped), None
+    when it must not be (a read timeout: the server is working on it; a closed client)."""
+    if isinstance(e, urllib3.exceptions.ConnectTimeoutError):  # NewConnectionError too
+        return c.RESEND_UNSENT
+    if isinstance(e, urllib3.exceptions.ProtocolError) and e.args \
+            and isinstance(e.args[-1], ConnectionError):
+        return c.RESEND_ANY
+    return None
+
+
+def _transport_error(e: urllib3.exceptions.HTTPError) -> SwitchboardError:
+    """A failure of the transport as the client's error: ``bad_response`` when what came back
+    is not HTTP, else ``connection_error``."""
+    cause = e.args[-1] if e.args else None
+    if isinstance(e, urllib3.exceptions.ProtocolError) \
+            and isinstance(cause, http.client.HTTPException) \
+            and not isinstance(cause, ConnectionError):
+        return c.bad_response("the server's answer is not HTTP", c.safe_text(cause))
+    return c.connection_error(e)
 
 
 class DispatchStream(c.StreamBase):
@@ -299,31 +412,47 @@ class DispatchStream(c.StreamBase):
     def _run(self) -> Iterator[Tuple[int, Any]]:
         session = self._session
         session._ensure()
+        with session._turn():
+            yield from self._events()
+
+    def _events(self) -> Iterator[Tuple[int, Any]]:
+        session = self._session
         client = session._client
         path, headers = self._request()
-        resp = client._urlopen("POST", path, self._body, headers, True)
+        resp = client._urlopen("POST", path, self._body, headers)
         state = self._state
         complete = False
         try:
+            c.check_event_stream(resp.headers.get("content-type"), resp.status)
             chunks = resp.read_chunked() if resp.chunked else iter(lambda: resp.read1(65536), b"")
             for chunk in chunks:
                 for kind, value in state.feed(chunk):
                     if kind == "call":
-                        client._tool_executor().submit(session._run_call, value)
+                        client._start_call(session, value)
                     elif kind == "approval":
-                        allow = bool(self._on_approval and self._on_approval(value))
-                        session.approve(value["approval_id"], allow)
+                        self._approve(value)
                     else:
                         yield value
             complete = True
         except urllib3.exceptions.HTTPError as e:
-            raise c.connection_error(e) from e
+            raise _transport_error(e) from e
         finally:
             if not complete:
                 resp.close()  # stopped early: drop the connection rather than drain the turn
             resp.release_conn()
         if not state.done:
             raise SwitchboardError("connection_error", "the stream ended before `done`")
+
+    def _approve(self, request: Any) -> None:
+        allow = bool(self._on_approval and self._on_approval(request))
+        try:
+            self._session.approve(request["approval_id"], allow)
+        except SwitchboardError as e:
+            if e.code != "unknown_approval":
+                raise
+            # Not waiting any more: answered (by this answer, when it was sent again after a
+            # broken connection) or timed out; the call's result says which.
+            log.info("switchboard: approval %s was no longer waiting", request["approval_id"])
 
     def __iter__(self) -> Iterator[Tuple[int, Any]]:
         if self._iter is None:

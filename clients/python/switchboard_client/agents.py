@@ -12,14 +12,15 @@
 
 The SDK runs the function calls of one model response concurrently (one task per call). Here each
 returned ``FunctionTool`` hands its call to a shared collector instead of running it: the hook's
-``on_llm_end`` tells the collector which calls the response holds, and once they have all arrived
-(or, for calls the SDK does not invoke — a pending approval, a rejecting guardrail — after a 5 ms
-quiet window) they go to the sidecar as one turn, in the model's order. The engine validates and
-plans them — conflicting calls run in call order, the rest overlap — runs the built-ins itself
-and hands each Python tool's call back, where the original tool runs on the run's event loop with
-the SDK's own ``ToolContext``. Each invocation returns its own call's result: exactly one per
-call; a failure is the engine's error text. Without the hooks the collector still works, in
-arrival order, after the quiet window.
+``on_llm_end`` tells the collector which calls the response holds (and the response's id, which
+names the turn), and once they have all arrived (or, for calls the SDK does not invoke — a
+pending approval, a rejecting guardrail — after a 5 ms quiet window) they go to the sidecar as
+one turn, in the model's order. The engine validates and plans them — conflicting calls run in
+call order, the rest overlap; a tool declaring neither ``concurrency_safe`` nor ``access``
+overlaps, as the SDK runs it — runs the built-ins itself and hands each Python tool's call back,
+where the original tool runs on the run's event loop with the SDK's own ``ToolContext``. Each
+invocation returns its own call's result: exactly one per call; a failure is the engine's error
+text. Without the hooks the collector still works, in arrival order, after the quiet window.
 
 One ``switchboard_tools(...)`` bundle is one sidecar session: make one per conversation.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import hashlib
 import json
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -43,11 +45,17 @@ from ._async import AsyncClient
 from ._bridge import (BUILTIN_NAMES, DEFAULT_URL, URL_ENV, args_key, on_loop,  # noqa: F401
                       run_cancellable)
 from ._common import SwitchboardError, ToolError
+from ._sync import Client
 
 __all__ = ["switchboard_tools", "SwitchboardHooks", "BUILTIN_NAMES"]
 
 GATHER_WINDOW_S = 0.005        # quiet time after the last arrival before a partial turn goes
 _DEFAULT_FAILURE_ATTR = "_function_tool_default_failure_handled"
+_FAKE_ID = "__fake_id__"       # the SDK's item id for a model that gives none (Chat Completions)
+#: What a function tool that declares neither ``concurrency_safe`` nor ``access`` gets: the
+#: concurrency the SDK gives it (a response's calls run at once). With the engine's defaults
+#: otherwise: a 120 s deadline, effect ``side_effect``.
+FRAMEWORK_DEFAULTS: Dict[str, Any] = {"concurrency_safe": True}
 
 
 class _LoopThread(_bridge.LoopThread):
@@ -55,6 +63,23 @@ class _LoopThread(_bridge.LoopThread):
 
     thread_name = "switchboard-agents"
     caller = "switchboard_tools"
+
+
+def response_turn_id(response_id: Optional[str], batch: Sequence["_Invocation"]
+                     ) -> Optional[str]:
+    """The turn id of a batch of one model response's calls: ``oa-`` and a digest of the
+    response's id, or of its items' own ids, with each call's id, name and arguments — the same
+    response run again is the same turn (answered from the engine's memory), a new response
+    that reuses call ids a new one. None when the model gives neither id (Chat Completions):
+    the client then names the turn after the message it sends."""
+    items = [getattr(getattr(inv.ctx, "tool_call", None), "id", None) for inv in batch]
+    items = [i if i not in (None, _FAKE_ID, inv.call_id) else None
+             for i, inv in zip(items, batch)]
+    if not response_id and not any(items):
+        return None
+    key = json.dumps([response_id, [[inv.call_id, item, inv.name, inv.arguments]
+                                    for inv, item in zip(batch, items)]])
+    return "oa-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def _text(content: Any) -> str:
@@ -106,6 +131,7 @@ class _Bridge:
         self.workspace, self.sandbox = workspace, sandbox
         self.options, self.schemas = options, schemas
         self.expected: List[str] = []         # the call ids of the last response, in order
+        self.response_ids: Dict[str, str] = {}   # call id -> its response's id (last response)
         self.arrived: Dict[str, _Invocation] = {}
         self.wake: Optional[asyncio.Event] = None
         self.collector: Optional[asyncio.Task] = None
@@ -121,7 +147,7 @@ class _Bridge:
     def _ensure_session(self) -> Any:
         if self.session is None:
             if self.client is None:
-                self.client = _bridge.make_client(self.client_arg)
+                self.client = _bridge.own_client(self.client_arg)
             kwargs: Dict[str, Any] = {}
             if self.sandbox is not None:
                 kwargs["sandbox"] = self.sandbox
@@ -158,8 +184,9 @@ class _Bridge:
 
     # ---- the collector ---------------------------------------------------------------------
 
-    async def expect(self, call_ids: List[str]) -> None:
+    async def expect(self, call_ids: List[str], response_id: Optional[str] = None) -> None:
         self.expected = list(call_ids)
+        self.response_ids = {c: response_id for c in call_ids} if response_id else {}
 
     async def submit(self, inv: _Invocation) -> Any:
         self.arrived[inv.call_id] = inv
@@ -230,10 +257,14 @@ class _Bridge:
                 if isinstance(args, dict):
                     self.claims[args_key(inv.name, args)].append(inv.call_id)
             self.turns += 1
+            response_ids = {self.response_ids.get(inv.call_id) for inv in batch}
+            turn_id = response_turn_id(
+                response_ids.pop() if len(response_ids) == 1 else None, batch)
             for attempt in (1, 2):
                 try:
                     answer = await run_cancellable(session, {"role": "assistant",
-                                                             "content": blocks})
+                                                             "content": blocks},
+                                                   turn_id=turn_id)
                     break
                 except SwitchboardError as e:
                     # The server closed the session (idle timeout, restart): nothing of the
@@ -270,7 +301,7 @@ class _Bridge:
                 await session.close()
             except Exception:
                 pass
-        if self.client is not None and self.client is not self.client_arg:
+        if self.client is not None:
             client, self.client = self.client, None
             await client.close()
 
@@ -287,7 +318,7 @@ class SwitchboardHooks(RunHooks):
         ids = [item.call_id for item in getattr(response, "output", [])
                if getattr(item, "type", None) == "function_call"
                and getattr(item, "name", None) in self._bridge.tools]
-        await self._loop.arun(self._bridge.expect(ids))
+        await self._loop.arun(self._bridge.expect(ids, getattr(response, "response_id", None)))
 
     @property
     def session(self) -> Any:
@@ -310,7 +341,7 @@ class SwitchboardHooks(RunHooks):
 def switchboard_tools(
     tools: Sequence[Union[FunctionTool, Callable[..., Any]]],
     *,
-    client: Union[AsyncClient, str, None] = None,
+    client: Union[Client, AsyncClient, str, None] = None,
     session: Any = None,
     builtins: Union[bool, Iterable[str]] = True,
     workspace: Optional[str] = None,
@@ -323,24 +354,31 @@ def switchboard_tools(
         tools: ``FunctionTool`` objects (``@function_tool``) or plain functions (wrapped with
             ``function_tool``). Each keeps its name, description, schema, guardrails, approval
             and timeout settings; the engine calls the original with the SDK's ``ToolContext``.
-        client: an :class:`~switchboard_client.AsyncClient` or a base URL; default
-            ``$SWITCHBOARD_URL`` (else ``http://127.0.0.1:7420``) and ``$SWITCHBOARD_TOKEN``.
-            It is driven from a private event-loop thread: do not share it.
+        client: a :class:`~switchboard_client.Client` or
+            :class:`~switchboard_client.AsyncClient` (``local()``, ``local_async()``), or a base
+            URL; default ``$SWITCHBOARD_URL`` (else ``http://127.0.0.1:7420``) and
+            ``$SWITCHBOARD_TOKEN``. The bundle opens its own connections to that client's
+            server (its token, timeout and retries): the client stays yours.
         session: an ``AsyncClient.session()`` not yet created on the server, instead of a new one.
         builtins: ``True`` (default) adds ``bash``, ``read_file``, ``write_file``, ``edit_file``
             and ``glob`` as function tools the engine runs itself; a list of names adds those;
             ``False`` none.
         workspace, sandbox: for the new session (a named workspace, a narrower sandbox).
         tool_options: per tool name: ``concurrency_safe``, ``access``, ``timeout_ms``,
-            ``output_cap`` (a tool without them runs alone in its turn), ``defer`` (marks the
-            tool in the session's catalog only: the ``Agent`` still sends every tool it has),
+            ``output_cap`` (a tool declaring neither ``concurrency_safe`` nor ``access`` gets
+            :data:`FRAMEWORK_DEFAULTS`: it overlaps with the response's other calls, as the SDK
+            runs it; ``concurrency_safe: False`` runs it alone, in call order), ``defer``
+            (marks the tool in the session's catalog only: the ``Agent`` still sends every tool
+            it has),
             ``effect`` (``read_only``, ``idempotent`` or ``side_effect``: what a retry after
             a crash gets).
 
     Returns ``(function_tools, hooks)``: give the tools to the ``Agent`` and the hooks to
     ``Runner.run(..., hooks=hooks)``.
     """
-    _bridge.check_client(client)
+    if client is not None and not isinstance(client, (Client, AsyncClient, str)):
+        raise TypeError("client must be a Client, an AsyncClient or a base URL, not "
+                        f"{type(client).__name__}")
     originals: Dict[str, Optional[FunctionTool]] = {}
     schemas: Dict[str, Tuple[str, Dict[str, Any]]] = {}
     for t in tools:
@@ -352,6 +390,8 @@ def switchboard_tools(
     options = {n: dict((tool_options or {}).get(n, {})) for n in originals}
     for n, o in options.items():
         _bridge.check_options(n, o)
+        if "concurrency_safe" not in o and "access" not in o:
+            o.update(FRAMEWORK_DEFAULTS)
     wanted = list(BUILTIN_NAMES) if builtins is True else list(builtins or [])
     for name in wanted:
         if name in originals:

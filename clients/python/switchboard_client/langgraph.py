@@ -1,18 +1,23 @@
-"""LangGraph adapter: a drop-in ``ToolNode`` that runs a model turn's tool calls through Switchboard.
+"""LangGraph adapter: a drop-in ``ToolNode``, and a middleware for LangChain's ``create_agent``,
+that run a model turn's tool calls through Switchboard.
 
 ::
 
-    from switchboard_client.langgraph import ToolNode, builtin_tools
+    from switchboard_client.langgraph import SwitchboardMiddleware, ToolNode, builtin_tools
 
     tools = [lookup_order, refund] + builtin_tools()      # LangChain tools + bash, read_file, ...
     graph = create_react_agent(model, tools=ToolNode(tools))
+    agent = create_agent(model, tools=tools, middleware=[SwitchboardMiddleware()])
 
-One AI message's ``tool_calls`` are ONE turn of a sidecar session, in the model's order: the
-engine validates every call against its schema, plans them (conflicting calls run in call order,
-the rest overlap), runs the built-ins itself and hands each LangChain tool's call back to this
-process, where the tool runs exactly as LangGraph's own ``ToolNode`` would run it (state, store
-and ``ToolRuntime`` injection, ``handle_tool_errors``, ``Command`` returns). Every call gets
-exactly one ``ToolMessage`` with its ``tool_call_id``; a failure is ``status="error"``.
+One AI message's ``tool_calls`` are ONE turn of a sidecar session, in the model's order, named
+after the message's id: the engine validates every call against its schema, plans them
+(conflicting calls run in call order, the rest overlap), runs the built-ins itself and hands each
+LangChain tool's call back to this process, where the tool runs exactly as LangGraph's own
+``ToolNode`` would run it (state, store and ``ToolRuntime`` injection, ``handle_tool_errors``,
+``Command`` returns) — under the middleware, through ``create_agent``'s own tool execution. Every
+call gets exactly one ``ToolMessage`` with its ``tool_call_id``; a failure is ``status="error"``.
+A LangChain tool that declares nothing (no ``concurrency_safe`` or ``access``) overlaps with the
+turn's other calls, as LangGraph runs it.
 
 One sidecar session per conversation: keyed by ``config["configurable"]["thread_id"]`` when there
 is one, else one session for the node. The sessions live on a private event-loop thread, so the
@@ -24,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import dataclasses
 import hashlib
 import json
+import threading
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -33,6 +40,7 @@ try:
     from langchain_core.messages import AIMessage, ToolMessage
     from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, StructuredTool
+    from langchain_core.tools import tool as create_tool
     from langchain_core.utils.function_calling import convert_to_openai_tool
     from langgraph.errors import GraphBubbleUp
     try:
@@ -45,14 +53,27 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "switchboard_client.langgraph needs langgraph and langchain-core: "
         "pip install 'switchboard-client[langgraph]'") from e
+try:
+    from langchain.agents.middleware import AgentMiddleware
+except ImportError:  # pragma: no cover - langchain (create_agent) is optional
+    AgentMiddleware = object  # type: ignore[misc,assignment]
+    _HAS_LANGCHAIN = False
+else:
+    _HAS_LANGCHAIN = True
 
 from . import _bridge
 from ._async import AsyncClient
 from ._bridge import (BUILTIN_NAMES, DEFAULT_URL, URL_ENV, args_key, on_loop,  # noqa: F401
                       run_cancellable)
 from ._common import SwitchboardError
+from ._sync import Client
 
-__all__ = ["ToolNode", "builtin_tools", "BUILTIN_NAMES"]
+__all__ = ["SwitchboardMiddleware", "ToolNode", "builtin_tools", "BUILTIN_NAMES"]
+
+#: What a LangChain tool that declares neither ``concurrency_safe`` nor ``access`` gets: the
+#: concurrency LangGraph's own ``ToolNode`` gives it (a message's calls run at once). With the
+#: engine's defaults otherwise: a 120 s deadline, effect ``side_effect``.
+FRAMEWORK_DEFAULTS: Dict[str, Any] = {"concurrency_safe": True}
 
 
 class _LoopThread(_bridge.LoopThread):
@@ -61,6 +82,12 @@ class _LoopThread(_bridge.LoopThread):
 
     thread_name = "switchboard-langgraph"
     caller = "switchboard ToolNode"
+
+
+def check_client(client: Any) -> None:
+    if client is not None and not isinstance(client, (Client, AsyncClient, str)):
+        raise TypeError("client must be a Client, an AsyncClient or a base URL, not "
+                        f"{type(client).__name__}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,9 +134,22 @@ def ai_turn_id(ai_id: Optional[str]) -> Optional[str]:
     return "lc-" + hashlib.sha256(str(ai_id).encode()).hexdigest()[:32]
 
 
+class _Send:
+    """How one call's own invocation runs its tool under the middleware: ``create_agent``'s
+    request and ``execute`` handler, and where (the caller's loop, or the caller's thread's
+    context for a synchronous handler)."""
+
+    def __init__(self, request: Any, handler: Callable[[Any], Any],
+                 loop: Optional[asyncio.AbstractEventLoop],
+                 context: Optional[contextvars.Context]) -> None:
+        self.request, self.handler, self.loop, self.context = request, handler, loop, context
+
+
 class _TurnContext:
     """What the client-tool runners of one turn need: the node's config, state and runtime,
-    the caller's loop, which call id a (name, arguments) pair is, and what each tool returned."""
+    the caller's loop, which call id a (name, arguments) pair is, and what each tool returned.
+    Under the middleware also each call's ``_Send`` (the first to arrive stands in for a call
+    whose own has not)."""
 
     def __init__(self, calls: List[Dict[str, Any]], config: Any, state: Any, runtime: Any,
                  input_type: str, caller_loop: Optional[asyncio.AbstractEventLoop],
@@ -125,6 +165,8 @@ class _TurnContext:
         for call in calls:
             self.ids[args_key(call["name"], call["args"])].append(call["id"])
         self.local: Dict[str, Any] = {}      # call id -> ToolMessage | Command | list | exception
+        self.sends: Dict[str, _Send] = {}    # the middleware's: call id -> its invocation
+        self.first: Optional[_Send] = None
 
     def claim(self, name: str, args: Any) -> Optional[str]:
         queue = self.ids.get(args_key(name, args))
@@ -141,11 +183,12 @@ class _Conversation:
 class _Turn:
     """A turn shared by the ``Send`` invocations that each carry one of its calls."""
 
-    def __init__(self, ids: Sequence[str]) -> None:
+    def __init__(self, ids: Sequence[str], ctx: _TurnContext) -> None:
         self.future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.remaining = set(ids)
         self.waiting = 0                      # Sends awaiting it; none left: it is cancelled
         self.task: Optional[asyncio.Task] = None
+        self.ctx = ctx
 
 
 _CAUGHT: "contextvars.ContextVar[Optional[List[BaseException]]]" = contextvars.ContextVar(
@@ -201,9 +244,12 @@ class ToolNode(_LangGraphToolNode):
             :func:`builtin_tools`. The LangChain ones become the session's client tools (schema:
             the tool's ``tool_call_schema``, as the model sees it); the built-ins run in the
             engine.
-        client: an :class:`~switchboard_client.AsyncClient`, or a base URL; default
-            ``$SWITCHBOARD_URL`` (else ``http://127.0.0.1:7420``) with ``$SWITCHBOARD_TOKEN``.
-            The node drives it from its own event-loop thread: do not share it with other code.
+        client: a :class:`~switchboard_client.Client` or
+            :class:`~switchboard_client.AsyncClient` (``local()``, ``local_async()``), or a base
+            URL; default ``$SWITCHBOARD_URL`` (else ``http://127.0.0.1:7420``) with
+            ``$SWITCHBOARD_TOKEN``. The node opens its own connections to that client's server
+            (its token, timeout and retries): the client stays yours, usable and closed as
+            before.
         session: one session (from ``AsyncClient.session()``) for every conversation, instead
             of one per thread. Its server side must not exist yet (the node registers tools).
         builtins: ``True`` adds all five built-ins to the node (and so to a prebuilt agent's
@@ -215,9 +261,11 @@ class ToolNode(_LangGraphToolNode):
         sandbox: a narrower sandbox for the sessions (``"read-only"``, ...).
         tool_options: per tool name, engine options: ``concurrency_safe``, ``access``,
             ``timeout_ms``, ``output_cap``, ``defer``, ``effect`` (also read from a tool's
-            ``metadata["switchboard"]``). A client tool without them runs alone in its turn.
-            ``defer`` marks the tool in the session's catalog only: the model binding still
-            carries every tool the node has.
+            ``metadata["switchboard"]``). A tool declaring neither ``concurrency_safe`` nor
+            ``access`` gets :data:`FRAMEWORK_DEFAULTS`: it overlaps with the turn's other calls,
+            as in LangGraph's ``ToolNode``; ``concurrency_safe: False`` runs it alone, in call
+            order. ``defer`` marks the tool in the session's catalog only: the model binding
+            still carries every tool the node has.
         name, tags, handle_tool_errors, messages_key: as for LangGraph's ``ToolNode``.
     """
 
@@ -225,7 +273,7 @@ class ToolNode(_LangGraphToolNode):
         self,
         tools: Sequence[Union[BaseTool, Callable[..., Any]]],
         *,
-        client: Union[AsyncClient, str, None] = None,
+        client: Union[Client, AsyncClient, str, None] = None,
         session: Any = None,
         builtins: Union[bool, Iterable[str], None] = None,
         workspace: Union[str, Callable[[Optional[str]], str], None] = None,
@@ -240,7 +288,8 @@ class ToolNode(_LangGraphToolNode):
     ) -> None:
         if wrap_tool_call is not None or awrap_tool_call is not None:
             raise TypeError("switchboard ToolNode: wrap_tool_call/awrap_tool_call are not "
-                            "supported (the engine runs the turn)")
+                            "supported (the engine runs the turn); with langchain's "
+                            "create_agent, use SwitchboardMiddleware")
         tools = list(tools)
         if builtins is True:
             wanted = list(BUILTIN_NAMES)
@@ -263,11 +312,14 @@ class ToolNode(_LangGraphToolNode):
             opts = dict((t.metadata or {}).get("switchboard", {}))
             opts.update((tool_options or {}).get(n, {}))
             _bridge.check_options(n, opts)
+            if "concurrency_safe" not in opts and "access" not in opts:
+                opts.update(FRAMEWORK_DEFAULTS)
             self._options[n] = opts
-        _bridge.check_client(client)
+        check_client(client)
         self._client_arg = client
         self._client: Optional[AsyncClient] = None
-        self._owns_client = not isinstance(client, AsyncClient)
+        # Under SwitchboardMiddleware: whether a tool's exception is an error result.
+        self._catch_errors = bool(handle_tool_errors)
         self._fixed_session = session
         self._workspace = workspace
         self._sandbox = sandbox
@@ -311,65 +363,38 @@ class ToolNode(_LangGraphToolNode):
                 break
         return calls, None
 
+    def _with_ids(self, calls: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """The calls, each with an id. The engine needs one for every call, unique in the
+        session: a session answers an id it has seen with its stored answer, so a per-turn
+        counter would replay the last turn."""
+        calls = [dict(c) for c in calls]
+        fresh = uuid.uuid4().hex[:12]
+        for i, call in enumerate(calls):
+            if not call.get("id"):
+                call["id"] = f"switchboard_call_{fresh}_{i}"
+        return calls
+
+    def _key(self, config: Any) -> Tuple[Any, Optional[str]]:
+        """The conversation's key (None: the node's one session) and its thread id."""
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        return (None if self._fixed_session is not None else thread), thread
+
     async def _node(self, input: Any, config: Any, runtime: Any,
                     caller_loop: Optional[asyncio.AbstractEventLoop]) -> Any:
         tool_calls, input_type = self._parse_input(input)
-        tool_calls = [dict(c) for c in tool_calls]
-        # The engine needs an id for every call, unique in the session: a session answers an id
-        # it has seen with its stored answer, so a per-turn counter would replay the last turn.
-        fresh = uuid.uuid4().hex[:12]
-        for i, call in enumerate(tool_calls):
-            if not call.get("id"):
-                call["id"] = f"switchboard_call_{fresh}_{i}"
+        tool_calls = self._with_ids(tool_calls)
         state = self._extract_state(input, config)
-        thread = ((config or {}).get("configurable") or {}).get("thread_id")
-        key = None if self._fixed_session is not None else thread
+
+        def context(turn: List[Dict[str, Any]], ai_id: Optional[str]) -> _TurnContext:
+            return _TurnContext(turn, config, state, runtime, input_type, caller_loop, ai_id)
+
         if input_type != "tool_calls" or len(tool_calls) != 1:
             # The whole AI message (a hand-built graph, create_react_agent(version="v1")).
-            ai_id = self._turn_of(tool_calls, state)[1]
-            ctx = _TurnContext(tool_calls, config, state, runtime, input_type, caller_loop,
-                               ai_id)
+            key, thread = self._key(config)
+            ctx = context(tool_calls, self._turn_of(tool_calls, state)[1])
             outcomes = await self._run_turn(key, thread, tool_calls, ctx)
         else:
-            # create_react_agent's Send of one call: the first of the turn's Sends dispatches
-            # the whole turn, the others wait for it; each takes its own call's result.
-            if ((config or {}).get("configurable") or {}).get(CONFIG_KEY_RESUMING):
-                # Resuming after an interrupt: only the Sends that did not finish run again
-                # (the others' results are saved), so this call is a turn of its own.
-                turn, ai_id = tool_calls, None
-            else:
-                turn, ai_id = self._turn_of(tool_calls, state)
-            ids = tuple(c["id"] for c in turn)
-            turn_key = (key, ai_id, ids)
-            shared = self._turns.get(turn_key)
-            if shared is None:
-                shared = self._turns[turn_key] = _Turn(ids)
-                ctx = _TurnContext(turn, config, state, runtime, input_type, caller_loop,
-                                   ai_id)
-                task = shared.task = asyncio.ensure_future(self._run_turn(key, thread, turn, ctx))
-
-                def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
-                    if fut.done():
-                        return
-                    if t.cancelled():
-                        fut.cancel()
-                    elif t.exception() is not None:
-                        fut.set_exception(t.exception())
-                    else:
-                        fut.set_result(t.result())
-                task.add_done_callback(settle)
-            shared.waiting += 1
-            try:
-                outcomes = await asyncio.shield(shared.future)
-            except asyncio.CancelledError:
-                if shared.waiting == 1 and shared.task is not None and not shared.task.done():
-                    shared.task.cancel()      # the graph run was cancelled: so is the turn
-                raise
-            finally:
-                shared.waiting -= 1
-                shared.remaining.difference_update(c["id"] for c in tool_calls)
-                if not shared.remaining and self._turns.get(turn_key) is shared:
-                    del self._turns[turn_key]
+            outcomes = await self._send(tool_calls[0], state, config, context)
         outputs = []
         for call in tool_calls:
             out = outcomes[call["id"]]
@@ -377,6 +402,115 @@ class ToolNode(_LangGraphToolNode):
                 raise out
             outputs.append(out)
         return self._combine_tool_outputs(outputs, input_type)
+
+    async def _send(self, call: Dict[str, Any], state: Any, config: Any,
+                    context: Callable[[List[Dict[str, Any]], Optional[str]], _TurnContext],
+                    send: Optional[_Send] = None) -> Dict[str, Any]:
+        """One ``Send`` of one call (``create_react_agent``, ``create_agent``): the first of
+        its turn's Sends dispatches the whole turn, the others wait for it; each takes its own
+        call's outcome from the dict returned."""
+        key, thread = self._key(config)
+        turn, ai_id = self._turn_of([call], state)
+        if ((config or {}).get("configurable") or {}).get(CONFIG_KEY_RESUMING):
+            # Resuming (after an interrupt, or replaying from a checkpoint): only the Sends that
+            # did not finish run again (the others' results are saved), so this call is a turn
+            # of its own — still named after its message, so a call that had run is answered
+            # from the engine's memory (an interrupted one is sent under a fresh id: it runs).
+            turn = [call]
+        ids = tuple(c["id"] for c in turn)
+        turn_key = (key, ai_id, ids)
+        shared = self._turns.get(turn_key)
+        if shared is None:
+            shared = self._turns[turn_key] = _Turn(ids, context(turn, ai_id))
+            shared.ctx.first = send
+            task = shared.task = asyncio.ensure_future(
+                self._run_turn(key, thread, turn, shared.ctx))
+
+            def settle(t: asyncio.Task, fut: asyncio.Future = shared.future) -> None:
+                if fut.done():
+                    return
+                if t.cancelled():
+                    fut.cancel()
+                elif t.exception() is not None:
+                    fut.set_exception(t.exception())
+                else:
+                    fut.set_result(t.result())
+            task.add_done_callback(settle)
+        if send is not None:
+            shared.ctx.sends.setdefault(call["id"], send)
+        shared.waiting += 1
+        try:
+            return await asyncio.shield(shared.future)
+        except asyncio.CancelledError:
+            if shared.waiting == 1 and shared.task is not None and not shared.task.done():
+                shared.task.cancel()      # the graph run was cancelled: so is the turn
+            raise
+        finally:
+            shared.waiting -= 1
+            shared.remaining.discard(call["id"])
+            if not shared.remaining and self._turns.get(turn_key) is shared:
+                del self._turns[turn_key]
+
+    async def _middleware_call(self, request: Any, handler: Callable[[Any], Any],
+                               caller_loop: Optional[asyncio.AbstractEventLoop],
+                               context: Optional[contextvars.Context]) -> Any:
+        """``SwitchboardMiddleware``'s ``wrap_tool_call``: this call's outcome, its whole AI
+        message dispatched as one turn by the first of its calls to get here."""
+        call = self._with_ids([request.tool_call])[0]
+        if call["id"] != request.tool_call.get("id"):
+            request = request.override(tool_call=call)
+        runtime = request.runtime
+        config = getattr(runtime, "config", None) or {}
+        send = _Send(request, handler, caller_loop, context)
+
+        def turn_context(turn: List[Dict[str, Any]], ai_id: Optional[str]) -> _TurnContext:
+            return _TurnContext(turn, config, request.state, runtime, "tool_calls", caller_loop,
+                                ai_id)
+
+        out = (await self._send(call, request.state, config, turn_context, send))[call["id"]]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    async def _run_handler(self, call: Dict[str, Any], ctx: _TurnContext
+                           ) -> Tuple[Any, List[BaseException]]:
+        """Runs one LangChain tool through ``create_agent``'s own execution (its ``execute``
+        handler, with the middleware after this one): the call's own request when its Send has
+        arrived, else the first Send's with this call and its tool. A raising tool is an error
+        result unless ``handle_tool_errors=False``; an interrupt always propagates."""
+        send = ctx.sends.get(call["id"]) or ctx.first
+        assert send is not None
+        request = send.request
+        if request.tool_call.get("id") != call["id"]:
+            runtime = request.runtime
+            if dataclasses.is_dataclass(runtime) and not isinstance(runtime, type):
+                runtime = dataclasses.replace(runtime, tool_call_id=call["id"])
+            request = dataclasses.replace(request, tool_call=call, runtime=runtime,
+                                          tool=self.tools_by_name[call["name"]])
+        try:
+            if send.context is not None:          # a synchronous handler: in a worker thread
+                out = await asyncio.get_running_loop().run_in_executor(
+                    None, send.context.copy().run, send.handler, request)
+            else:
+                loop = send.loop
+                out = await on_loop(None if loop is None or loop.is_closed() else loop,
+                                    send.handler(request))
+        except GraphBubbleUp:
+            raise
+        except Exception as e:
+            if not self._catch_errors:
+                raise
+            return ToolMessage(str(e), name=call["name"], tool_call_id=call["id"],
+                               status="error"), [e]
+        return out, []
+
+    async def _run_here(self, call: Dict[str, Any], ctx: _TurnContext
+                        ) -> Tuple[Any, List[BaseException]]:
+        """Runs one LangChain tool as this node does, on the caller's loop (here when it has
+        none — ``invoke`` — or it has closed)."""
+        loop = ctx.caller_loop
+        return await on_loop(None if loop is None or loop.is_closed() else loop,
+                             self._run_tool(call, ctx))
 
     async def _run_turn(self, key: Any, thread: Optional[str], turn: List[Dict[str, Any]],
                         ctx: _TurnContext) -> Dict[str, Any]:
@@ -452,7 +586,7 @@ class ToolNode(_LangGraphToolNode):
 
     def _get_client(self) -> AsyncClient:
         if self._client is None:
-            self._client = _bridge.make_client(self._client_arg)
+            self._client = _bridge.own_client(self._client_arg)
         return self._client
 
     async def _conversation(self, key: Any, thread: Optional[str]) -> _Conversation:
@@ -498,11 +632,9 @@ class ToolNode(_LangGraphToolNode):
             if call_id is None:
                 raise ToolError(f"{name}: no call with these arguments in the turn")
             call = {"type": "tool_call", "id": call_id, "name": name, "args": args}
+            run_tool = node._run_handler if ctx.first is not None else node._run_here
             try:
-                # On the caller's loop; here when it has none (``invoke``) or it has closed.
-                loop = ctx.caller_loop
-                out, caught = await on_loop(None if loop is None or loop.is_closed() else loop,
-                                            node._run_tool(call, ctx))
+                out, caught = await run_tool(call, ctx)
             except GraphBubbleUp as e:            # an interrupt: the node re-raises it
                 ctx.local[call_id] = e
                 raise ToolError(f"{name}: interrupted") from None
@@ -550,7 +682,7 @@ class ToolNode(_LangGraphToolNode):
                     await conv.session.close()
                 except Exception:
                     pass
-        if self._owns_client and self._client is not None:
+        if self._client is not None:
             client, self._client = self._client, None
             await client.close()
 
@@ -561,3 +693,99 @@ class ToolNode(_LangGraphToolNode):
     async def aclose(self) -> None:
         await self._loop.arun(self._close())
 
+
+# --------------------------------------------------------------------------------------------
+# The middleware, for LangChain's create_agent.
+# --------------------------------------------------------------------------------------------
+
+class SwitchboardMiddleware(AgentMiddleware):  # type: ignore[misc,valid-type]
+    """``create_agent``'s tool calls through Switchboard: the calls of one AI message are one
+    turn of the conversation's session, with the same guarantees as :class:`ToolNode`.
+
+    ``create_agent`` builds its own tool node and sends it each call of a message separately;
+    this middleware's ``wrap_tool_call`` finds the message the call belongs to, the first of
+    its calls to arrive dispatches the whole message as one turn (named after the message's
+    id), and each takes its own result. The built-ins run in the engine; a LangChain tool's
+    call comes back and runs through ``create_agent``'s own execution (the ``handler``: the
+    middleware listed after this one, then the tool node), on the caller's loop or thread.
+
+    Args:
+        tools: tools the middleware adds to the agent (``create_agent`` binds the model to
+            them and gives them to its tool node), besides the agent's own ``tools=``.
+        builtins: ``True`` adds the five built-ins to the agent; a list of names adds those;
+            default: only the built-ins among the agent's tools (``builtin_tools()``).
+        handle_tool_errors: ``True`` (default): a tool that raises is an error result
+            (``Error [execution_error]: ValueError: ...``) and the agent goes on; ``False``:
+            the exception propagates as ``create_agent`` propagates it, after the turn's other
+            calls have their results.
+        client, session, workspace, sandbox, tool_options: as for :class:`ToolNode`.
+
+    Sessions, one per ``thread_id``, live as long as the middleware: ``close()`` (or
+    ``await aclose()``) deletes them; open ones are deleted at exit. Middleware listed before
+    this one wraps the whole call: a retry there gets the engine's stored answer (a call runs
+    once per id); one listed after it wraps the tool itself.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Union[BaseTool, Callable[..., Any]]] = (),
+        *,
+        client: Union[Client, AsyncClient, str, None] = None,
+        session: Any = None,
+        builtins: Union[bool, Iterable[str], None] = None,
+        workspace: Union[str, Callable[[Optional[str]], str], None] = None,
+        sandbox: Any = None,
+        tool_options: Optional[ToolOptions] = None,
+        handle_tool_errors: bool = True,
+    ) -> None:
+        if not _HAS_LANGCHAIN:  # pragma: no cover - exercised only without langchain
+            raise ImportError("SwitchboardMiddleware needs langchain (create_agent): "
+                              "pip install 'switchboard-client[langgraph]'")
+        check_client(client)
+        own = [t if isinstance(t, BaseTool) else create_tool(t) for t in tools]
+        wanted = list(BUILTIN_NAMES) if builtins is True else list(builtins or [])
+        present = {t.name for t in own}
+        self.tools = own + [t for t in builtin_tools(wanted) if t.name not in present]
+        self._settings: Dict[str, Any] = dict(
+            client=client, session=session, workspace=workspace, sandbox=sandbox,
+            tool_options=tool_options, handle_tool_errors=handle_tool_errors)
+        self._nodes: Dict[Tuple[str, ...], ToolNode] = {}
+        self._lock = threading.Lock()
+
+    def _node_for(self, request: Any) -> ToolNode:
+        """The node that runs the agent's turns: one per set of tools (the agent's tool node's,
+        as its runtime lists them), made on the first call."""
+        tools = list(getattr(request.runtime, "tools", None) or [])
+        if not tools:                             # pragma: no cover - runtimes without `tools`
+            tools = list(self.tools) + ([request.tool] if request.tool is not None else [])
+        key = tuple(sorted(t.name for t in tools))
+        with self._lock:
+            node = self._nodes.get(key)
+            if node is None:
+                node = self._nodes[key] = ToolNode(tools, **self._settings)
+            return node
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        node = self._node_for(request)
+        return node._loop.run(node._middleware_call(request, handler, None,
+                                                    contextvars.copy_context()))
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        node = self._node_for(request)
+        return await node._loop.arun(node._middleware_call(
+            request, handler, asyncio.get_running_loop(), None))
+
+    @property
+    def sessions(self) -> List[Any]:
+        """The sessions of the conversations so far."""
+        return [conv.session for node in list(self._nodes.values())
+                for conv in list(node._conversations.values())]
+
+    def close(self) -> None:
+        """Deletes the middleware's sessions (their workspaces stay) and closes its clients."""
+        for node in list(self._nodes.values()):
+            node.close()
+
+    async def aclose(self) -> None:
+        for node in list(self._nodes.values()):
+            await node.aclose()

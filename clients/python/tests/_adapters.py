@@ -1,6 +1,7 @@
-"""What the adapters' tests (``test_langgraph.py``, ``test_agents.py``) share: the plain Python
-tools each framework wraps with its own decorator, the order they ran in, the adapter's client,
-the server's live catalog, and the cancel of a running turn."""
+"""What the adapters' tests (``test_langgraph.py``, ``test_create_agent.py``, ``test_agents.py``)
+share: the plain Python tools each framework wraps with its own decorator, the order they ran in,
+the adapter's client, the server's live catalog, the cancel of a running turn, and the timing of
+a run against the framework's own."""
 
 import asyncio
 import json
@@ -104,3 +105,16 @@ def delete_on_the_server(server: Any, token: str, session_id: str) -> None:
                                      method="DELETE",
                                      headers={"Authorization": f"Bearer {token}"})
     urllib.request.urlopen(request).close()
+
+
+def best_time(run: Callable[[int], Any], rounds: int = 3) -> float:
+    """The fastest of ``rounds`` runs of ``run(round)``, after one unmeasured warm-up run
+    (sessions made, imports done): the least disturbed figure on a shared machine. Compared as
+    a ratio with the framework's own, measured in the same test."""
+    run(-1)
+    times = []
+    for r in range(rounds):
+        start = time.perf_counter()
+        run(r)
+        times.append(time.perf_counter() - start)
+    return min(times)

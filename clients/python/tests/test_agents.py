@@ -9,7 +9,8 @@ responses; no network). The write-then-read figures print with ``-s``:
 
 import asyncio
 import threading
-from typing import Any
+import uuid
+from typing import Any, Callable, List
 
 import pytest
 
@@ -17,13 +18,15 @@ pytest.importorskip("agents")
 
 from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled  # noqa: E402
 from agents.exceptions import ModelBehaviorError  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 
+import switchboard_client  # noqa: E402
 from switchboard_client import agents as sb_agents  # noqa: E402
 from switchboard_client.agents import switchboard_tools  # noqa: E402
 
 import _adapters as shared  # noqa: E402
 from _adapters import order, order_lock  # noqa: E402
+from conftest import binary  # noqa: E402
 
 TRIALS = 50
 set_tracing_disabled(True)      # no trace export (and no network) from the tests
@@ -86,7 +89,9 @@ def test_builtins_match_the_servers_catalog(server, token):
 
 
 def test_one_response_is_one_turn_in_the_models_order(client):
-    tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=["bash"])
+    serial = {"concurrency_safe": False}      # declared: they run alone, in call order
+    tools, hooks = switchboard_tools([lookup, alookup], client=client, builtins=["bash"],
+                                     tool_options={"lookup": serial, "alookup": serial})
     calls = [("alookup", {"key": "0"}), ("lookup", {"key": "1"}),
              ("bash", {"command": "echo hi"}), ("alookup", {"key": "3"}),
              ("lookup", {"key": "4"})]
@@ -106,10 +111,14 @@ def test_one_response_is_one_turn_in_the_models_order(client):
         hooks.close()
 
 
-def test_tool_options_let_concurrency_safe_calls_overlap(client):
+@pytest.mark.parametrize("options", [None, {"meet": {"concurrency_safe": True}}],
+                         ids=["undeclared", "declared"])
+def test_undeclared_and_concurrency_safe_tools_overlap(client, options):
+    """A function tool that declares nothing overlaps with its response's other calls, as the
+    SDK runs it (the barrier only opens for two calls at once)."""
     meet = function_tool(shared.meeting(threading.Barrier(2, timeout=60)))
     tools, hooks = switchboard_tools([meet], client=client, builtins=False,
-                                     tool_options={"meet": {"concurrency_safe": True}})
+                                     tool_options=options)
     model = scripted(turn(("meet", {"who": "a"}), ("meet", {"who": "b"})))
     try:
         asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks))
@@ -331,8 +340,12 @@ def _python_file_turns(tmp_path):
 
 
 def test_write_then_read_client_tools_through_the_adapter(client, tmp_path):
-    fresh = _count_fresh(lambda: switchboard_tools(file_tools(), client=client, builtins=False),
-                         _python_file_turns(tmp_path), "c0_1")
+    # The write declares that it may not overlap (a tool that declares nothing overlaps, as the
+    # SDK runs it): the read after it waits for it.
+    fresh = _count_fresh(lambda: switchboard_tools(
+        file_tools(), client=client, builtins=False,
+        tool_options={"write_note": {"concurrency_safe": False}}),
+        _python_file_turns(tmp_path), "c0_1")
     print(f"\nwrite-then-read, Python tools through switchboard_tools: "
           f"{fresh}/{TRIALS} reads saw the write")
     assert fresh == TRIALS
@@ -346,3 +359,122 @@ def test_write_then_read_through_the_sdk_alone(tmp_path):
     print(f"\nwrite-then-read, Python tools through the Agents SDK alone: "
           f"{fresh}/{TRIALS} reads saw the write")
     assert fresh < TRIALS
+
+
+# ---- speed, turn ids, local() ---------------------------------------------------------------
+
+def test_independent_calls_are_not_slower_than_the_sdk_alone(client):
+    """8 function tools that each sleep 0.2 s in one response, undeclared: they run at once, as
+    the SDK runs them — asserted as a ratio measured in the same test, not as a time."""
+    def sleeper(i: int) -> Any:
+        async def body(x: str) -> str:
+            await asyncio.sleep(0.2)
+            return f"slept {x}"
+        body.__name__ = f"sleep_{i}"
+        body.__doc__ = "Sleeps."
+        return function_tool(body)
+    plain = [sleeper(i) for i in range(8)]
+    ours, hooks = switchboard_tools(plain, client=client, builtins=False)
+    calls = [(t.name, {"x": str(i)}) for i, t in enumerate(plain)]
+
+    def run(tools: List[Any], use_hooks: bool) -> Callable[[int], None]:
+        def once(r: int) -> None:
+            model = scripted(turn(*calls, k=r + 1))
+            asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                   hooks=hooks if use_hooks else None))
+            assert outputs(model) == {f"c{r + 1}_{i}": f"slept {i}" for i in range(8)}
+        return once
+    try:
+        t_theirs = shared.best_time(run(plain, False))
+        t_ours = shared.best_time(run(ours, True))
+        print(f"\n8 x 0.2 s tools in one response: switchboard_tools {t_ours:.3f} s, "
+              f"the SDK alone {t_theirs:.3f} s, ratio {t_ours / t_theirs:.2f}")
+        assert t_ours < 2 * t_theirs, (t_ours, t_theirs)
+    finally:
+        hooks.close()
+
+
+def reusing(response_id: str, *calls: Any) -> ModelStep:
+    """A response with its own id whose calls are ``call_0``, ``call_1``, … — as some servers
+    number them in every response."""
+    return ModelStep(output=[function_call(name, args, call_id=f"call_{i}")
+                             for i, (name, args) in enumerate(calls)],
+                     response_id=response_id)
+
+
+def test_a_model_that_reuses_call_ids_gets_fresh_answers(client):
+    """The turn is named after the model's response id: the same call id and arguments in two
+    responses are two calls — the second read sees the second write, not the first read's
+    stored answer. (Within one run the SDK refuses a reused call id; across runs of one
+    conversation — history kept by the provider, ``previous_response_id`` — it does not.)"""
+    tools, hooks = switchboard_tools([], client=client, builtins=["write_file", "read_file"])
+    path = f"reused-{uuid.uuid4().hex[:8]}.txt"
+    reads = []
+    try:
+        for k, call in enumerate([("write_file", {"path": path, "content": "v1"}),
+                                  ("read_file", {"path": path}),
+                                  ("write_file", {"path": path, "content": "v2"}),
+                                  ("read_file", {"path": path})]):
+            model = ScriptedModel([reusing(f"resp-{k}", call), [assistant_message("done")]])
+            asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                   hooks=hooks))
+            if call[0] == "read_file":
+                reads.append(outputs(model)["call_0"])
+        assert reads == ["v1", "v2"], reads
+    finally:
+        hooks.close()
+
+
+def test_the_same_response_run_again_is_answered_from_the_engines_memory(client):
+    runs: List[str] = []
+
+    @function_tool
+    def charge(amount: int) -> str:
+        """Charges the card."""
+        runs.append(f"charge:{amount}")
+        return f"charged {amount} ({len(runs)})"
+
+    tools, hooks = switchboard_tools([charge], client=client, builtins=False)
+    try:
+        seen = []
+        for _ in range(2):      # a harness replaying the response, e.g. after a restart
+            model = ScriptedModel([reusing("resp-pay", ("charge", {"amount": 5})),
+                                   [assistant_message("done")]])
+            asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                   hooks=hooks))
+            seen.append(outputs(model)["call_0"])
+        assert runs == ["charge:5"]
+        assert seen == ["charged 5 (1)", "charged 5 (1)"]
+    finally:
+        hooks.close()
+
+
+def test_a_local_client_serves_the_bundle_and_stays_the_callers():
+    with switchboard_client.local(binary=binary()) as client:
+        tools, hooks = switchboard_tools([lookup], client=client, builtins=["bash"])
+        model = scripted(turn(("bash", {"command": "echo local"}), ("lookup", {"key": "l"})))
+        try:
+            asyncio.run(Runner.run(Agent(name="a", model=model, tools=tools), "go",
+                                   hooks=hooks))
+            seen = outputs(model)
+            assert [seen["c0_0"].strip(), seen["c0_1"]] == ["local", "value-of-l"]
+            assert client.health()["status"] == "ok"
+        finally:
+            hooks.close()
+    assert client.server.returncode == 0, client.server.stderr()
+
+
+def test_a_local_async_client_serves_the_bundle_and_closes_on_its_own_loop():
+    async def main() -> dict:
+        client = await switchboard_client.local_async(binary=binary())
+        tools, hooks = switchboard_tools([alookup], client=client, builtins=["bash"])
+        model = scripted(turn(("bash", {"command": "echo async"}), ("alookup", {"key": "a"})))
+        try:
+            await Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks)
+            return outputs(model)
+        finally:
+            await hooks.aclose()
+            await client.close()      # on this loop: the bundle never used the client's pool
+            assert client.server.returncode == 0, client.server.stderr()
+    seen = asyncio.run(main())
+    assert [seen["c0_0"].strip(), seen["c0_1"]] == ["async", "async-a"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import threading
 import time
 import urllib.request
 
@@ -321,3 +322,152 @@ def test_local_async():
 
     server = asyncio.run(main())
     assert server.returncode == 0 and gone(server.pid, 0)
+
+
+# --- the ready channel -----------------------------------------------------------------------
+
+def test_a_fake_listening_line_on_stderr_does_not_fool_local(tmp_path):
+    """The server reports its URL on a pipe only it writes (--ready-fd), not on stderr, where
+    an MCP server's warning or a tool's name may print anything first."""
+    real = bundled()
+    liar = tmp_path / "switchboard"
+    liar.write_text("#!/bin/sh\n"
+                    "echo 'switchboard: serve: listening on http://127.0.0.1:1' >&2\n"
+                    "sleep 0.3\n"
+                    f"exec '{real}' \"$@\"\n")
+    liar.chmod(0o755)
+    with local(binary=str(liar)) as client:
+        assert not client.base_url.endswith(":1"), client.base_url
+        assert client.health()["status"] == "ok"
+        assert "listening on http://127.0.0.1:1" in client.server.stderr()
+        assert "--ready-fd" in client.server.argv and "--stop-on-stdin-close" in client.server.argv
+
+
+def test_the_ready_file_serves_where_descriptors_cannot_be_passed(monkeypatch):
+    bundled()
+    monkeypatch.setattr(_local, "_READY_BY_FD", False)
+    with local() as client:
+        assert "--ready-file" in client.server.argv and "--ready-fd" not in client.server.argv
+        assert client.health()["status"] == "ok"
+
+
+def test_a_binary_without_the_ready_flags_is_named_older_than_the_client(tmp_path):
+    old = tmp_path / "switchboard"
+    old.write_text("#!/bin/sh\necho \"error: unexpected argument '--ready-fd' found\" >&2\n"
+                   "exit 2\n")
+    old.chmod(0o755)
+    with pytest.raises(LocalServerError) as e:
+        local(binary=str(old))
+    assert e.value.code == "server_exited" and "older than this client" in str(e.value)
+
+
+# --- whose server it is, and stopping it promptly ----------------------------------------------
+
+def test_local_clients_are_clients():
+    bundled()
+    with local() as client:
+        assert isinstance(client, switchboard_client.Client)
+        assert "--grace" in client.server.argv, "a short grace unless grace= says otherwise"
+        assert client.server.argv[client.server.argv.index("--grace") + 1] == "1000ms"
+
+    async def main():
+        async with await local_async() as client:
+            assert isinstance(client, switchboard_client.AsyncClient)
+
+    asyncio.run(main())
+
+
+def test_close_cancels_the_turns_in_flight_and_returns_at_once():
+    """Even with the server's grace at 10 s: close() cancels its own turns first (a command,
+    and a client tool that hangs), and returns without waiting for the grace."""
+    bundled()
+    release = threading.Event()
+    client = local(grace=10)
+    commands, tools = client.session(), client.session()
+
+    @tools.tool
+    def hang() -> str:
+        """Hangs until released."""
+        release.wait(30)
+        return "late"
+
+    command = commands.start(bash("a", "sleep 30"))
+    hung = tools.start({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "h", "name": "hang", "input": {}}]})
+    assert wait_for(lambda: commands.info()["in_flight"] and tools.info()["in_flight"])
+    began = time.monotonic()
+    client.close()
+    took = time.monotonic() - began
+    release.set()
+    assert took < 3, f"close() took {took:.1f} s"
+    assert client.server.returncode == 0
+    for turn in (command, hung):
+        content = turn.result(timeout=10)["content"][0]["content"]
+        assert content.startswith("Error [cancelled]"), content
+
+
+FORKED = textwrap.dedent("""
+    import json, os, sys
+    import switchboard_client
+    client = switchboard_client.local(binary=sys.argv[1])
+    child = os.fork()
+    if child == 0:
+        client.close()   # the child's copy of the client: its connections only
+        sys.exit(0)      # a normal exit: atexit runs in the child too
+    _, status = os.waitpid(child, 0)
+    print(json.dumps({"child": status, "running": client.server.running,
+                      "health": client.health()["status"]}), flush=True)
+    client.close()
+    print(client.server.returncode, flush=True)
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_that_exits_leaves_the_parents_server_running():
+    package = os.path.dirname(os.path.dirname(switchboard_client.__file__))
+    env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", FORKED, bundled()], capture_output=True,
+                          text=True, env=env, timeout=60)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stderr
+    assert json.loads(lines[0]) == {"child": 0, "running": True, "health": "ok"}
+    assert lines[1] == "0", "the parent stopped it"
+
+
+STDIN_ONLY = textwrap.dedent("""
+    import os, sys, time
+    import switchboard_client
+    from switchboard_client import _local
+    _local._make_preexec = None   # no PR_SET_PDEATHSIG: only the stdin pipe ties the server to us
+    client = switchboard_client.local(binary=sys.argv[1], grace=0.5)
+    child = os.fork()
+    if child == 0:                # a forked child lives on, with its copy of the stdin pipe
+        time.sleep(600)
+        os._exit(0)
+    print(client.server.pid, child, client.server.workspace_root, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_server_stops_when_its_parent_is_killed_even_while_a_forked_child_lives():
+    package = os.path.dirname(os.path.dirname(switchboard_client.__file__))
+    env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", STDIN_ONLY, bundled()],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    grandchild = None
+    try:
+        pid, grandchild, root = proc.stdout.readline().split()
+        pid, grandchild = int(pid), int(grandchild)
+        assert not gone(pid, 0)
+        proc.kill()  # kill -9: no atexit, no close()
+        proc.wait()
+        assert gone(pid, 15), "its stdin reached end of file: it stopped"
+        assert not gone(grandchild, 0), "the forked child still lives"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if grandchild:
+            os.kill(grandchild, 9)
+    _local._rmtree(os.path.dirname(root))

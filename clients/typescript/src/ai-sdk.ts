@@ -5,6 +5,7 @@ import { jsonSchema, tool, type ToolSet } from "ai";
 
 import type { Session } from "./client.js";
 import { SwitchboardError } from "./common.js";
+import type { ToolResultBlock } from "./wire.js";
 
 export interface SwitchboardToolsOptions {
   /** Only these tools of the session's catalog (default: all of them). */
@@ -21,12 +22,15 @@ interface Pending {
   id: string;
   name: string;
   input: unknown;
-  resolve: (block: any) => void;
+  resolve: (block: ToolResultBlock) => void;
   reject: (e: unknown) => void;
 }
 
 /** Collects the calls the AI SDK starts together (one step's tool calls, started in one
- * tick) into one Switchboard turn, so the engine schedules them as a batch. */
+ * tick) into one Switchboard turn, so the engine schedules them as a batch. The turn's id is
+ * derived from the message, whose `tool_use` ids are the SDK's `toolCallId`s: the same step
+ * sent again (a lost connection, a replayed run) is the same turn, answered from the engine's
+ * memory. */
 class Batcher {
   private pending: Pending[] = [];
   private signal: AbortSignal | undefined;
@@ -34,7 +38,7 @@ class Batcher {
 
   constructor(private readonly session: Session) {}
 
-  call(id: string, name: string, input: unknown, signal: AbortSignal | undefined): Promise<any> {
+  call(id: string, name: string, input: unknown, signal: AbortSignal | undefined): Promise<ToolResultBlock> {
     return new Promise((resolve, reject) => {
       this.pending.push({ id, name, input, resolve, reject });
       this.signal ??= signal;
@@ -57,7 +61,7 @@ class Batcher {
     };
     try {
       const answer = await this.session.dispatch(message, { format: "anthropic", signal });
-      const byId = new Map<string, any>(answer.content.map((b: any) => [b.tool_use_id, b]));
+      const byId = new Map<string, ToolResultBlock>((answer?.content ?? []).map((b) => [b.tool_use_id, b]));
       for (const p of batch) {
         const block = byId.get(p.id);
         if (block) p.resolve(block);
@@ -70,10 +74,10 @@ class Batcher {
 }
 
 /** A tool result's content as the AI SDK tool's output: text as is, text blocks joined. */
-function output(block: any): unknown {
+function output(block: ToolResultBlock): unknown {
   const content = block.content;
   if (typeof content === "string" || content === undefined) return content ?? "";
-  if (Array.isArray(content) && content.every((b) => b?.type === "text")) return content.map((b) => b.text).join("\n");
+  if (content.every((b) => b?.type === "text")) return content.map((b) => (b.type === "text" ? b.text : "")).join("\n");
   return content;
 }
 
@@ -84,23 +88,23 @@ function output(block: any): unknown {
  * turn. Creates the session (declare its client tools first).
  */
 export async function switchboardTools(session: Session, options: SwitchboardToolsOptions = {}): Promise<ToolSet> {
-  const catalog: Array<{ name: string; description?: string; input_schema: any }> = await session.tools("anthropic");
+  const catalog = await session.tools("anthropic");
   const only = options.only ? new Set(options.only) : undefined;
   const batcher = new Batcher(session);
   const tools: ToolSet = {};
   for (const spec of catalog) {
     if (only && !only.has(spec.name)) continue;
-    tools[spec.name] = tool({
+    tools[spec.name] = tool<unknown, unknown>({
       description: spec.description,
-      inputSchema: jsonSchema(spec.input_schema ?? { type: "object" }),
-      execute: async (input: unknown, { toolCallId, abortSignal }: { toolCallId: string; abortSignal?: AbortSignal }) => {
+      inputSchema: jsonSchema<unknown>(spec.input_schema ?? { type: "object" }),
+      execute: async (input, { toolCallId, abortSignal }) => {
         const block = await batcher.call(toolCallId, spec.name, input, abortSignal);
         if (block.is_error && options.errors === "throw") {
           throw new Error(typeof block.content === "string" ? block.content : JSON.stringify(block.content));
         }
         return output(block);
       },
-    } as any);
+    });
   }
   if (only) {
     const missing = [...only].filter((n) => !(n in tools));

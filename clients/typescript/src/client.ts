@@ -4,46 +4,78 @@ import {
   DEFAULT_BASE_URL,
   LATE_ANSWER_CODES,
   Retries,
-  StreamState,
   SwitchboardError,
   TOKEN_ENV,
   TURN_HEADER,
   answerBody,
   connectionError,
+  describe,
   errorAnswerBody,
   errorBody,
   errorFrom,
-  newTurnId,
+  lostConnection,
   turnIdOf,
   prepare,
-  type ApprovalRequest,
-  type ClientCall,
   type Format,
-  type Prepared,
-  type StreamResult,
 } from "./common.js";
-import { ToolRegistry, noFunction, toolEntry, type ClientTool, type ToolCallContext, type ToolSpec } from "./tools.js";
+import type { ApprovalRequest, ClientCall } from "./stream.js";
+import { DispatchStream, Turn } from "./turn.js";
+import {
+  ToolRegistry,
+  noFunction,
+  toolEntry,
+  type ClientTool,
+  type ToolCallContext,
+  type ToolFunction,
+  type ToolSpec,
+} from "./tools.js";
+import {
+  checkAnswer,
+  checkCatalog,
+  checkFields,
+  checkInfo,
+  checkObject,
+  parseJson,
+  snippet,
+  type AnswerOf,
+  type ApprovalAnswer,
+  type CatalogFormat,
+  type CatalogOf,
+  type CreatedSession,
+  type Health,
+  type SessionInfo,
+} from "./wire.js";
+
+/** Where the client reports what it cannot throw to anyone: a client tool's answer the server
+ * refused, a failed approval callback. */
+export interface Logger {
+  warn(message: string): void;
+}
 
 export interface ClientOptions {
   /** The server's address (default `http://127.0.0.1:7420`). */
   baseUrl?: string;
   /** The bearer token (default: the `SWITCHBOARD_TOKEN` environment variable). */
   token?: string;
-  /** How many times a refused request is retried: `overloaded`, and a cluster's `node_unreachable`, `session_moved` and `cluster_unavailable` (default 5). */
+  /** How many times a request is sent again (default 5): after `overloaded` or a cluster's
+   * `node_unreachable`, `session_moved` and `cluster_unavailable`, and after a connection lost
+   * before any answer (the same turn id: the server answers a turn it has seen from memory). */
   maxRetries?: number;
-  /** The most time the retries of one request may wait, in ms (default 30,000). */
+  /** The most time the retries of one request may take, in ms (default 30,000). */
   retryBudgetMs?: number;
   /** The `fetch` to use (default: the global one). */
   fetch?: typeof fetch;
   /** Extra `fetch` options for every request, such as an undici `dispatcher`. */
   fetchOptions?: Record<string, unknown>;
+  /** Where warnings go (default: `process.emitWarning`). */
+  logger?: Logger;
 }
 
 export interface SessionOptions {
   /** The workspace directory's name under the server's root (default: a fresh directory). */
   workspace?: string;
   /** Client tools: `{name, description, inputSchema, execute}` objects or ready declarations. */
-  tools?: Array<ClientTool<any> | ToolSpec>;
+  tools?: Array<ClientTool<unknown> | ToolSpec>;
   /** A narrower sandbox: a mode name or `{mode, allow_network}`. */
   sandbox?: string | Record<string, unknown>;
   /** A stricter policy the server offers (`--session-policy NAME=FILE`). */
@@ -56,7 +88,7 @@ export type ApprovalCallback = (request: ApprovalRequest) => boolean | Promise<b
 export interface DispatchOptions {
   /** `anthropic` or `openai` (default: detected from the message). */
   format?: Format;
-  /** The turn's id (default `ts-` and 16 hex digits). */
+  /** The turn's id (default: `m-` and a digest of the message, `turnIdOf`). */
   turnId?: string;
   /** Aborting it cancels the turn on the server, wherever it is; the dispatch then resolves
    * with the answer, the cancelled calls saying so. */
@@ -72,9 +104,17 @@ export interface CancelAnswer {
   state: "running" | "queued" | "early" | "finished";
 }
 
-/** The message(s) to append: the Anthropic `tool_result` user message, or the array of OpenAI
- * tool messages. */
-export type DispatchAnswer = any;
+/** How `Client._request` sends one request and reads its answer. */
+export interface RequestOptions<T> {
+  body?: string;
+  headers?: Record<string, string>;
+  /** The answer's JSON as `T`, or throws `bad_response` (default: any JSON). */
+  check?: (value: unknown, status: number) => T;
+  /** Send the request again when its connection is lost before any answer (default `true`;
+   * `false` for a request that is not safe to repeat, which is still sent again when its
+   * connection was refused: then nothing reached the server). */
+  resend?: boolean;
+}
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -88,6 +128,10 @@ export class Client {
   /** @internal */ readonly _streamHeaders: Record<string, string>;
   private readonly fetch: typeof fetch;
   private readonly fetchOptions: Record<string, unknown>;
+  private readonly logger: Logger | undefined;
+  /** @internal The turns in flight through this client (what `LocalClient.close()` cancels
+   * before it stops its server). */
+  readonly _turns = new Set<{ session: Session; turnId: string }>();
 
   constructor(baseUrl?: string | ClientOptions, options: ClientOptions = {}) {
     if (typeof baseUrl === "object" && baseUrl !== null) options = baseUrl;
@@ -101,13 +145,38 @@ export class Client {
     this.retryBudgetMs = options.retryBudgetMs ?? 30_000;
     this.fetch = options.fetch ?? globalThis.fetch;
     this.fetchOptions = options.fetchOptions ?? {};
+    this.logger = options.logger;
     if (typeof this.fetch !== "function") throw new TypeError("no fetch: switchboard-client needs Node 18 or newer");
   }
 
   // --- transport ---
 
-  /** @internal Sends one request, retrying `overloaded`; returns the response (status < 400). */
-  async _open(method: string, path: string, body: string | undefined, headers: Record<string, string>): Promise<Response> {
+  /** @internal Reports what cannot be thrown to anyone. Never throws. */
+  _warn(message: string): void {
+    try {
+      if (this.logger) this.logger.warn(message);
+      else process.emitWarning(message, "SwitchboardWarning");
+    } catch {
+      // a logger that throws loses the message, not the call
+    }
+  }
+
+  /** @internal Runs `fn`, turn `turnId` of `session`, counted in `_turns` while it runs. */
+  async _inFlight<T>(session: Session, turnId: string, fn: () => Promise<T>): Promise<T> {
+    const turn = { session, turnId };
+    this._turns.add(turn);
+    try {
+      return await fn();
+    } finally {
+      this._turns.delete(turn);
+    }
+  }
+
+  /** @internal Sends one request, retrying `overloaded`, a refused connection, and (unless
+   * `resend` is false) a connection lost before any answer, with the same body and headers — the
+   * same turn id, so the server answers a turn it has seen from its memory; returns the
+   * response (status < 400). */
+  async _open(method: string, path: string, body: string | undefined, headers: Record<string, string>, resend = true): Promise<Response> {
     const url = this.baseUrl + path;
     let retries: Retries | undefined;
     for (;;) {
@@ -115,7 +184,12 @@ export class Client {
       try {
         resp = await this.fetch(url, { ...this.fetchOptions, method, body, headers });
       } catch (e) {
-        throw connectionError(e);
+        retries ??= new Retries(this.maxRetries, this.retryBudgetMs);
+        const how = lostConnection(e);
+        const delay = how === "refused" || (how === "lost" && resend) ? retries.resend() : null;
+        if (delay === null) throw connectionError(e);
+        await sleep(delay);
+        continue;
       }
       if (resp.status < 400) return resp;
       let text = "";
@@ -132,16 +206,19 @@ export class Client {
     }
   }
 
-  /** @internal A request whose answer is JSON (or empty). */
-  async _request(method: string, path: string, body?: string, headers?: Record<string, string>): Promise<any> {
-    const resp = await this._open(method, path, body, headers ?? (body !== undefined ? this._jsonHeaders : this._headers));
+  /** @internal A request whose answer is JSON (or empty: `null`), checked by `options.check`. */
+  async _request<T = unknown>(method: string, path: string, options: RequestOptions<T> = {}): Promise<T> {
+    const { body, check, resend } = options;
+    const headers = options.headers ?? (body !== undefined ? this._jsonHeaders : this._headers);
+    const resp = await this._open(method, path, body, headers, resend);
     let text: string;
     try {
       text = await resp.text();
     } catch (e) {
       throw connectionError(e);
     }
-    return text ? JSON.parse(text) : null;
+    const value = text ? parseJson(text, `the answer to ${method} ${path.split("?")[0]} (HTTP ${resp.status}, ${resp.headers.get("content-type") ?? "no content type"})`, resp.status) : null;
+    return check ? check(value, resp.status) : (value as T);
   }
 
   // --- API ---
@@ -163,13 +240,13 @@ export class Client {
   }
 
   /** The server's catalog (built-in and MCP tools). */
-  tools(format: Format | "mcp" = "anthropic"): Promise<any[]> {
-    return this._request("GET", `/v1/tools?format=${format}`);
+  tools<F extends CatalogFormat = "anthropic">(format: F = "anthropic" as F): Promise<CatalogOf<F>> {
+    return this._request("GET", `/v1/tools?format=${format}`, { check: checkCatalog<F> });
   }
 
   /** `GET /healthz`: `{"status": "ok", "sandbox": {...}}`. */
-  health(): Promise<any> {
-    return this._request("GET", "/healthz");
+  health(): Promise<Health> {
+    return this._request("GET", "/healthz", { check: (v, status) => checkFields<Health>(v, ["status"], "the health answer", status) });
   }
 }
 
@@ -216,7 +293,12 @@ export class Session {
     if (this._registry.size) body.tools = await this._registry.specs();
     if (o.sandbox !== undefined) body.sandbox = o.sandbox;
     if (o.policy !== undefined) body.policy = o.policy;
-    const created = await this._client._request("POST", "/v1/sessions", JSON.stringify(body));
+    // Not sent again on a lost connection: a second session could be made, and left behind.
+    const created = await this._client._request("POST", "/v1/sessions", {
+      body: JSON.stringify(body),
+      resend: false,
+      check: (v, status) => checkFields<CreatedSession>(v, ["session_id"], "the new session", status),
+    });
     this._workspace = created.workspace;
     this._base = `/v1/sessions/${created.session_id}`;
     this._id = created.session_id;
@@ -248,7 +330,10 @@ export class Session {
   // --- client tools ---
 
   /** Declares a client tool (before the session is first used) and returns it. */
-  tool<T extends ClientTool<any> | ToolSpec>(tool: T, execute?: ClientTool["execute"]): T {
+  tool<S>(tool: ClientTool<S>, execute?: ClientTool<S>["execute"]): ClientTool<S>;
+  /** Declares a ready declaration (Anthropic or OpenAI shape) with its function. */
+  tool<T extends ToolSpec>(tool: T, execute?: ToolFunction): T;
+  tool(tool: ClientTool<unknown> | ToolSpec, execute?: ToolFunction): ClientTool<unknown> | ToolSpec {
     if (this._id !== undefined || this._creating !== undefined || this._closed) {
       throw new Error(
         "client tools must be registered before the session is first used: the server fixes a " +
@@ -268,32 +353,62 @@ export class Session {
 
   /** @internal Runs a client call and answers it. Never throws. */
   async _runCall(call: ClientCall, signal: AbortSignal): Promise<void> {
-    const entry = this._registry.entries.get(call.name);
-    let body: string;
-    if (entry?.execute === undefined) {
-      body = errorBody(noFunction(call.name));
-    } else {
-      const context: ToolCallContext = {
-        callId: call.call_id,
-        toolUseId: call.tool_use_id,
-        name: call.name,
-        deadlineMs: call.deadline_ms,
-        idempotencyKey: call.idempotency_key,
-        signal,
-      };
-      try {
-        const input = await entry.input(call.input);
-        body = answerBody(await entry.execute(input, context));
-      } catch (e) {
-        body = errorAnswerBody(e);
-      }
-    }
-    if (signal.aborted) return; // the turn's stream has ended: the call is closed
     try {
-      await this._client._request("POST", `${this._base}/calls/${encodeURIComponent(call.call_id)}`, body);
+      const body = await this.callAnswer(call, signal);
+      if (signal.aborted) return; // the turn's stream has ended: the call is closed
+      await this.postAnswer(call, body);
     } catch (e) {
-      if (!(e instanceof SwitchboardError && LATE_ANSWER_CODES.includes(e.code))) {
-        process.emitWarning(`switchboard: answering client call ${call.call_id} failed: ${String(e)}`);
+      this._client._warn(`switchboard: client call ${call.call_id} (${call.name}): ${describe(e)}`);
+    }
+  }
+
+  /** What the call's function answers: its value, or the error it threw, as an answer body. */
+  private async callAnswer(call: ClientCall, signal: AbortSignal): Promise<string> {
+    const entry = this._registry.entries.get(call.name);
+    if (entry?.execute === undefined) return errorBody(noFunction(call.name));
+    const context: ToolCallContext = {
+      callId: call.call_id,
+      toolUseId: call.tool_use_id,
+      name: call.name,
+      deadlineMs: call.deadline_ms,
+      idempotencyKey: call.idempotency_key,
+      signal,
+    };
+    let value: unknown;
+    try {
+      const input = await entry.input(call.input);
+      value = await entry.execute(input, context);
+    } catch (e) {
+      return errorAnswerBody(e);
+    }
+    return answerBody(value, call.name);
+  }
+
+  /** Posts a call's answer. An answer the server refuses (4xx: over `--max-body`, a bad
+   * block) is replaced at once by an error naming why, so the model hears the reason now, not
+   * `timeout` at the call's deadline. */
+  private async postAnswer(call: ClientCall, body: string): Promise<void> {
+    const path = `${this._base}/calls/${encodeURIComponent(call.call_id)}`;
+    const client = this._client;
+    const late = (e: unknown) => e instanceof SwitchboardError && LATE_ANSWER_CODES.includes(e.code);
+    try {
+      await client._request("POST", path, { body });
+      return;
+    } catch (e) {
+      if (late(e)) return;
+      if (!(e instanceof SwitchboardError && e.status !== undefined && e.status >= 400 && e.status < 500)) {
+        client._warn(`switchboard: answering client call ${call.call_id} (${call.name}) failed: ${describe(e)}`);
+        return;
+      }
+      const hint = e.code === "payload_too_large" ? "; return less, or start the server with a larger --max-body" : "";
+      const why =
+        `the server refused the answer of client tool ${JSON.stringify(call.name)} ` +
+        `(${e.code}, HTTP ${e.status}: ${snippet(e.detail)})${hint}`;
+      client._warn(`switchboard: ${why}; call ${call.call_id} is answered with this error instead`);
+      try {
+        await client._request("POST", path, { body: errorBody(`SwitchboardError: ${why}`) });
+      } catch (again) {
+        if (!late(again)) client._warn(`switchboard: answering client call ${call.call_id} with the refusal failed: ${describe(again)}`);
       }
     }
   }
@@ -306,7 +421,7 @@ export class Session {
    * message calls no tool (nothing is sent). Aborting `signal` cancels the turn on the server;
    * the dispatch still resolves with the answer (the cancelled calls say so).
    */
-  async dispatch(message: unknown, options: DispatchOptions = {}): Promise<DispatchAnswer | null> {
+  async dispatch<M>(message: M, options: DispatchOptions = {}): Promise<AnswerOf<M> | null> {
     const prepared = prepare(message, options.format);
     if (prepared.names !== undefined && prepared.names.length === 0) return null;
     const turnId = options.turnId ?? turnIdOf(prepared.body);
@@ -317,24 +432,31 @@ export class Session {
         for await (const _ of stream) {
           // results come in the answer
         }
-        return stream.answer;
+        return stream.answer as AnswerOf<M>;
       }
       const headers = { ...this._client._jsonHeaders, [TURN_HEADER]: turnId };
-      return this._client._request("POST", `${this._base}/dispatch?format=${prepared.format}`, prepared.body, headers);
+      const answer = await this._client._inFlight(this, turnId, () =>
+        this._client._request("POST", `${this._base}/dispatch?format=${prepared.format}`, {
+          body: prepared.body,
+          headers,
+          check: (v, status) => checkAnswer(v, prepared.format, status),
+        }),
+      );
+      return answer as AnswerOf<M>;
     });
   }
 
   /** Runs the dispatch in the background: `await turn` (or `turn.result`) is its answer,
    * `turn.cancel()` cancels it on the server, even before it arrived there. */
-  start(message: unknown, options: Omit<DispatchOptions, "signal"> = {}): Turn {
-    return new Turn(this, message, options);
+  start<M>(message: M, options: Omit<DispatchOptions, "signal"> = {}): Turn<AnswerOf<M>> {
+    return new Turn<AnswerOf<M>>(this, message, options);
   }
 
   /** The dispatch with the results as they come: `for await (const {index, result} of
    * session.stream(msg))`, then `stream.answer`. */
-  stream(message: unknown, options: DispatchOptions = {}): DispatchStream {
+  stream<M>(message: M, options: DispatchOptions = {}): DispatchStream<AnswerOf<M>> {
     const prepared = prepare(message, options.format);
-    return new DispatchStream(this, prepared, options.turnId ?? turnIdOf(prepared.body), options.onApproval, options.signal);
+    return new DispatchStream<AnswerOf<M>>(this, prepared, options.turnId ?? turnIdOf(prepared.body), options.onApproval, options.signal);
   }
 
   /** @internal Runs `fn` with `signal` wired to the cancel of the turn. */
@@ -362,33 +484,39 @@ export class Session {
    * tools are deferred, the Anthropic shape starts with `tool_search` and marks each deferred
    * tool `defer_loading: true`; the OpenAI shape lists `tool_search`, the tools not deferred,
    * then the deferred ones the session has been shown (ask again before each request). */
-  async tools(format: Format | "mcp" = "anthropic"): Promise<any[]> {
+  async tools<F extends CatalogFormat = "anthropic">(format: F = "anthropic" as F): Promise<CatalogOf<F>> {
     await this._ensure();
-    return this._client._request("GET", `${this._base}/tools?format=${format}`);
+    return this._client._request("GET", `${this._base}/tools?format=${format}`, { check: checkCatalog<F> });
   }
 
   /** Answers an `approval_required` event. */
-  async approve(approvalId: string, allow: boolean): Promise<any> {
+  async approve(approvalId: string, allow: boolean): Promise<ApprovalAnswer> {
     await this._ensure();
-    return this._client._request("POST", `${this._base}/approvals/${encodeURIComponent(approvalId)}`, JSON.stringify({ allow: Boolean(allow) }));
+    return this._client._request("POST", `${this._base}/approvals/${encodeURIComponent(approvalId)}`, {
+      body: JSON.stringify({ allow: Boolean(allow) }),
+      check: (v, status) => checkObject<ApprovalAnswer>(v, "the approval answer", status),
+    });
   }
 
   /** `{"session_id", "workspace", "turns", "calls", "in_flight"}`. */
-  async info(): Promise<any> {
+  async info(): Promise<SessionInfo> {
     await this._ensure();
-    return this._client._request("GET", this._base);
+    return this._client._request("GET", this._base, { check: checkInfo });
   }
 
-  /** Cancels whatever the session runs now (`null` if it was never created). */
-  async cancel(): Promise<any> {
+  /** Cancels whatever the session runs now: its info after the cancel (`null` if it was never
+   * created). */
+  async cancel(): Promise<SessionInfo | null> {
     if (this._id === undefined) return null;
-    return this._client._request("POST", `${this._base}/cancel`);
+    return this._client._request("POST", `${this._base}/cancel`, { check: checkInfo });
   }
 
   /** Cancels the turn `turnId` wherever it is — even before its dispatch arrived. */
   async cancelTurn(turnId: string): Promise<CancelAnswer> {
     await this._ensure();
-    return this._client._request("POST", `${this._base}/turns/${encodeURIComponent(turnId)}/cancel`);
+    return this._client._request("POST", `${this._base}/turns/${encodeURIComponent(turnId)}/cancel`, {
+      check: (v, status) => checkFields<CancelAnswer>(v, ["turn_id", "state"], "the cancel answer", status),
+    });
   }
 
   /** Deletes the server session (its workspace stays); later uses throw `unknown_session`. */
@@ -423,169 +551,4 @@ if (asyncDispose) {
       return this.close();
     },
   });
-}
-
-/** A streamed dispatch: `for await (const {index, result} of stream)` in the order the calls
- * finish; `answer` (the complete answer, in call order) once it has ended. Iterate it once. */
-export class DispatchStream implements AsyncIterable<StreamResult> {
-  private readonly state = new StreamState();
-  private started = false;
-
-  constructor(
-    private readonly session: Session,
-    private readonly prepared: Prepared,
-    /** The turn's id. */
-    readonly turnId: string,
-    private readonly onApproval: ApprovalCallback | undefined,
-    private readonly signal: AbortSignal | undefined,
-  ) {}
-
-  /** The complete answer, in call order (set once the stream has ended). */
-  get answer(): DispatchAnswer {
-    return this.state.answer;
-  }
-
-  /** The approval requests seen on the stream. */
-  get approvals(): ApprovalRequest[] {
-    return this.state.approvals;
-  }
-
-  [Symbol.asyncIterator](): AsyncIterator<StreamResult> {
-    if (this.started) throw new Error("a dispatch stream can be iterated once");
-    this.started = true;
-    return this.run();
-  }
-
-  private async *run(): AsyncGenerator<StreamResult> {
-    const session = this.session;
-    const signal = this.signal;
-    let cancelling: Promise<unknown> | undefined;
-    const onAbort = () => {
-      cancelling ??= session.cancelTurn(this.turnId).catch(() => undefined);
-    };
-    if (signal?.aborted) {
-      onAbort();
-      await cancelling;
-    } else signal?.addEventListener("abort", onAbort, { once: true });
-    try {
-      yield* this.events();
-    } finally {
-      signal?.removeEventListener("abort", onAbort);
-      if (cancelling) await cancelling;
-    }
-  }
-
-  private async *events(): AsyncGenerator<StreamResult> {
-    const session = this.session;
-    const client = session._client;
-    await session._ensure();
-    const { format, body } = this.prepared;
-    const resp = await client._open("POST", `${session._path}/dispatch?format=${format}&stream=true`, body, {
-      ...client._streamHeaders,
-      [TURN_HEADER]: this.turnId,
-    });
-    const state = this.state;
-    const calls = new AbortController();
-    if (!resp.body) throw new SwitchboardError("connection_error", "the stream has no body");
-    const reader = resp.body.getReader();
-    try {
-      for (;;) {
-        let chunk: ReadableStreamReadResult<Uint8Array>;
-        try {
-          chunk = await reader.read();
-        } catch (e) {
-          throw connectionError(e);
-        }
-        if (chunk.done) break;
-        for (const event of state.feed(chunk.value)) {
-          switch (event.kind) {
-            case "call":
-              void session._runCall(event.call, calls.signal);
-              break;
-            case "approval":
-              await this.approve(event.request);
-              break;
-            case "error":
-              throw event.error;
-            case "result":
-              yield event.item;
-              break;
-          }
-        }
-      }
-    } finally {
-      // Every call is answered once the stream has ended (by us, or by the server:
-      // `cancelled`); a tool still running has nothing left to answer.
-      calls.abort();
-      if (!state.done) await reader.cancel().catch(() => undefined);
-      reader.releaseLock();
-    }
-    if (!state.done) throw new SwitchboardError("connection_error", "the stream ended before `done`");
-  }
-
-  private async approve(request: ApprovalRequest): Promise<void> {
-    let allow = false;
-    if (this.onApproval) {
-      try {
-        allow = Boolean(await this.onApproval(request));
-      } catch (e) {
-        process.emitWarning(`switchboard: the approval callback threw (the call is denied): ${String(e)}`);
-      }
-    }
-    try {
-      await this.session.approve(request.approval_id, allow);
-    } catch (e) {
-      if (!(e instanceof SwitchboardError && e.code === "unknown_approval")) throw e;
-    }
-  }
-}
-
-/** A dispatch running in the background under a turn id the client chose. */
-export class Turn implements PromiseLike<DispatchAnswer | null> {
-  readonly turnId: string;
-  /** The answer (what `dispatch` resolves with), or what it rejected with. */
-  readonly result: Promise<DispatchAnswer | null>;
-  private _done = false;
-
-  constructor(
-    private readonly session: Session,
-    message: unknown,
-    options: Omit<DispatchOptions, "signal">,
-  ) {
-    this.turnId = options.turnId ?? turnIdOfMessage(message, options.format);
-    this.result = session.dispatch(message, { ...options, turnId: this.turnId });
-    // A handle nobody awaits does not crash the process; awaiting it still rejects.
-    this.result.then(
-      () => (this._done = true),
-      () => (this._done = true),
-    );
-  }
-
-  then<A = DispatchAnswer | null, B = never>(
-    onfulfilled?: ((value: DispatchAnswer | null) => A | PromiseLike<A>) | null,
-    onrejected?: ((reason: any) => B | PromiseLike<B>) | null,
-  ): Promise<A | B> {
-    return this.result.then(onfulfilled, onrejected);
-  }
-
-  /** Cancels the turn on the server wherever it is (even before its dispatch arrived);
-   * resolves with `{"turn_id", "state"}`. The turn's answer says which calls were cancelled. */
-  cancel(): Promise<CancelAnswer> {
-    return this.session.cancelTurn(this.turnId);
-  }
-
-  /** Whether the dispatch has settled. */
-  get done(): boolean {
-    return this._done;
-  }
-}
-
-/** The turn id `dispatch` derives for `message` (a fresh one when the message does not even
- * prepare: the dispatch then says what is wrong with it). */
-function turnIdOfMessage(message: unknown, format?: string): string {
-  try {
-    return turnIdOf(prepare(message, format).body);
-  } catch {
-    return newTurnId();
-  }
 }

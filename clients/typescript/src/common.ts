@@ -1,5 +1,5 @@
-// What the client's I/O builds on: the error types, format detection, the incremental SSE
-// decoder and the stream's events, client-tool answers, the retry rule. No I/O here.
+// What the client's I/O builds on: the error types, format detection, client-tool answers, the
+// retry rules. No I/O here.
 
 import { createHash, randomBytes } from "node:crypto";
 
@@ -84,24 +84,61 @@ export function connectionError(e: unknown): SwitchboardError {
 export const RETRIED: readonly string[] = ["overloaded", "node_unreachable", "session_moved", "cluster_unavailable"];
 
 /** The retries of one request: `delay(err)` is the wait in ms before the next attempt after
- * the refusal `err`, or `null` to give up. The refusals in `RETRIED` are retried, after their
- * `Retry-After`, at most `maxRetries` times within `budgetMs`. */
+ * the refusal `err`, `resend()` the wait before sending it again after its connection failed
+ * with no answer; `null` to give up. The refusals in `RETRIED` are retried after their
+ * `Retry-After`, a lost connection at once and then after 100 ms, 200 ms, … (at most 2 s); both
+ * count toward the same bounds: `maxRetries` attempts within `budgetMs`. */
 export class Retries {
   private attempt = 0;
-  private started = 0;
+  private resends = 0;
+  private started = performance.now();
   constructor(
     private readonly maxRetries: number,
     private readonly budgetMs: number,
   ) {}
 
   delay(err: SwitchboardError): number | null {
-    if (this.attempt === 0) this.started = performance.now();
-    if (!RETRIED.includes(err.code) || this.attempt >= this.maxRetries) return null;
-    const delay = Math.max(0, (err.retryAfter ?? 1) * 1000);
+    if (!RETRIED.includes(err.code)) return null;
+    return this.next(Math.max(0, (err.retryAfter ?? 1) * 1000));
+  }
+
+  resend(): number | null {
+    const delay = this.resends === 0 ? 0 : Math.min(100 * 2 ** (this.resends - 1), 2000);
+    const next = this.next(delay);
+    if (next !== null) this.resends += 1;
+    return next;
+  }
+
+  private next(delay: number): number | null {
+    if (this.attempt >= this.maxRetries) return null;
     if (performance.now() - this.started + delay > this.budgetMs) return null;
     this.attempt += 1;
     return delay;
   }
+}
+
+const RESET_CODES = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "UND_ERR_SOCKET", "UND_ERR_CLOSED"]);
+const RESET_TEXT = /socket hang up|other side closed|ECONNRESET|EPIPE/i;
+
+/**
+ * How a failed `fetch` failed before any answer came: `"refused"` (the connection was never
+ * made: nothing reached the server), `"lost"` (a kept-alive connection the server had closed,
+ * `ECONNRESET`, `socket hang up`: the request may have reached it), or `undefined` (anything
+ * else — a DNS failure, a bad URL, an abort — which sending again would not change, or would
+ * undo what the caller stopped).
+ */
+export function lostConnection(e: unknown): "refused" | "lost" | undefined {
+  const seen = new Set<unknown>();
+  for (let err: unknown = e; err !== null && typeof err === "object" && !seen.has(err); ) {
+    seen.add(err);
+    const { code, name, message, cause } = err as { code?: unknown; name?: unknown; message?: unknown; cause?: unknown };
+    if (name === "AbortError" || name === "TimeoutError") return undefined;
+    if (code === "ECONNREFUSED") return "refused";
+    if (typeof code === "string" && RESET_CODES.has(code)) return "lost";
+    if (typeof message === "string" && RESET_TEXT.test(message)) return "lost";
+    err = cause;
+  }
+  return undefined;
 }
 
 /** A fresh random turn id (for a caller that wants one turn per call of `dispatch`). */
@@ -206,138 +243,19 @@ export function prepare(message: unknown, format?: string): Prepared {
   return { format: fmt, names: calledTools(document, fmt), body: JSON.stringify(document) };
 }
 
-// --- server-sent events ----------------------------------------------------------------------
-
-/** Turns the text of an SSE body, as it arrives, into `[event, data]` pairs. */
-export class SseDecoder {
-  private buf = "";
-  private readonly text = new TextDecoder();
-
-  feed(chunk: Uint8Array | string): Array<[string, string]> {
-    const piece = typeof chunk === "string" ? chunk : this.text.decode(chunk, { stream: true });
-    let buf = this.buf ? this.buf + piece : piece;
-    if (buf.includes("\r")) buf = buf.replace(/\r\n?/g, "\n");
-    const out: Array<[string, string]> = [];
-    let start = 0;
-    for (;;) {
-      const end = buf.indexOf("\n\n", start);
-      if (end < 0) break;
-      const event = parseBlock(buf.slice(start, end));
-      start = end + 2;
-      if (event) out.push(event);
-    }
-    this.buf = start ? buf.slice(start) : buf;
-    return out;
-  }
-}
-
-function parseBlock(block: string): [string, string] | undefined {
-  let event = "message";
-  const data: string[] = [];
-  for (const line of block.split("\n")) {
-    if (!line || line[0] === ":") continue;
-    const colon = line.indexOf(":");
-    const field = colon < 0 ? line : line.slice(0, colon);
-    let value = colon < 0 ? "" : line.slice(colon + 1);
-    if (value[0] === " ") value = value.slice(1);
-    if (field === "event") event = value;
-    else if (field === "data") data.push(value);
-  }
-  if (!data.length && event === "message") return undefined;
-  return [event, data.join("\n")];
-}
-
-/** A client-tool call handed over on a turn's stream (`event: call`). */
-export interface ClientCall {
-  call_id: string;
-  tool_use_id: string;
-  name: string;
-  input: unknown;
-  deadline_ms: number;
-  /** The call's idempotency key (`ToolCallContext.idempotencyKey`). */
-  idempotency_key: string;
-}
-
-/** A call held for approval (`event: approval_required`). */
-export interface ApprovalRequest {
-  approval_id: string;
-  tool_use_id: string;
-  tool_name: string;
-  tool_input: unknown;
-  subject?: unknown;
-  rule?: unknown;
-  [key: string]: unknown;
-}
-
-export interface StreamResult {
-  /** The call's position in the model's message. */
-  index: number;
-  /** The `tool_result` block (Anthropic) or tool message (OpenAI). */
-  result: any;
-}
-
-export type StreamEvent =
-  | { kind: "call"; call: ClientCall }
-  | { kind: "approval"; request: ApprovalRequest }
-  | { kind: "result"; item: StreamResult }
-  | { kind: "error"; error: SwitchboardError };
-
-/** Interprets the events of a streamed dispatch: `result` items are returned, `done` sets
- * `answer`, `error` throws; `call` and `approval_required` are returned for the client. */
-export class StreamState {
-  answer: any = undefined;
-  done = false;
-  readonly approvals: ApprovalRequest[] = [];
-  private readonly decoder = new SseDecoder();
-
-  feed(chunk: Uint8Array | string): StreamEvent[] {
-    const out: StreamEvent[] = [];
-    for (const [event, data] of this.decoder.feed(chunk)) {
-      switch (event) {
-        case "call":
-          out.push({ kind: "call", call: JSON.parse(data) });
-          break;
-        case "approval_required": {
-          const request = JSON.parse(data);
-          this.approvals.push(request);
-          out.push({ kind: "approval", request });
-          break;
-        }
-        case "result": {
-          const item = JSON.parse(data);
-          out.push({ kind: "result", item: { index: item.index, result: item.result } });
-          break;
-        }
-        case "done":
-          this.answer = JSON.parse(data);
-          this.done = true;
-          break;
-        case "error": {
-          let err: { code?: string; message?: string } = {};
-          try {
-            err = JSON.parse(data).error ?? {};
-          } catch {
-            // keep the raw text
-          }
-          // Act on the events before it, then throw.
-          out.push({ kind: "error", error: new SwitchboardError(err.code ?? "internal", err.message ?? data, 200) });
-          break;
-        }
-        default:
-          break;
-      }
-    }
-    return out;
-  }
-}
-
 // --- client-tool answers ---------------------------------------------------------------------
+//
+// Whatever a tool function returns or throws becomes one answer, and building it never throws:
+// a value JSON cannot carry (a BigInt, a cycle, a function) is answered as an error saying so,
+// and a thrown value that cannot even be shown (a null-prototype object, a `toString` that
+// throws) is described as well as it can be.
 
 const BLOCK_TYPES = new Set(["text", "image"]);
 
 /** A tool function's return value as the `content` of a call's answer: a string as is,
  * `undefined`/`null` as `""`, a non-empty array of content blocks (text, image) as is,
- * bytes as UTF-8 text, anything else as JSON text. */
+ * bytes as UTF-8 text, anything else as JSON text. Throws a `TypeError` for a value JSON cannot
+ * carry. */
 export function answerContent(value: unknown): unknown {
   if (typeof value === "string") return value;
   if (value === undefined || value === null) return "";
@@ -349,26 +267,68 @@ export function answerContent(value: unknown): unknown {
   ) {
     return value;
   }
+  const text = JSON.stringify(value);
+  if (text === undefined) throw new TypeError(`JSON has no ${typeof value}`);
+  return text;
+}
+
+/** The answer to post for the value tool `name` returned; an error answer when JSON cannot
+ * carry it. Never throws. */
+export function answerBody(value: unknown, name = "tool"): string {
   try {
-    const text = JSON.stringify(value);
-    return text === undefined ? String(value) : text;
-  } catch {
-    return String(value);
+    return JSON.stringify({ content: answerContent(value), is_error: false });
+  } catch (e) {
+    return errorBody(
+      `SwitchboardError: client tool ${JSON.stringify(name)} returned a value that cannot be sent as JSON ` +
+        `(${describe(e)}); return a string, content blocks or a JSON-serializable value`,
+    );
   }
 }
 
-export function answerBody(value: unknown): string {
-  return JSON.stringify({ content: answerContent(value), is_error: false });
-}
-
-/** The answer of a tool that threw: a `ToolError`'s message as it is, else `"<Name>: message"`. */
+/** The answer of a tool that threw: a `ToolError`'s message as it is, else `"<Name>: message"`.
+ * Never throws. */
 export function errorAnswerBody(error: unknown): string {
-  if (error instanceof ToolError) return errorBody(error.message);
-  if (error instanceof Error) {
-    const name = error.name || error.constructor?.name || "Error";
-    return errorBody(error.message ? `${name}: ${error.message}` : name);
+  let text: string;
+  try {
+    text = error instanceof ToolError ? String(error.message) : describe(error);
+  } catch {
+    text = describe(error);
   }
-  return errorBody(`Error: ${String(error)}`);
+  return errorBody(text);
+}
+
+/** A thrown or logged value as text: `"<Name>: message"` for an error, `"Error: …"` for
+ * anything else (JSON for an object). Never throws, whatever the value. */
+export function describe(value: unknown): string {
+  try {
+    if (value instanceof Error) {
+      const name = safeString(value.name) || safeString(value.constructor?.name) || "Error";
+      const message = safeString(value.message);
+      return message ? `${name}: ${message}` : name;
+    }
+  } catch {
+    // a Proxy, a getter that throws: shown as a value
+  }
+  return `Error: ${safeString(value)}`;
+}
+
+function safeString(value: unknown): string {
+  if (typeof value === "string") return value;
+  if (value === undefined) return "";
+  const attempts: Array<() => unknown> = [
+    () => (value !== null && typeof value === "object" ? JSON.stringify(value) : undefined),
+    () => String(value),
+    () => Object.prototype.toString.call(value),
+  ];
+  for (const attempt of attempts) {
+    try {
+      const text = attempt();
+      if (typeof text === "string") return text;
+    } catch {
+      // the next way
+    }
+  }
+  return "(a value that cannot be shown)";
 }
 
 export function errorBody(text: string): string {

@@ -1,18 +1,22 @@
 // switchboard-client: the TypeScript client of `switchboard serve`.
 
-export { Client, Session, DispatchStream, Turn } from "./client.js";
+export { Client, Session } from "./client.js";
+export { DispatchStream, Turn } from "./turn.js";
 export type {
   ClientOptions,
   SessionOptions,
   DispatchOptions,
-  DispatchAnswer,
   ApprovalCallback,
   CancelAnswer,
+  Logger,
 } from "./client.js";
+export { BINARY_ENV, LocalClient, LocalServer, LocalServerError, findBinary, local } from "./local.js";
+export type { LocalOptions } from "./local.js";
+export { SERVE_OPTIONS, serveArgs } from "./serve-options.js";
+export type { Duration, ServeOptions } from "./serve-options.js";
 export {
   SwitchboardError,
   ToolError,
-  SseDecoder,
   DEFAULT_BASE_URL,
   TOKEN_ENV,
   TURN_HEADER,
@@ -22,7 +26,29 @@ export {
   newTurnId,
   turnIdOf,
 } from "./common.js";
-export type { ApprovalRequest, ClientCall, Format, StreamResult } from "./common.js";
+export type { Format } from "./common.js";
+export { SseDecoder } from "./stream.js";
+export type { ApprovalRequest, ClientCall } from "./stream.js";
+export type {
+  AnswerOf,
+  AnthropicAnswer,
+  AnthropicTool,
+  ApprovalAnswer,
+  CatalogFormat,
+  CatalogOf,
+  DispatchAnswer,
+  Health,
+  ImageBlock,
+  McpTool,
+  OpenAIAnswer,
+  OpenAITool,
+  OpenAIToolMessage,
+  SessionInfo,
+  StreamResult,
+  TextBlock,
+  ToolReferenceBlock,
+  ToolResultBlock,
+} from "./wire.js";
 export { DEFER_MODES, EFFECT_CLASSES, defineTool, isZodSchema, zodToJsonSchema } from "./tools.js";
 export type {
   ClientTool,
@@ -32,6 +58,7 @@ export type {
   JsonSchema,
   ToolAccess,
   ToolCallContext,
+  ToolFunction,
   ToolOptions,
   ToolSpec,
   ZodLike,

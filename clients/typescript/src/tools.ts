@@ -11,8 +11,9 @@ export interface ZodLike<O = unknown> {
   parseAsync?(data: unknown): Promise<O>;
 }
 
-/** The input type of a tool: a zod schema's output type, else any object. */
-export type InferInput<S> = S extends { _output: infer O } ? O : Record<string, any>;
+/** The input type of a tool: a zod schema's output type, else an object of unknown values
+ * (the engine has checked it against the JSON schema; narrow what you read). */
+export type InferInput<S> = S extends { _output: infer O } ? O : Record<string, unknown>;
 
 /** What the function of a client tool gets besides its input. */
 export interface ToolCallContext {
@@ -84,9 +85,13 @@ export interface ClientTool<S = JsonSchema> extends ToolOptions {
   /** Alias of `inputSchema` (the name the Vercel AI SDK and OpenAI use). */
   parameters?: S;
   /** Runs a call; its return value is the answer (see the guide). A tool without a function
-   * is declared only: its calls are answered with an error. */
-  execute?: (input: InferInput<S>, context: ToolCallContext) => unknown;
+   * is declared only: its calls are answered with an error. (A method, so that a tool of any
+   * schema fits in a `ClientTool<unknown>[]`.) */
+  execute?(input: InferInput<S>, context: ToolCallContext): unknown;
 }
+
+/** The function of a client tool whose input is not typed (a ready declaration's). */
+export type ToolFunction = (input: Record<string, unknown>, context: ToolCallContext) => unknown;
 
 /** A ready tool declaration: Anthropic shape (`name`, `description`, `input_schema`) or OpenAI
  * shape (`{"type": "function", "function": {...}}`), with the optional client-tool keys. */
@@ -123,11 +128,20 @@ export function specName(spec: ToolSpec): string {
   );
 }
 
-let zodModules: Promise<Array<Record<string, any>>> | undefined;
+/** What this file calls of an optional module (zod, zod-to-json-schema), found at run time. */
+type Converter = (schema: unknown, options: Record<string, unknown>) => unknown;
+interface OptionalModule {
+  toJSONSchema?: Converter;
+  zodToJsonSchema?: Converter;
+  default?: Converter;
+  z?: OptionalModule;
+}
 
-async function importOptional(name: string): Promise<Record<string, any> | undefined> {
+let zodModules: Promise<OptionalModule[]> | undefined;
+
+async function importOptional(name: string): Promise<OptionalModule | undefined> {
   try {
-    return (await import(name)) as Record<string, any>;
+    return (await import(name)) as OptionalModule;
   } catch {
     return undefined;
   }
@@ -170,7 +184,7 @@ export class ToolEntry {
     readonly name: string,
     /** The declaration, except a zod schema not yet converted. */
     private readonly base: ToolSpec,
-    readonly execute: ((input: any, context: ToolCallContext) => unknown) | undefined,
+    readonly execute: ((input: unknown, context: ToolCallContext) => unknown) | undefined,
     readonly zod: ZodLike | undefined,
   ) {}
 
@@ -219,15 +233,15 @@ function withOptions(spec: ToolSpec, o: ToolOptions): ToolSpec {
 }
 
 /** The entry of a `ClientTool`, or of a ready declaration (with an optional function). */
-export function toolEntry(tool: ClientTool<any> | ToolSpec, execute?: ClientTool["execute"]): ToolEntry {
+export function toolEntry(tool: ClientTool<unknown> | ToolSpec, execute?: ToolFunction): ToolEntry {
   if (tool === null || typeof tool !== "object") {
     throw new TypeError(`a client tool is an object {name, inputSchema, execute}, not ${String(tool)}`);
   }
   if (isSpec(tool)) {
     const spec = { ...(tool as ToolSpec) };
-    return new ToolEntry(specName(spec), spec, execute, undefined);
+    return new ToolEntry(specName(spec), spec, execute as ToolEntry["execute"], undefined);
   }
-  const t = tool as ClientTool<any>;
+  const t = tool as ClientTool<unknown>;
   const fn = execute ?? t.execute;
   if (fn !== undefined && typeof fn !== "function") {
     throw new TypeError(`client tool ${t.name}: execute must be a function`);
@@ -244,7 +258,7 @@ export function toolEntry(tool: ClientTool<any> | ToolSpec, execute?: ClientTool
     { name: t.name, description: t.description ?? t.name, input_schema: zod ? {} : { ...(schema as JsonSchema) } },
     t,
   );
-  return new ToolEntry(t.name, spec, fn, zod);
+  return new ToolEntry(t.name, spec, fn as ToolEntry["execute"], zod);
 }
 
 export function noFunction(name: string): string {

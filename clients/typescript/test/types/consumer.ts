@@ -1,5 +1,7 @@
 // Compiled with `tsc --noEmit -p test/types` (npm test): the declarations a TypeScript user
 // gets, including the input type a zod schema gives a client tool.
+import type Anthropic from "@anthropic-ai/sdk";
+import type OpenAI from "openai";
 import { z } from "zod";
 import {
   Client,
@@ -9,7 +11,13 @@ import {
   ToolError,
   defineTool,
   idempotencyKey,
+  local,
+  LocalServerError,
+  type AnthropicAnswer,
   type CancelAnswer,
+  type DispatchAnswer,
+  type OpenAIAnswer,
+  type SessionInfo,
   type DeferMode,
   type EffectClass,
   type StreamResult,
@@ -64,4 +72,45 @@ export async function use(): Promise<void> {
   }
   const tools = await switchboardTools(session, { only: ["bash"], errors: "throw" });
   console.log(Object.keys(tools), options, effectOptions);
+}
+
+// The answers and catalogs fit the SDKs' own types, with no cast.
+export async function sdks(session: ReturnType<Client["session"]>, response: Anthropic.Message, completion: OpenAI.ChatCompletion): Promise<void> {
+  const history: Anthropic.MessageParam[] = [];
+  const catalog: Anthropic.ToolUnion[] = await session.tools();
+  const results = await session.dispatch(response);
+  if (results !== null) history.push(results);
+  const typed: AnthropicAnswer | null = results;
+
+  const chat: OpenAI.ChatCompletionMessageParam[] = [];
+  const functions: OpenAI.ChatCompletionTool[] = await session.tools("openai");
+  const messages = await session.dispatch(completion.choices[0].message);
+  if (messages !== null) chat.push(...messages);
+  const fromCompletion: OpenAIAnswer | null = await session.dispatch(completion);
+
+  // A message of unknown shape: either answer, told apart at run time.
+  const either: DispatchAnswer | null = await session.dispatch(JSON.parse("{}") as unknown);
+  if (either !== null && !Array.isArray(either)) history.push(either);
+  const mcp = await session.tools("mcp");
+  const info: SessionInfo = await session.info();
+  console.log(catalog, typed, functions, fromCompletion, mcp[0].inputSchema, info.in_flight);
+
+  // @ts-expect-error: an untyped JSON schema's input is unknown until narrowed
+  session.tool({ name: "untyped", inputSchema: { type: "object" }, execute: ({ key }) => key.toUpperCase() });
+  session.tool({ name: "narrowed", inputSchema: { type: "object" }, execute: ({ key }) => String(key).toUpperCase() });
+}
+
+export async function sidecar(): Promise<void> {
+  const client = await local({ sandbox: "read-only", grace: 2, allowNetwork: false, sandboxRead: ["/opt"], maxRetries: 3 });
+  console.log(client.server.pid, client.server.stderr(), client.baseUrl);
+  await client.close();
+  // @ts-expect-error: serve has no such option
+  await local({ sandboxx: "off" });
+  // @ts-expect-error: sandbox is one of the modes
+  await local({ sandbox: "none" });
+  try {
+    await local();
+  } catch (e) {
+    if (e instanceof LocalServerError) console.log(e.code, e.stderr);
+  }
 }
