@@ -384,12 +384,14 @@ impl Registry {
     }
 
     /// Registers tools in order, publishing once; the first refusal stops (the tools before it
-    /// stay registered).
+    /// stay registered). The embedder's own tools: each pattern of their schemas is bounded,
+    /// their number is not ([`validation::Budget::embedder`]).
     pub fn register_all(
         &mut self,
         specs: impl IntoIterator<Item = ToolSpec>,
     ) -> Result<(), RegistryError> {
         let mut result = Ok(());
+        let mut budget = validation::Budget::embedder();
         let before = self.order.len();
         let mut names: HashSet<Arc<str>> = self.order.iter().map(|t| Arc::clone(&t.name)).collect();
         for spec in specs {
@@ -397,7 +399,7 @@ impl Registry {
                 result = Err(RegistryError::Duplicate(spec.name));
                 break;
             }
-            match prepare(spec) {
+            match prepare_in(spec, &mut budget) {
                 Ok(tool) => {
                     names.insert(Arc::clone(&tool.name));
                     self.order.push(Arc::new(tool));
@@ -416,19 +418,28 @@ impl Registry {
 }
 
 /// Checks a spec's name and compiles its schema: the registered form of a tool, made outside the
-/// registry for a session's own tools (see [`Snapshot::extended`]).
+/// registry for a session's own tools (see [`Snapshot::extended`]). A catalog of its own.
 pub fn prepare(spec: ToolSpec) -> Result<RegisteredTool, RegistryError> {
+    prepare_in(spec, &mut validation::Budget::catalog())
+}
+
+/// [`prepare`] for one tool of a catalog, whose schemas' compile cost `budget` bounds.
+pub fn prepare_in(
+    spec: ToolSpec,
+    budget: &mut validation::Budget,
+) -> Result<RegisteredTool, RegistryError> {
     if spec.name.is_empty() {
         return Err(RegistryError::EmptyName);
     }
     if !valid_tool_name(&spec.name) {
         return Err(RegistryError::InvalidName(spec.name));
     }
-    let validator =
-        validation::compile(&spec.input_schema).map_err(|detail| RegistryError::BadSchema {
+    let validator = validation::compile_in(&spec.input_schema, budget).map_err(|detail| {
+        RegistryError::BadSchema {
             name: spec.name.clone(),
             detail,
-        })?;
+        }
+    })?;
     let metrics = ToolMetrics::new(&spec.name);
     let catalog_bytes = json!({
         "name": spec.name, "description": spec.description, "input_schema": spec.input_schema,
@@ -474,9 +485,11 @@ impl Registry {
     /// Removes every tool whose name starts with `prefix` and registers `specs` in their place,
     /// publishing once (one version bump), so a turn sees either the old set or the new one. A
     /// spec that is refused (bad name, schema, a duplicate, or a name outside `prefix`) is
-    /// skipped; the refusals are returned.
+    /// skipped; the refusals are returned. The specs are one catalog (one server's listing):
+    /// their schemas share one [`validation::Budget`].
     pub fn replace_group(&mut self, prefix: &str, specs: Vec<ToolSpec>) -> Vec<RegistryError> {
         self.order.retain(|t| !t.name.starts_with(prefix));
+        let mut budget = validation::Budget::catalog();
         let mut names: std::collections::HashSet<Arc<str>> =
             self.order.iter().map(|t| Arc::clone(&t.name)).collect();
         let mut refused = Vec::new();
@@ -489,7 +502,7 @@ impl Registry {
                 refused.push(RegistryError::Duplicate(spec.name));
                 continue;
             }
-            match prepare(spec) {
+            match prepare_in(spec, &mut budget) {
                 Ok(tool) => {
                     names.insert(Arc::clone(&tool.name));
                     self.order.push(Arc::new(tool));
@@ -637,6 +650,25 @@ mod tests {
             r.register(spec("s", json!({"type":"string"}))),
             Err(RegistryError::BadSchema { .. })
         ));
+    }
+
+    #[test]
+    fn the_embedders_tools_have_no_pattern_count_but_each_pattern_is_bounded() {
+        let with =
+            |p: &str| json!({"type":"object","properties":{"x":{"type":"string","pattern":p}}});
+        let many = (0..=crate::validation::MAX_CATALOG_PATTERNS * 2)
+            .map(|i| spec(&format!("t{i}"), with("^[a-z]+$")));
+        let mut r = Registry::new(Arc::default(), Arc::default());
+        r.register_all(many).unwrap();
+        assert_eq!(
+            r.snapshot().len(),
+            crate::validation::MAX_CATALOG_PATTERNS * 2 + 1
+        );
+        let err = r
+            .register_all([spec("greedy", with("[^x]{3000}y"))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("compiles to more than"), "{err}");
     }
 
     #[test]

@@ -5,12 +5,19 @@
 //!   deferred tools of one engine, and every query of `--search-queries` (natural-language
 //!   requests, each with the tools a person would expect) sent as a `tool_search` call with
 //!   `max_results` 5: top-1 is the share of queries whose first result is an expected tool,
-//!   top-5 the share with an expected tool among the five.
+//!   top-5 the share with an expected tool among the five, MRR the mean of 1/rank of the first
+//!   expected tool (0 when none is among the five). Reported per set: **tuning** (the queries
+//!   of `--search-queries` whose [`split`] is even: the only ones the ranking may be tuned on),
+//!   **held-out benchmark** (the others), **held-out tasks** (`tasks.jsonl` beside the queries:
+//!   queries written as user tasks, never used for tuning) and **held-out** (both).
 //! * **Latency** — the same catalog repeated to 10,000 tools (each copy renamed), and
 //!   `tool_search` calls of each query form (the queries as keywords; `select:` of two names;
 //!   `regex:` of a word of the query) dispatched one at a time through a session: p50/p99 per
 //!   search, the whole call included (validation, search, encoding), in wall time and in the
-//!   process's CPU time (nothing else runs meanwhile), which a busy machine inflates far less.
+//!   process's CPU time (nothing else runs meanwhile), which a busy machine inflates far less;
+//!   then `regex:` patterns built to be costly (long counted repetitions, a word that never
+//!   occurs), and keyword searches of one session while another runs those patterns
+//!   back to back (what a costly pattern does to other sessions).
 //!
 //! One JSON line each; the files are read from the current directory by default (the
 //! repository's `benches/tool_search/`).
@@ -30,6 +37,20 @@ use crate::tool::{Defer, Handler, ToolSpec};
 pub const DEFAULT_CATALOG: &str = "benches/tool_search/catalog.json";
 /// Default `--search-queries`.
 pub const DEFAULT_QUERIES: &str = "benches/tool_search/queries.jsonl";
+/// The held-out task queries, read from beside the queries when the file exists.
+pub const TASKS_FILE: &str = "tasks.jsonl";
+/// `regex:` patterns built to be costly over the latency catalog: long counted repetitions of
+/// classes, and a word that never occurs so that nothing stops the scan early.
+const COSTLY_PATTERNS: &[&str] = &[
+    r"\w{3}.{180}zzqxj",
+    r"[a-z]{3}.{150}zzqxj",
+    r"\w{3}.{180}",
+    r"(get|list|create|delete).{120}zzqxj",
+    r"[a-z]+_[a-z]+.{60}\d{3}zzqxj",
+    r"(\w+\s+){20}zzqxj",
+    r".*.*.*.*.*=.*.*.*.*zzqxj",
+    r"zzqxj|\w{2}.{90}\bqqq",
+];
 /// Tools of the latency catalog.
 const LATENCY_TOOLS: usize = 10_000;
 /// Searches measured per query form (bounded by the time cap too).
@@ -52,6 +73,56 @@ struct Query {
     expected: Vec<String>,
 }
 
+/// Which set a benchmark query belongs to: `true` for tuning. FNV-1a (64-bit) of the query's
+/// text, even for tuning, odd for held-out: fixed, independent of the file's order, and about
+/// half and half (170 and 134 of the 304 queries).
+pub fn split(query: &str) -> bool {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in query.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash.is_multiple_of(2)
+}
+
+/// Top-1, top-5 and MRR of a set of queries.
+#[derive(Default)]
+struct Recall {
+    queries: usize,
+    top1: usize,
+    top5: usize,
+    reciprocal: f64,
+}
+
+impl Recall {
+    fn add(&mut self, rank: Option<usize>) {
+        self.queries += 1;
+        if let Some(rank) = rank {
+            self.top1 += usize::from(rank == 1);
+            self.top5 += usize::from(rank <= 5);
+            self.reciprocal += 1.0 / rank as f64;
+        }
+    }
+
+    fn line(&self, set: &str, catalog: usize, mcp: usize, misses: Option<&[Value]>) -> String {
+        let n = self.queries.max(1) as f64;
+        let mut line = json!({
+            "workload": "tool_search_recall",
+            "set": set,
+            "catalog_tools": catalog,
+            "mcp_tools": mcp,
+            "queries": self.queries,
+            "top1": round_to(self.top1 as f64 / n, 3),
+            "top5": round_to(self.top5 as f64 / n, 3),
+            "mrr": round_to(self.reciprocal / n, 3),
+        });
+        if let Some(misses) = misses {
+            line["misses_shown"] = json!(misses);
+        }
+        line.to_string()
+    }
+}
+
 /// Runs the set; returns its JSON lines.
 pub async fn run(
     catalog: &Path,
@@ -59,7 +130,13 @@ pub async fn run(
     max_time: Duration,
 ) -> Result<Vec<String>, String> {
     let entries = read_catalog(catalog)?;
+    let tasks_path = queries.with_file_name(TASKS_FILE);
     let queries = read_queries(queries, &entries)?;
+    let tasks = if tasks_path.exists() {
+        read_queries(&tasks_path, &entries)?
+    } else {
+        Vec::new()
+    };
     let mcp = entries
         .iter()
         .filter(|e| e.name.starts_with("mcp__"))
@@ -72,39 +149,52 @@ pub async fn run(
         .iter()
         .map(|e| (e.name.as_str(), e.id.as_str()))
         .collect();
-    let (mut top1, mut top5) = (0usize, 0usize);
+    let (mut tuning, mut held_benchmark, mut held_tasks, mut held) = (
+        Recall::default(),
+        Recall::default(),
+        Recall::default(),
+        Recall::default(),
+    );
     let mut misses = Vec::new();
-    for (i, q) in queries.iter().enumerate() {
-        let found = search(&session, i, &q.query, 5).await?;
-        let ids: Vec<&str> = found
+    let sets = queries
+        .iter()
+        .map(|q| (q, split(&q.query)))
+        .chain(tasks.iter().map(|q| (q, false)));
+    for (i, (q, is_tuning)) in sets.enumerate() {
+        let found = search(&session, i, &q.query, 5, false).await?;
+        let rank = found
             .iter()
             .filter_map(|n| by_name.get(n.as_str()).copied())
-            .collect();
-        if ids
-            .first()
-            .is_some_and(|id| q.expected.iter().any(|e| e == id))
-        {
-            top1 += 1;
-        }
-        if ids.iter().any(|id| q.expected.iter().any(|e| e == id)) {
-            top5 += 1;
-        } else if misses.len() < 10 {
-            misses.push(json!({"query": q.query, "expected": q.expected, "got": ids}));
+            .position(|id| q.expected.iter().any(|e| e == id))
+            .map(|p| p + 1);
+        if is_tuning {
+            tuning.add(rank);
+            // Only tuning misses are shown: the held-out ones are not for reading.
+            if rank.is_none() && misses.len() < 10 {
+                let ids: Vec<&str> = found
+                    .iter()
+                    .filter_map(|n| by_name.get(n.as_str()).copied())
+                    .collect();
+                misses.push(json!({"query": q.query, "expected": q.expected, "got": ids}));
+            }
+        } else {
+            held.add(rank);
+            if i < queries.len() {
+                held_benchmark.add(rank);
+            } else {
+                held_tasks.add(rank);
+            }
         }
     }
-    let n = queries.len().max(1) as f64;
+    let (n, m) = (entries.len(), mcp);
     let mut lines = vec![
-        json!({
-            "workload": "tool_search_recall",
-            "catalog_tools": entries.len(),
-            "mcp_tools": mcp,
-            "queries": queries.len(),
-            "top1": round_to(top1 as f64 / n, 3),
-            "top5": round_to(top5 as f64 / n, 3),
-            "misses_shown": misses,
-        })
-        .to_string(),
+        tuning.line("tuning", n, m, Some(&misses)),
+        held.line("held_out", n, m, None),
+        held_benchmark.line("held_out_benchmark", n, m, None),
     ];
+    if held_tasks.queries > 0 {
+        lines.push(held_tasks.line("held_out_tasks", n, m, None));
+    }
     drop(session);
     engine.shutdown(Duration::from_secs(1)).await;
 
@@ -156,7 +246,7 @@ pub async fn run(
     for (form, query_of) in &forms {
         // Warm-up, unmeasured.
         for i in 0..50 {
-            search(&session, i, &query_of(i), 5).await?;
+            search(&session, i, &query_of(i), 5, false).await?;
         }
         let mut h = histogram();
         let mut cpu = histogram();
@@ -168,7 +258,7 @@ pub async fn run(
             let query = query_of(i);
             let started = Instant::now();
             let cpu_started = process_cpu();
-            search(&session, i, &query, 5).await?;
+            search(&session, i, &query, 5, false).await?;
             let cpu_ns = process_cpu().saturating_sub(cpu_started);
             let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             let _ = h.record(ns.max(1));
@@ -192,9 +282,104 @@ pub async fn run(
             .to_string(),
         );
     }
+    lines.push(costly_regex(&session, deadline).await?);
+    lines.push(beside_costly(&engine, &queries, deadline).await?);
     drop(session);
     engine.shutdown(Duration::from_secs(1)).await;
     Ok(lines)
+}
+
+/// p50/p99 of `regex:` patterns built to be costly, and how many the search refused.
+async fn costly_regex(session: &Session, deadline: Instant) -> Result<String, String> {
+    let mut h = histogram();
+    let (mut done, mut refused) = (0usize, 0usize);
+    let mut per_pattern: Vec<(u64, bool)> = vec![(0, false); COSTLY_PATTERNS.len()];
+    for i in 0..COSTLY_PATTERNS.len() * 40 {
+        if Instant::now() >= deadline && done >= COSTLY_PATTERNS.len() {
+            break;
+        }
+        let k = i % COSTLY_PATTERNS.len();
+        let query = format!("regex:{}", COSTLY_PATTERNS[k]);
+        let started = Instant::now();
+        let answer = search(session, i, &query, 5, true).await?;
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let _ = h.record(ns.max(1));
+        let too_costly = answer.first().is_some_and(|a| a.contains("too costly"));
+        refused += usize::from(too_costly);
+        per_pattern[k] = (per_pattern[k].0.max(ns), too_costly);
+        done += 1;
+    }
+    let p = Percentiles::of(&h);
+    let patterns: Vec<Value> = COSTLY_PATTERNS
+        .iter()
+        .zip(&per_pattern)
+        .map(|(pattern, (max, too_costly))| {
+            json!({"pattern": pattern, "max_ms": round_to(*max as f64 / 1e6, 2), "too_costly": too_costly})
+        })
+        .collect();
+    Ok(json!({
+        "workload": "tool_search_latency",
+        "catalog_tools": LATENCY_TOOLS,
+        "form": "regex_costly",
+        "searches": done,
+        "refused_too_costly": refused,
+        "p50_us": super::stats::round2(p.p50),
+        "p99_us": super::stats::round2(p.p99),
+        "max_us": super::stats::round2(p.max),
+        "patterns": patterns,
+    })
+    .to_string())
+}
+
+/// p50/p99 of one session's keyword searches while another session runs costly `regex:`
+/// patterns back to back.
+async fn beside_costly(
+    engine: &Engine,
+    queries: &[Query],
+    deadline: Instant,
+) -> Result<String, String> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let other = engine.session();
+    let stop_other = std::sync::Arc::clone(&stop);
+    let busy = tokio::spawn(async move {
+        let mut i = 0usize;
+        while !stop_other.load(std::sync::atomic::Ordering::Relaxed) {
+            let query = format!("regex:{}", COSTLY_PATTERNS[i % COSTLY_PATTERNS.len()]);
+            if search(&other, i, &query, 5, true).await.is_err() {
+                break;
+            }
+            i += 1;
+        }
+        i
+    });
+    let session = engine.session();
+    let mut h = histogram();
+    let mut done = 0usize;
+    for i in 0..SEARCHES_PER_FORM {
+        if Instant::now() >= deadline && done >= 100 {
+            break;
+        }
+        let query = &queries[i % queries.len()].query;
+        let started = Instant::now();
+        search(&session, i, query, 5, false).await?;
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let _ = h.record(ns.max(1));
+        done += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let costly = busy.await.unwrap_or(0);
+    let p = Percentiles::of(&h);
+    Ok(json!({
+        "workload": "tool_search_latency",
+        "catalog_tools": LATENCY_TOOLS,
+        "form": "keywords_beside_costly_regex",
+        "searches": done,
+        "costly_searches_meanwhile": costly,
+        "p50_us": super::stats::round2(p.p50),
+        "p99_us": super::stats::round2(p.p99),
+        "max_us": super::stats::round2(p.max),
+    })
+    .to_string())
 }
 
 /// This process's CPU time in nanoseconds: what a search cost, whatever else the machine was
@@ -221,12 +406,14 @@ fn engine_of(specs: impl IntoIterator<Item = ToolSpec>) -> Result<Engine, String
         .map_err(|e| format!("cannot build the benchmark engine: {e}"))
 }
 
-/// One `tool_search` call; the names it returned, best first.
+/// One `tool_search` call; the names it returned, best first. With `refusal`, an error result
+/// is an answer (its text, alone) rather than a failure of the benchmark.
 async fn search(
     session: &Session,
     i: usize,
     query: &str,
     max: usize,
+    refusal: bool,
 ) -> Result<Vec<String>, String> {
     // Every search has an id of its own (a session answers an id it has seen from memory).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -242,6 +429,9 @@ async fn search(
         .map_err(|e| format!("dispatch failed: {e}"))?;
     let r = &results[0];
     if r.error.is_some() {
+        if refusal {
+            return Ok(vec![r.content.to_string()]);
+        }
         return Err(format!("tool_search {query:?} failed: {}", r.content));
     }
     Ok(r.blocks

@@ -249,7 +249,24 @@ impl ToolOutput {
                 }
             }
         }
-        let text = cap_output(render(&kept), cap);
+        // A tool reference's definition is JSON the model parses: it is never clamped like a
+        // long line of output. Text blocks are clamped on their own; the whole is cut only past
+        // the cap (a producer of references keeps within it: `tool_search` does).
+        let text = if references {
+            for block in &mut kept {
+                if let Block::Text(t) = block {
+                    *t = cap_output(std::mem::take(t), cap);
+                }
+            }
+            let whole = render(&kept);
+            if whole.len() <= cap {
+                whole
+            } else {
+                cap_output(whole, cap)
+            }
+        } else {
+            cap_output(render(&kept), cap)
+        };
         if shown == 0 && !references {
             return ToolOutput::text(text);
         }

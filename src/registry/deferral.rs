@@ -32,6 +32,10 @@ pub const BYTES_PER_TOKEN: usize = 4;
 pub const MAX_RESULTS: u64 = 20;
 /// Results when `max_results` is not given.
 pub const DEFAULT_RESULTS: u64 = 5;
+/// Most bytes of one search's answer in its text rendering (its line and the definitions of
+/// the tools found): what the deferral lets a whole catalog take of a default context (10 % of
+/// 200,000 tokens at 4 bytes a token). Tools past it are left out, never cut.
+pub const ANSWER_CAP: usize = 80_000;
 
 /// When `auto` tools are deferred: when the catalog has more than `auto_above` tools, or its
 /// definitions take more than 10 % of `context_budget` estimated tokens (4 bytes of JSON each).
@@ -149,21 +153,39 @@ pub fn tool_search(
         "required": ["query"],
         "additionalProperties": false,
     });
-    let handler = Handler::inline(move |args: &Value, ctx: &ToolContext| {
-        let text = args["query"].as_str().unwrap_or_default();
-        let max = args
-            .get("max_results")
-            .and_then(Value::as_u64)
-            .unwrap_or(DEFAULT_RESULTS)
-            .clamp(1, MAX_RESULTS) as usize;
-        let query = Query::parse(text).map_err(ToolError::invalid)?;
-        metrics.tool_search(query.form());
-        let found = deferral
-            .search(&query, max, &|name| names.contains(name))
+    let handler = Handler::future(move |args: Value, ctx: ToolContext| {
+        let deferral = Arc::clone(&deferral);
+        let names = Arc::clone(&names);
+        let metrics = Arc::clone(&metrics);
+        async move {
+            let text = args["query"].as_str().unwrap_or_default().to_string();
+            let max = args
+                .get("max_results")
+                .and_then(Value::as_u64)
+                .unwrap_or(DEFAULT_RESULTS)
+                .clamp(1, MAX_RESULTS) as usize;
+            let query = Query::parse(&text).map_err(ToolError::invalid)?;
+            metrics.tool_search(query.form());
+            // Keywords, `select:` and plain words take microseconds and run here; a regex
+            // runs on the blocking pool (bounded too, but up to milliseconds over a large
+            // catalog), so it never holds an async worker other sessions are waiting for.
+            let found = if query.is_regex() {
+                let deferral = Arc::clone(&deferral);
+                let names = Arc::clone(&names);
+                tokio::task::spawn_blocking(move || {
+                    deferral.search(&query, max, &|name| names.contains(name))
+                })
+                .await
+                .map_err(|e| ToolError::execution(format!("the search failed: {e}")))?
+            } else {
+                deferral.search(&query, max, &|name| names.contains(name))
+            }
             .map_err(ToolError::invalid)?;
-        let names: Vec<Arc<str>> = found.tools.iter().map(|t| Arc::clone(&t.name)).collect();
-        ctx.session.reveal_found(&names);
-        Ok(answer(text, &found))
+            let answer = Answer::within(found, &text, ANSWER_CAP);
+            let names: Vec<Arc<str>> = answer.tools.iter().map(|t| Arc::clone(&t.name)).collect();
+            ctx.session.reveal_found(&names);
+            Ok(answer.output(&text))
+        }
     });
     ToolSpec::new(
         TOOL_SEARCH,
@@ -174,38 +196,108 @@ pub fn tool_search(
     .concurrency_safe(true)
     .defer(Defer::Never)
     .effect(crate::tool::Effect::ReadOnly)
-    .output_cap(200_000)
+    .output_cap(ANSWER_CAP)
 }
 
-/// The search's answer: a line saying what was found, then one reference per tool.
-fn answer(query: &str, found: &Found) -> ToolOutput {
-    let mut line = if found.tools.is_empty() {
-        format!("No deferred tool matches {query:?}.")
-    } else {
-        let names: Vec<&str> = found.tools.iter().map(|t| &*t.name).collect();
-        format!(
-            "Found {} tool{} for {query:?}, now loaded: {}.",
-            names.len(),
-            if names.len() == 1 { "" } else { "s" },
-            names.join(", ")
-        )
-    };
-    if !found.loaded.is_empty() {
-        line.push_str(&format!(
-            " Already loaded (call directly): {}.",
-            found.loaded.join(", ")
-        ));
+/// What a search answers: the tools found whose definitions fit the answer's cap, in order.
+struct Answer {
+    tools: Vec<Arc<RegisteredTool>>,
+    /// Each kept tool's definition (`{"name","description","input_schema"}` as JSON).
+    definitions: Vec<String>,
+    /// Tools found but left out: their definitions would have passed the cap.
+    left_out: Vec<Arc<str>>,
+    loaded: Vec<String>,
+    unknown: Vec<String>,
+}
+
+impl Answer {
+    /// Keeps the found tools, best first, while the answer's text rendering (its line and every
+    /// kept definition, one per line) stays within `cap` bytes; a tool whose definition would
+    /// pass it is left out (and named), never cut.
+    fn within(found: Found, query: &str, cap: usize) -> Answer {
+        let definitions: Vec<String> = found
+            .tools
+            .iter()
+            .map(|t| catalog_entry(t, CatalogFormat::Anthropic).to_string())
+            .collect();
+        // The line names every tool found at most once and says what was left out: room for
+        // the longest it can be.
+        let names: usize = found.tools.iter().map(|t| t.name.len() + 2).sum();
+        // The query appears quoted (escaped) in the line.
+        let quoted = format!("{query:?}").len();
+        let mut used = 400
+            + quoted
+            + 2 * names
+            + found
+                .loaded
+                .iter()
+                .chain(&found.unknown)
+                .map(|n| n.len() + 2)
+                .sum::<usize>();
+        let mut answer = Answer {
+            tools: Vec::with_capacity(found.tools.len()),
+            definitions: Vec::with_capacity(found.tools.len()),
+            left_out: Vec::new(),
+            loaded: found.loaded,
+            unknown: found.unknown,
+        };
+        for (tool, definition) in found.tools.into_iter().zip(definitions) {
+            if used + 1 + definition.len() <= cap {
+                used += 1 + definition.len();
+                answer.tools.push(tool);
+                answer.definitions.push(definition);
+            } else {
+                answer.left_out.push(Arc::clone(&tool.name));
+            }
+        }
+        answer
     }
-    if !found.unknown.is_empty() {
-        line.push_str(&format!(" No tool named: {}.", found.unknown.join(", ")));
+
+    /// A line saying what was found, then one reference per tool.
+    fn output(self, query: &str) -> ToolOutput {
+        let mut line = if self.tools.is_empty() {
+            if self.left_out.is_empty() {
+                format!("No deferred tool matches {query:?}.")
+            } else {
+                format!("Found no tool for {query:?} that fits this answer.")
+            }
+        } else {
+            let names: Vec<&str> = self.tools.iter().map(|t| &*t.name).collect();
+            format!(
+                "Found {} tool{} for {query:?}, now loaded: {}.",
+                names.len(),
+                if names.len() == 1 { "" } else { "s" },
+                names.join(", ")
+            )
+        };
+        if !self.left_out.is_empty() {
+            let names: Vec<&str> = self.left_out.iter().map(|n| &**n).collect();
+            line.push_str(&format!(
+                " {} more tool{} matched but {} left out to keep this answer within {ANSWER_CAP} \
+                 bytes (definitions are never cut); select one at a time to load it: {}.",
+                names.len(),
+                if names.len() == 1 { "" } else { "s" },
+                if names.len() == 1 { "was" } else { "were" },
+                names.join(", ")
+            ));
+        }
+        if !self.loaded.is_empty() {
+            line.push_str(&format!(
+                " Already loaded (call directly): {}.",
+                self.loaded.join(", ")
+            ));
+        }
+        if !self.unknown.is_empty() {
+            line.push_str(&format!(" No tool named: {}.", self.unknown.join(", ")));
+        }
+        let mut blocks = Vec::with_capacity(self.tools.len() + 1);
+        blocks.push(Block::text(line));
+        for (tool, definition) in self.tools.iter().zip(self.definitions) {
+            blocks.push(Block::ToolReference(ToolReference {
+                tool_name: tool.name.to_string(),
+                definition,
+            }));
+        }
+        ToolOutput::blocks(blocks)
     }
-    let mut blocks = Vec::with_capacity(found.tools.len() + 1);
-    blocks.push(Block::text(line));
-    for tool in &found.tools {
-        blocks.push(Block::ToolReference(ToolReference {
-            tool_name: tool.name.to_string(),
-            definition: catalog_entry(tool, CatalogFormat::Anthropic).to_string(),
-        }));
-    }
-    ToolOutput::blocks(blocks)
 }

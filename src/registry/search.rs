@@ -5,14 +5,16 @@
 //! Three query forms ([`Query::parse`]):
 //!
 //! * `select:name1,name2` — exact registry names, in the order given.
-//! * `regex:PATTERN` — at most [`MAX_PATTERN`] characters, case-insensitive, over each tool's
-//!   name, description and parameter names and descriptions. Rust's `regex` matches in linear
-//!   time, and the pattern is compiled under size limits, so no pattern can hang a search; a
-//!   pattern that does not compile within them is refused.
-//! * keywords — BM25 (k1 = 1.2, b = 0.75) over fields of different weight: the tool name split
-//!   into words (×3), its MCP server (×2), its description (×1), its parameter names (×1) and
-//!   descriptions (×0.5). Words are split at non-alphanumerics and camelCase humps, lower-cased,
-//!   stop words dropped, Snowball-stemmed. `+term` makes a term required.
+//! * `regex:PATTERN` — at most 200 characters, case-insensitive, over each tool's name,
+//!   description and parameter names and descriptions; compiled and run under limits that bound
+//!   what one search costs (`pattern.rs`): a pattern that would pass them is refused.
+//! * keywords — BM25F (k1 = 1.2) over fields of different weight, each normalised by its own
+//!   length: the tool name split into words (×5), its MCP server (×2), its description (×1,
+//!   b = 0.9), its parameter names (×1) and descriptions (×0.5) (b = 0.75 but for the
+//!   description). A tool whose server a query word names scores double. Words are split at
+//!   non-alphanumerics and camelCase humps, lower-cased, stop words dropped, Snowball-stemmed.
+//!   Each query word also finds its synonyms ([`SYNONYMS`], at ×0.35). `+term` makes a term
+//!   required (its synonyms do not satisfy it).
 //!
 //! One search may span several parts (a registry view's and a session's own tools): their
 //! statistics are summed at query time, so the scores are those of one index over both.
@@ -20,29 +22,91 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use regex::bytes::{Regex, RegexBuilder};
 use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
 
 use super::RegisteredTool;
 
-/// Longest `regex:` pattern, in characters.
-pub const MAX_PATTERN: usize = 200;
-/// Largest compiled regex program (and lazy DFA cache), in bytes.
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
+mod pattern;
+
+use pattern::{Lines, Matcher, TooCostly, compile};
 /// How deep parameter schemas are read for names and descriptions.
 const PARAM_DEPTH: usize = 3;
 /// Most `+term` requirements honoured (a bit each).
 const MAX_REQUIRED: usize = 64;
 
 const K1: f32 = 1.2;
-const B: f32 = 0.75;
 
-const W_NAME: f32 = 3.0;
-const W_SERVER: f32 = 2.0;
-const W_DESCRIPTION: f32 = 1.0;
-const W_PARAM_NAME: f32 = 1.0;
-const W_PARAM_DESCRIPTION: f32 = 0.5;
+/// The fields of a tool, in the order of [`WEIGHTS`] and [`FIELD_B`].
+const NAME: usize = 0;
+const SERVER: usize = 1;
+const DESCRIPTION: usize = 2;
+const PARAM_NAME: usize = 3;
+const PARAM_DESCRIPTION: usize = 4;
+const FIELDS: usize = 5;
+
+/// Field weights: name, server, description, parameter names, parameter descriptions. The
+/// name's (5) was chosen on the tuning queries only (3, 4, 5, 6 and 8 tried; docs/tool-search.md);
+/// the others were kept, as changing them did not pay there.
+const WEIGHTS: [f32; FIELDS] = [5.0, 2.0, 1.0, 1.0, 0.5];
+/// BM25F's length normalisation per field (each field against its own average length): 0.9 for
+/// the description, 0.75 elsewhere (chosen on the tuning queries: 0.3, 0.5, 0.75, 0.9 and 1
+/// tried for the description; 0.3–0.9 for the others did not pay).
+const FIELD_B: [f32; FIELDS] = [0.75, 0.75, 0.9, 0.75, 0.75];
+/// How much more a tool scores when a query word (not a synonym) is a word of its MCP server's
+/// name: `1.0` doubles it (chosen on the tuning queries: 0.1–2 tried).
+const SERVER_BOOST: f32 = 1.0;
+/// How much a synonym of a query word counts, against the word itself (chosen on the tuning
+/// queries: 0.2, 0.35 and 0.5 tried).
+const W_SYNONYM: f32 = 0.35;
+
+/// Groups of words a request and a tool use for the same thing: the verbs and nouns tool
+/// descriptions use most, each with the words people use for it. A query word also finds the
+/// other words of its groups, at [`W_SYNONYM`] of its weight.
+const SYNONYMS: &[&[&str]] = &[
+    &[
+        "get", "fetch", "retrieve", "read", "show", "view", "display",
+    ],
+    &["list", "enumerate"],
+    &["create", "add", "new", "make"],
+    &["delete", "remove", "drop", "destroy", "erase"],
+    &["update", "edit", "modify", "change", "alter"],
+    &["send", "post", "message"],
+    &["search", "find", "query", "lookup", "locate"],
+    &["run", "execute", "trigger", "launch", "invoke"],
+    &["stop", "cancel", "halt", "kill", "terminate"],
+    &["error", "failure", "fail", "exception"],
+    &["folder", "directory"],
+    &["ticket", "issue"],
+    &["page", "site", "website", "webpage"],
+    &["copy", "clone", "duplicate"],
+    &["comment", "reply"],
+    &["user", "member"],
+    &["docs", "documentation"],
+    &["image", "picture", "screenshot"],
+];
+
+/// The synonym groups, stemmed: each stem and the other stems of its groups. Built once (a
+/// constant table, the same for every index).
+fn synonyms() -> &'static HashMap<String, Vec<String>> {
+    static TABLE: std::sync::OnceLock<HashMap<String, Vec<String>>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let stemmer = Stemmer::create(Algorithm::English);
+        let mut table: HashMap<String, Vec<String>> = HashMap::new();
+        for group in SYNONYMS {
+            let stems: Vec<String> = group.iter().map(|w| stemmer.stem(w).into_owned()).collect();
+            for a in &stems {
+                let entry = table.entry(a.clone()).or_default();
+                for b in &stems {
+                    if a != b && !entry.contains(b) {
+                        entry.push(b.clone());
+                    }
+                }
+            }
+        }
+        table
+    })
+}
 
 /// Words too common in tool descriptions to tell tools apart.
 const STOP_WORDS: &[&str] = &[
@@ -101,6 +165,12 @@ impl Query {
         Ok(Query::Keywords(terms))
     }
 
+    /// True for a `regex:` that is not a plain word (it runs as an automaton, not a substring
+    /// search).
+    pub fn is_regex(&self) -> bool {
+        matches!(self, Query::Regex(p) if regex::escape(p) != *p)
+    }
+
     /// The form's metric label: `select`, `regex` or `keywords`.
     pub fn form(&self) -> &'static str {
         match self {
@@ -111,120 +181,19 @@ impl Query {
     }
 }
 
-/// A compiled `regex:` pattern. A pattern without metacharacters (the common `regex:github`) is a
-/// plain substring search (SIMD `memmem` over the lower-cased text); any other is a regex.
-#[derive(Debug)]
-pub enum Pattern {
-    /// The pattern, lower-cased.
-    Literal(Box<memchr::memmem::Finder<'static>>),
-    /// A case-insensitive regex.
-    Regex(Regex),
-}
-
-impl Pattern {
-    /// The first match at or after `at`: `(start, end)`.
-    fn find_at(&self, hay: &[u8], at: usize) -> Option<(usize, usize)> {
-        match self {
-            Pattern::Literal(f) => f
-                .find(&hay[at..])
-                .map(|i| (at + i, at + i + f.needle().len())),
-            Pattern::Regex(re) => re.find_at(hay, at).map(|m| (m.start(), m.end())),
-        }
-    }
-
-    fn is_match(&self, hay: &[u8]) -> bool {
-        match self {
-            Pattern::Literal(f) => f.find(hay).is_some(),
-            Pattern::Regex(re) => re.is_match(hay),
-        }
-    }
-}
-
-/// Compiles a `regex:` pattern: case-insensitive (ASCII), within the size limits.
-pub fn compile(pattern: &str) -> Result<Pattern, String> {
-    if pattern.chars().count() > MAX_PATTERN {
-        return Err(format!(
-            "the regex pattern has {} characters; at most {MAX_PATTERN} are accepted",
-            pattern.chars().count()
-        ));
-    }
-    if pattern.is_empty() {
-        return Err("`regex:` needs a pattern (regex:PATTERN)".into());
-    }
-    if regex::escape(pattern) == pattern {
-        let lower = pattern.to_ascii_lowercase().into_bytes();
-        return Ok(Pattern::Literal(Box::new(
-            memchr::memmem::Finder::new(&lower).into_owned(),
-        )));
-    }
-    // ASCII classes and case folding: tool text is nearly all ASCII, and Unicode case folding
-    // (`k` also matching the Kelvin sign) keeps the literal prefilters from applying. A
-    // non-ASCII letter in the pattern still matches itself.
-    RegexBuilder::new(pattern)
-        .unicode(false)
-        .case_insensitive(true)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .dfa_size_limit(REGEX_SIZE_LIMIT)
-        .nest_limit(64)
-        .build()
-        .map(Pattern::Regex)
-        .map_err(|e| format!("the regex pattern does not compile: {e}"))
-}
-
 /// One indexed tool.
 #[derive(Debug)]
 struct Doc {
     tool: Arc<RegisteredTool>,
-    /// Weighted length (sum of field weights of its words).
-    len: f32,
+    /// How many words each field has.
+    field_len: [f32; FIELDS],
 }
 
-/// One line of text per tool, in one buffer, for `regex:`: a whole-buffer scan is far faster than
-/// a match per tool. ASCII letters are lower-cased (the patterns fold ASCII case; a literal is
-/// lower-cased to match).
-#[derive(Debug, Default)]
-struct Lines {
-    text: String,
-    /// Each tool's line: `[start, end)` in `text` (a `\n` follows each).
-    spans: Vec<(usize, usize)>,
-}
-
-impl Lines {
-    /// Appends the next tool's line: `parts` joined with spaces, line breaks made spaces.
-    fn push<'a>(&mut self, parts: impl IntoIterator<Item = &'a str>) {
-        let start = self.text.len();
-        for (i, part) in parts.into_iter().enumerate() {
-            if i > 0 {
-                self.text.push(' ');
-            }
-            push_line(&mut self.text, part);
-        }
-        self.text[start..].make_ascii_lowercase();
-        self.spans.push((start, self.text.len()));
-        self.text.push('\n');
-    }
-
-    /// Calls `found` with each tool whose line `re` matches, in order, until it answers false.
-    fn scan(&self, re: &Pattern, mut found: impl FnMut(u32) -> bool) {
-        let hay = self.text.as_bytes();
-        let mut at = 0usize;
-        while at < hay.len() {
-            let Some((m_start, m_end)) = re.find_at(hay, at) else {
-                return;
-            };
-            let line = self
-                .spans
-                .partition_point(|&(_, end)| end < m_start)
-                .min(self.spans.len().saturating_sub(1));
-            let (start, end) = self.spans[line];
-            // A match that runs past its line could span two tools: check this one alone.
-            let matched = (m_start >= start && m_end <= end) || re.is_match(&hay[start..end]);
-            if matched && !found(line as u32) {
-                return;
-            }
-            at = end + 1;
-        }
-    }
+/// One tool having one word: how often, per field (saturating).
+#[derive(Debug, Clone, Copy)]
+struct Posting {
+    doc: u32,
+    tf: [u16; FIELDS],
 }
 
 /// The index of one set of tools.
@@ -232,8 +201,9 @@ impl Lines {
 pub struct Part {
     docs: Vec<Doc>,
     by_name: HashMap<Arc<str>, u32>,
-    postings: HashMap<Box<str>, Vec<(u32, f32)>>,
-    total_len: f32,
+    postings: HashMap<Box<str>, Vec<Posting>>,
+    /// The sum of [`Doc::field_len`] over the tools.
+    total_field_len: [f32; FIELDS],
     /// Each tool's name, for `regex:`'s first pass.
     names: Lines,
     /// Each tool's name, description and parameters, for `regex:`.
@@ -256,32 +226,36 @@ impl Part {
         let mut words = Vec::new();
         for tool in tools {
             let id = part.docs.len() as u32;
-            let mut tf: HashMap<String, f32> = HashMap::new();
-            let mut len = 0.0;
+            let mut tf: HashMap<String, [u16; FIELDS]> = HashMap::new();
+            let mut field_len = [0.0; FIELDS];
             let (server, tool_part) = split_name(&tool.name);
-            let mut add = |text: &str, weight: f32, words: &mut Vec<String>| {
+            let mut add = |text: &str, field: usize, words: &mut Vec<String>| {
                 words.clear();
                 tokens_with(&stemmer, text, words);
                 for w in words.drain(..) {
-                    *tf.entry(w).or_default() += weight;
-                    len += weight;
+                    let count = &mut tf.entry(w).or_default()[field];
+                    *count = count.saturating_add(1);
+                    field_len[field] += 1.0;
                 }
             };
-            add(tool_part, W_NAME, &mut words);
+            add(tool_part, NAME, &mut words);
             if let Some(server) = server {
-                add(server, W_SERVER, &mut words);
+                add(server, SERVER, &mut words);
             }
-            add(&tool.description, W_DESCRIPTION, &mut words);
+            add(&tool.description, DESCRIPTION, &mut words);
             let mut params = Vec::new();
             parameters(&tool.input_schema, PARAM_DEPTH, &mut params);
             for (name, description) in &params {
-                add(name, W_PARAM_NAME, &mut words);
+                add(name, PARAM_NAME, &mut words);
                 if let Some(d) = description {
-                    add(d, W_PARAM_DESCRIPTION, &mut words);
+                    add(d, PARAM_DESCRIPTION, &mut words);
                 }
             }
-            for (word, f) in tf {
-                part.postings.entry(word.into()).or_default().push((id, f));
+            for (word, tf) in tf {
+                part.postings
+                    .entry(word.into())
+                    .or_default()
+                    .push(Posting { doc: id, tf });
             }
             part.names.push([&*tool.name]);
             part.text
@@ -290,11 +264,13 @@ impl Part {
                         std::iter::once(name.as_str()).chain(description.as_deref())
                     }),
                 ));
-            part.total_len += len;
+            for (total, len) in part.total_field_len.iter_mut().zip(field_len) {
+                *total += len;
+            }
             part.by_name.insert(Arc::clone(&tool.name), id);
             part.docs.push(Doc {
                 tool: Arc::clone(tool),
-                len,
+                field_len,
             });
         }
         part
@@ -362,35 +338,9 @@ impl Searcher<'_> {
             }
             Query::Regex(pattern) => {
                 let re = compile(pattern)?;
-                // Tools whose name matches first (a pass over the names alone), then the others
-                // in index order, stopping as soon as there are enough.
-                let mut taken: Vec<Vec<bool>> =
-                    self.parts.iter().map(|p| vec![false; p.len()]).collect();
-                for (i, part) in self.parts.iter().enumerate() {
-                    part.names.scan(&re, |doc| {
-                        let tool = &part.docs[doc as usize].tool;
-                        if (self.eligible)(i, tool) {
-                            taken[i][doc as usize] = true;
-                            found.tools.push(Arc::clone(tool));
-                        }
-                        found.tools.len() < max
-                    });
-                    if found.tools.len() == max {
-                        return Ok(found);
-                    }
-                }
-                for (i, part) in self.parts.iter().enumerate() {
-                    part.text.scan(&re, |doc| {
-                        let tool = &part.docs[doc as usize].tool;
-                        if !taken[i][doc as usize] && (self.eligible)(i, tool) {
-                            found.tools.push(Arc::clone(tool));
-                        }
-                        found.tools.len() < max
-                    });
-                    if found.tools.len() == max {
-                        break;
-                    }
-                }
+                let mut matcher = Matcher::new(&re);
+                self.regex(&mut matcher, max, &mut found)
+                    .map_err(|e| e.message(pattern))?;
             }
             Query::Keywords(terms) => {
                 for hit in self.bm25(terms, max) {
@@ -402,6 +352,44 @@ impl Searcher<'_> {
         Ok(found)
     }
 
+    /// The eligible tools `matcher` matches, at most `max`: those whose name matches first (a
+    /// pass over the names alone), then the others in index order, stopping once there are
+    /// enough.
+    fn regex(
+        &self,
+        matcher: &mut Matcher<'_>,
+        max: usize,
+        found: &mut Found,
+    ) -> Result<(), TooCostly> {
+        let mut taken: Vec<Vec<bool>> = self.parts.iter().map(|p| vec![false; p.len()]).collect();
+        for (i, part) in self.parts.iter().enumerate() {
+            part.names.scan(matcher, |doc| {
+                let tool = &part.docs[doc as usize].tool;
+                if (self.eligible)(i, tool) {
+                    taken[i][doc as usize] = true;
+                    found.tools.push(Arc::clone(tool));
+                }
+                found.tools.len() < max
+            })?;
+            if found.tools.len() == max {
+                return Ok(());
+            }
+        }
+        for (i, part) in self.parts.iter().enumerate() {
+            part.text.scan(matcher, |doc| {
+                let tool = &part.docs[doc as usize].tool;
+                if !taken[i][doc as usize] && (self.eligible)(i, tool) {
+                    found.tools.push(Arc::clone(tool));
+                }
+                found.tools.len() < max
+            })?;
+            if found.tools.len() == max {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The `max` best eligible tools with a positive score (and every required term), best
     /// first; ties in index order.
     fn bm25(&self, terms: &[(String, bool)], max: usize) -> Vec<Hit> {
@@ -409,8 +397,16 @@ impl Searcher<'_> {
         if n == 0 || terms.is_empty() {
             return Vec::new();
         }
-        let total: f32 = self.parts.iter().map(|p| p.total_len).sum();
-        let avg = (total / n as f32).max(1.0);
+        // Each field's average length over all the parts.
+        let mut avg = [0.0; FIELDS];
+        for part in self.parts {
+            for (a, total) in avg.iter_mut().zip(part.total_field_len) {
+                *a += total;
+            }
+        }
+        for a in &mut avg {
+            *a = (*a / n as f32).max(1.0);
+        }
         let required: Vec<usize> = terms
             .iter()
             .enumerate()
@@ -424,6 +420,8 @@ impl Searcher<'_> {
             (1u64 << required.len()) - 1
         };
         let mut scores: Vec<Vec<f32>> = self.parts.iter().map(|p| vec![0.0; p.len()]).collect();
+        // Tools whose server a query word names.
+        let mut boosted: Vec<Vec<bool>> = self.parts.iter().map(|p| vec![false; p.len()]).collect();
         let mut masks: Vec<Vec<u64>> = self
             .parts
             .iter()
@@ -435,25 +433,53 @@ impl Searcher<'_> {
                 }
             })
             .collect();
+        // Each query word, then its synonyms (those not in the query themselves).
+        let mut expanded: Vec<(usize, &str, f32, bool)> = Vec::new();
+        let mut owned: Vec<(usize, String, f32)> = Vec::new();
         for (t, (term, _)) in terms.iter().enumerate() {
+            expanded.push((t, term.as_str(), 1.0, true));
+            if let Some(syns) = synonyms().get(term.as_str()) {
+                for syn in syns {
+                    if !terms.iter().any(|(w, _)| w == syn) {
+                        owned.push((t, syn.clone(), W_SYNONYM));
+                    }
+                }
+            }
+        }
+        expanded.extend(owned.iter().map(|(t, w, f)| (*t, w.as_str(), *f, false)));
+        for &(t, term, weight, own) in &expanded {
             let df: usize = self
                 .parts
                 .iter()
-                .map(|p| p.postings.get(term.as_str()).map_or(0, Vec::len))
+                .map(|p| p.postings.get(term).map_or(0, Vec::len))
                 .sum();
             if df == 0 {
                 continue;
             }
-            let idf = (1.0 + (n as f32 - df as f32 + 0.5) / (df as f32 + 0.5)).ln();
-            let bit = required.iter().position(|&r| r == t).map(|i| 1u64 << i);
+            let idf = weight * (1.0 + (n as f32 - df as f32 + 0.5) / (df as f32 + 0.5)).ln();
+            let bit = required
+                .iter()
+                .position(|&r| own && r == t)
+                .map(|i| 1u64 << i);
             for (i, part) in self.parts.iter().enumerate() {
-                let Some(list) = part.postings.get(term.as_str()) else {
+                let Some(list) = part.postings.get(term) else {
                     continue;
                 };
-                for &(doc, tf) in list {
-                    let len = part.docs[doc as usize].len;
-                    let norm = tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len / avg));
-                    scores[i][doc as usize] += idf * norm;
+                for &Posting { doc, tf } in list {
+                    let field_len = &part.docs[doc as usize].field_len;
+                    // BM25F: the fields' counts, each weighted and normalised by its length
+                    // against the field's average, then saturated once.
+                    let mut t = 0.0;
+                    for f in 0..FIELDS {
+                        if tf[f] > 0 {
+                            t += WEIGHTS[f] * f32::from(tf[f])
+                                / (1.0 - FIELD_B[f] + FIELD_B[f] * field_len[f] / avg[f]);
+                        }
+                    }
+                    scores[i][doc as usize] += idf * t * (K1 + 1.0) / (t + K1);
+                    if own && tf[SERVER] > 0 {
+                        boosted[i][doc as usize] = true;
+                    }
                     if let Some(bit) = bit {
                         masks[i][doc as usize] |= bit;
                     }
@@ -463,6 +489,11 @@ impl Searcher<'_> {
         let mut hits = Vec::new();
         for (i, part_scores) in scores.iter().enumerate() {
             for (doc, &score) in part_scores.iter().enumerate() {
+                let score = if boosted[i][doc] {
+                    score * (1.0 + SERVER_BOOST)
+                } else {
+                    score
+                };
                 if score > 0.0
                     && (need == 0 || masks[i][doc] == need)
                     && (self.eligible)(i, &self.parts[i].docs[doc].tool)
@@ -519,14 +550,6 @@ fn parameters(schema: &Value, depth: usize, out: &mut Vec<(String, Option<String
             }
         }
     }
-}
-
-/// Appends `text` with line breaks as spaces (each tool is one line of the regex text).
-fn push_line(out: &mut String, text: &str) {
-    out.extend(
-        text.chars()
-            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c }),
-    );
 }
 
 /// The index words of `text`.
@@ -674,6 +697,20 @@ mod tests {
             ["getWeatherForecast"]
         );
         assert!(run("kubernetes pods", 5).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_synonym_finds_a_tool_without_the_word_but_never_satisfies_a_required_one() {
+        // "make" is in no tool; "create" is its synonym.
+        assert_eq!(
+            run("make something", 5).unwrap(),
+            ["mcp__github__create_issue"]
+        );
+        assert!(run("+make issue", 5).unwrap().is_empty());
+        assert_eq!(
+            run("+create issue", 5).unwrap(),
+            ["mcp__github__create_issue"]
+        );
     }
 
     #[test]

@@ -404,3 +404,143 @@ async fn a_sessions_own_tools_are_searched_with_the_engines() {
     let engine_catalog = engine.catalog(CatalogFormat::Anthropic).await.unwrap();
     assert!(!names(&engine_catalog).contains(&"lookup_invoice".to_string()));
 }
+
+/// A deferred tool with `params` string parameters, each described at some length: 25 of them
+/// make a definition of about 3.4 KB, the size an OpenAI tool message used to cut mid-JSON.
+fn wide_tool(name: &str, params: usize, runs: &Arc<AtomicUsize>) -> ToolSpec {
+    let runs = Arc::clone(runs);
+    let properties: serde_json::Map<String, Value> = (0..params)
+        .map(|i| {
+            (
+                format!("field_{i:02}"),
+                json!({"type": "string", "description": format!("The value of field {i} of the invoice record, as printed on the paper form, or blank when the form leaves it blank")}),
+            )
+        })
+        .collect();
+    ToolSpec::new(
+        name,
+        "Files an invoice record with every field of the paper form.",
+        json!({"type": "object", "properties": properties}),
+        Handler::inline(move |_, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(String::new())
+        }),
+    )
+    .defer(Defer::Always)
+}
+
+/// Every definition an answer carries, on every wire, parsed: the OpenAI tool message's lines
+/// after the first, and each reference block's definition (what MCP sends as a text block).
+fn definitions_on_every_wire(result: &ToolDispatchResult) -> Vec<Value> {
+    let openai = switchboard::protocol::encode_openai(std::slice::from_ref(result));
+    let message = openai[0]["content"].as_str().unwrap().to_string();
+    let from_openai: Vec<Value> = message
+        .lines()
+        .skip(1)
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a definition does not parse ({e}): {line}"))
+        })
+        .collect();
+    let from_blocks: Vec<Value> = result
+        .blocks
+        .iter()
+        .flat_map(|b| b.iter())
+        .filter_map(|b| match b {
+            Block::ToolReference(r) => Some(serde_json::from_str(&r.definition).unwrap()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(from_openai, from_blocks);
+    // The Anthropic wire carries one reference per tool, no definition.
+    let anthropic = switchboard::protocol::encode_anthropic(std::slice::from_ref(result));
+    let refs: Vec<&str> = anthropic["content"][0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_reference")
+        .map(|b| b["tool_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(refs, references(result));
+    from_openai
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_found_definition_is_whole_on_every_wire() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = Engine::builder()
+        .tools([wide_tool("file_invoice", 25, &runs)])
+        .build()
+        .unwrap();
+    let catalog = engine.catalog(CatalogFormat::Anthropic).await.unwrap();
+    let entry = catalog
+        .iter()
+        .find(|t| t["name"] == "file_invoice")
+        .unwrap();
+    let session = engine.session();
+    let results = session
+        .dispatch(vec![search("s1", "invoice record")])
+        .await
+        .unwrap();
+    assert_eq!(results[0].error, None, "{}", results[0].content);
+    let definitions = definitions_on_every_wire(&results[0]);
+    assert_eq!(definitions.len(), 1);
+    assert!(definitions[0].to_string().len() > 3_000);
+    assert_eq!(definitions[0]["input_schema"], entry["input_schema"]);
+    assert_eq!(definitions[0]["description"], entry["description"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_past_its_cap_returns_fewer_whole_tools_and_says_how_many_were_left_out() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Twenty tools of about 8.5 KB each: 170 KB of definitions, past the answer's cap.
+    let tools: Vec<ToolSpec> = (0..20)
+        .map(|i| wide_tool(&format!("file_invoice_{i:02}"), 64, &runs))
+        .collect();
+    let engine = Engine::builder().tools(tools).build().unwrap();
+    let session = engine.session();
+    let results = session
+        .dispatch(vec![call(
+            "s1",
+            "tool_search",
+            json!({"query": "invoice record", "max_results": 20}),
+        )])
+        .await
+        .unwrap();
+    assert_eq!(results[0].error, None, "{}", results[0].content);
+    let kept = references(&results[0]);
+    assert!(!kept.is_empty() && kept.len() < 20, "{kept:?}");
+    let definitions = definitions_on_every_wire(&results[0]);
+    assert_eq!(definitions.len(), kept.len());
+    // The answer's cap: 80,000 bytes of text rendering.
+    assert!(results[0].content.len() <= 80_000);
+    let left = 20 - kept.len();
+    let first_line = results[0].content.lines().next().unwrap();
+    assert!(
+        first_line.contains(&format!("{left} more tools matched but were left out")),
+        "{first_line}"
+    );
+    // Only what was returned is shown to the session.
+    let openai = names(&session.catalog(CatalogFormat::OpenAi).await.unwrap());
+    assert_eq!(openai.len(), 1 + kept.len(), "{openai:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regex_answers_and_a_costly_one_says_why() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let engine = deferring(&runs);
+    let session = engine.session();
+    let results = session
+        .dispatch(vec![
+            search("s1", r"regex:^(create|close)_t\w+"),
+            search("s2", r"regex:\w{3}.{180}zzqxj"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results[0].error, None, "{}", results[0].content);
+    assert_eq!(references(&results[0]), ["create_ticket", "close_ticket"]);
+    // Over three tools the automaton stays small: an answer, not a refusal.
+    assert_eq!(results[1].error, None, "{}", results[1].content);
+    assert!(references(&results[1]).is_empty());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
