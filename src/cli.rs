@@ -17,7 +17,7 @@ use serde_json::Value;
 
 /// The `run` and `chat` commands as calls (their flags, and a writer for what they print), for
 /// programs and tests that drive them without a process.
-pub use crate::command::{JournalArgs, PolicyArgs, SandboxArgs, TelemetryArgs};
+pub use crate::command::{JournalArgs, PolicyArgs, PolicyFlagsError, SandboxArgs, TelemetryArgs};
 pub use crate::mcp::command::McpArgs;
 pub use crate::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with, run_with};
 
@@ -134,7 +134,7 @@ pub(crate) enum Command {
     /// optionally beside the direct in-process baseline (`--baseline direct`).
     Load(crate::load::LoadArgs),
     /// Serve the engine over HTTP to harnesses in any language (sessions, streaming, auth).
-    Serve(crate::serve::ServeArgs),
+    Serve(Box<crate::serve::ServeArgs>),
     /// MCP servers: `mcp list --mcp-config FILE [--json]`.
     #[command(subcommand)]
     Mcp(crate::mcp::command::McpCommand),
@@ -422,7 +422,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 }
             }
         }
-        Command::Serve(args) => crate::serve::run(args).await,
+        Command::Serve(args) => crate::serve::run(*args).await,
         Command::Mcp(cmd) => crate::mcp::command::mcp_command(cmd).await,
         Command::McpServe(args) => crate::mcp::command::mcp_serve(args).await,
     }

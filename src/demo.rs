@@ -152,7 +152,7 @@ pub async fn run(
         .workspace(ws.clone())
         .sandbox(sandbox);
     let builder = journal.apply(builder);
-    let builder = policy.apply(builder)?;
+    let builder = policy.apply(builder).map_err(|e| e.to_string())?;
     let engine = crate::mcp::command::start_engine(builder, mcp).await?;
     let on_stop = {
         let (engine, stop) = (engine.clone(), stop.clone());

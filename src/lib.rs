@@ -56,15 +56,23 @@
 //! | front ends | `demo`, `run_cmd`, `serve`, `load`, `mcp::serve`, `mcp::list`, `mcp::command` | the subcommands: demo, run/chat, the HTTP sidecar, the load generator, `mcp-serve`, `mcp list` |
 //! | CLI | `cli` | argument parsing and the dispatch of subcommands |
 //!
+//! A module's row is that of its file, wherever the public tree declares it: the public modules
+//! are twelve (`agent`, `cli`, `journal`, `mcp`, `metrics`, `policy`, `protocol`, `sandbox`,
+//! `serve`, `testing`, `tool`, `tools`), and some nest a file of another row — `protocol::document`
+//! (conversation), `metrics::exporter` (front-end support), `sandbox::process_guard` and
+//! `sandbox::process_tree` (foundation) — which the crate keeps reachable at its old path
+//! (`crate::document`, …) for its own imports. `agent`, declared here, re-exports `agent_loop`,
+//! `provider` and `providers`; `serve` re-exports what configures cluster mode from `cluster`.
+//!
 //! # Where to add things
 //!
 //! * A tool: a [`ToolSpec`] (best [`ToolSpec::typed`]) registered with
 //!   [`EngineBuilder::tool`] or [`Engine::register`]; a built-in gets a file in `tools/`.
 //! * A per-call layer (rate limits, …): a small function in `execute`, in the stack's order.
 //! * A scheduling rule: `plan` — pure functions over the registry snapshot, unit-tested there.
-//! * A model provider: a [`provider::Provider`] beside `providers/anthropic.rs`.
+//! * A model provider: an [`agent::Provider`] beside `providers/anthropic.rs`.
 //! * A front end (an HTTP server, another CLI command): open sessions with
-//!   [`Engine::session_in`] and answer documents with [`document::dispatch_document`]; it adds
+//!   [`Engine::session_in`] and answer documents with [`protocol::document::dispatch_document`]; it adds
 //!   no second path through the engine.
 //! * A metric: declared once in `metrics` with cached handles, recorded from `observe`.
 //!
@@ -80,23 +88,21 @@
 #![warn(missing_docs)]
 #![warn(unnameable_types)]
 
-pub mod agent_loop;
+mod agent_loop;
 #[cfg(feature = "testing")]
 mod baseline;
 mod breaker;
 #[cfg(feature = "cli")]
 pub mod cli;
 #[cfg(feature = "cli")]
-pub mod cluster;
+mod cluster;
 mod collector;
 #[cfg(feature = "cli")]
 mod command;
 #[cfg(feature = "cli")]
 mod demo;
-pub mod document;
 mod engine;
 mod execute;
-pub mod exporter;
 mod file_state;
 pub mod journal;
 #[cfg(test)]
@@ -111,11 +117,9 @@ mod observe;
 mod plan;
 pub mod policy;
 mod process_env;
-pub mod process_guard;
-pub mod process_tree;
 pub mod protocol;
-pub mod provider;
-pub mod providers;
+mod provider;
+mod providers;
 mod registry;
 #[cfg(feature = "cli")]
 mod run_cmd;
@@ -132,6 +136,24 @@ mod typed;
 mod validation;
 mod worker;
 mod workspace;
+
+/// The agent loop and the model providers it drives: [`AgentLoop`](agent::AgentLoop), the
+/// [`Provider`](agent::Provider) trait, the Anthropic and OpenAI providers and a scripted one for
+/// tests.
+pub mod agent {
+    pub use crate::agent_loop::*;
+    pub use crate::provider::*;
+    pub use crate::providers::*;
+}
+
+// Modules the public tree nests elsewhere keep their crate-internal paths (`crate::document`, …):
+// their files stay where they are and their rows in the layer table are their own.
+// (Without the command line, nothing inside the crate names the first two.)
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use metrics::exporter;
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use protocol::document;
+pub(crate) use sandbox::{process_guard, process_tree};
 
 /// The code examples of the README and of every page in `docs/`, compiled and run as doctests.
 #[cfg(doctest)]

@@ -23,6 +23,10 @@ use metrics::{Counter, Gauge, Histogram, Unit, counter, gauge, histogram};
 
 use crate::protocol::{ErrorCode, ToolDispatchResult};
 
+// The Prometheus recorder, `/metrics` and logging set-up. Its file is `src/exporter.rs`, in the
+// front-end support layer; nested here for embedders.
+#[path = "exporter.rs"]
+pub mod exporter;
 pub(crate) mod histograms;
 pub use histograms::{HistogramSnapshot, Histograms, PreAggregated, ShardedHistogram};
 
@@ -76,8 +80,8 @@ pub const HTTP_REQUEST_SECONDS: &str = "switchboard_http_request_seconds";
 pub const SANDBOX_INFO: &str = "switchboard_sandbox_info";
 /// Policy decisions, by tool and decision (`allow`, `deny`, `approved`, `refused`).
 pub const PERMISSION_DECISIONS_TOTAL: &str = "switchboard_permission_decisions_total";
-/// Audit lines lost: dropped because the audit log's buffer was full, or not written because a
-/// write failed (a full disk).
+/// Audit lines lost, by reason ([`AuditLoss`]): dropped because the audit log's buffer was full,
+/// or not written because a write failed (a full disk).
 pub const AUDIT_DROPPED_TOTAL: &str = "switchboard_audit_dropped_total";
 /// `tool_search` calls, by query form.
 pub const TOOL_SEARCH_TOTAL: &str = "switchboard_tool_search_total";
@@ -299,8 +303,8 @@ pub const METRICS: &[MetricDef] = &[
         name: AUDIT_DROPPED_TOTAL,
         kind: Kind::Counter,
         unit: Unit::Count,
-        labels: &[],
-        help: "Audit log lines lost: dropped because the writer could not keep up, or not written because a write failed, e.g. a full disk (the calls themselves were answered).",
+        labels: &["reason"],
+        help: "Audit log lines lost, by reason: buffer_full (the writer could not keep up) or write_failed (a write failed, e.g. a full disk, or a deleted log could not be created again); the calls themselves were answered.",
     },
     MetricDef {
         name: TOOL_SEARCH_TOTAL,
@@ -887,12 +891,36 @@ impl McpServerMetrics {
 /// tool's first decision and read without a lock afterwards.
 pub type DecisionCounters = std::sync::OnceLock<[Counter; 4]>;
 
-/// Cached handles of the policy layer: the audit drop counter (the decision counters live with
-/// each registered tool, [`DecisionCounters`]; tool names come from the registry, so the label
-/// stays bounded).
+/// Why audit lines were lost: the `reason` label of [`AUDIT_DROPPED_TOTAL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditLoss {
+    /// `buffer_full`: the writer's buffer was full (the disk or pipe slower than the calls), so
+    /// the line was dropped rather than hold the call back.
+    BufferFull,
+    /// `write_failed`: the line reached the writer but not the file — a write failed (a full
+    /// disk), or the log was deleted and could not be created again.
+    WriteFailed,
+}
+
+impl AuditLoss {
+    /// Every reason, in the order of [`AuditLoss::label`]'s index.
+    pub const ALL: [AuditLoss; 2] = [AuditLoss::BufferFull, AuditLoss::WriteFailed];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AuditLoss::BufferFull => "buffer_full",
+            AuditLoss::WriteFailed => "write_failed",
+        }
+    }
+}
+
+/// Cached handles of the policy layer: the audit drop counters, one per [`AuditLoss`] (the
+/// decision counters live with each registered tool, [`DecisionCounters`]; tool names come from
+/// the registry, so the label stays bounded).
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
-    audit_dropped: Counter,
+    audit_dropped: [Counter; 2],
 }
 
 impl Default for PolicyMetrics {
@@ -907,8 +935,11 @@ impl PolicyMetrics {
 
     /// Handles from the recorder installed now.
     pub fn new() -> Self {
-        let audit_dropped = counter!(AUDIT_DROPPED_TOTAL);
-        audit_dropped.increment(0);
+        let audit_dropped = AuditLoss::ALL.map(|reason| {
+            let counter = counter!(AUDIT_DROPPED_TOTAL, "reason" => reason.label());
+            counter.increment(0);
+            counter
+        });
         PolicyMetrics { audit_dropped }
     }
 
@@ -925,9 +956,9 @@ impl PolicyMetrics {
             .increment(1);
     }
 
-    /// Audit lines lost.
-    pub fn audit_dropped(&self, lines: u64) {
-        self.audit_dropped.increment(lines);
+    /// Audit lines lost, and why.
+    pub fn audit_dropped(&self, reason: AuditLoss, lines: u64) {
+        self.audit_dropped[reason as usize].increment(lines);
     }
 }
 

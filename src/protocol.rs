@@ -13,7 +13,11 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 mod cap;
+// One wire document in, one out: the front ends' path through the engine. Its file is
+// `src/document.rs`, in the conversation layer (it uses the engine); nested here for embedders.
 mod content;
+#[path = "document.rs"]
+pub mod document;
 mod raw;
 mod tool_error;
 

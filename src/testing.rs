@@ -11,7 +11,8 @@
 //!
 //! It also re-exports, for benchmarks and fuzzing, the direct baseline ([`DirectDispatcher`]),
 //! the planner's graph ([`Graph`], [`stages`]) and the engine's schema validation
-//! ([`validate`], [`compile_schema`]); none of them is part of the engine's surface.
+//! ([`validate`], [`compile_schema`]) with its bounds on a schema's patterns
+//! ([`PATTERN_COMPILED_BYTES`] …); none of them is part of the engine's surface.
 
 use std::time::Duration;
 
@@ -24,8 +25,27 @@ use crate::tool::{Access, Handler, Resource, ToolSpec};
 pub use crate::baseline::DirectDispatcher;
 /// The planner's dependency graph and stages, for fuzzing and property tests of the plan.
 pub use crate::plan::{Graph, Stage, StageMode, stages};
-/// Schema compilation and validation exactly as the engine does them, for fuzzing.
-pub use crate::validation::{check as validate, compile as compile_schema};
+/// The engine's bounds on compiling a schema's patterns (`docs/sidecar.md#client-tools`), for
+/// tests that check a refusal names them.
+pub use crate::validation::{
+    MAX_CATALOG_PATTERNS, MAX_PATTERN_BYTES, PATTERN_BACKTRACK_LIMIT, PATTERN_COMPILED_BYTES,
+    PATTERN_DFA_BYTES,
+};
+/// Why a schema does not compile, or the detail of an `invalid_arguments` result: the same text
+/// the engine writes in a refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SchemaError(pub String);
+
+/// Compiles a tool's input schema exactly as the engine does (bounds included), for fuzzing.
+pub fn compile_schema(schema: &Value) -> Result<jsonschema::Validator, SchemaError> {
+    crate::validation::compile(schema).map_err(SchemaError)
+}
+
+/// Checks `args` against a compiled schema exactly as the engine does, for fuzzing.
+pub fn validate(validator: &jsonschema::Validator, args: &Value) -> Result<(), SchemaError> {
+    crate::validation::check(validator, args).map_err(SchemaError)
+}
 
 /// The 32 characters every workload call carries as `text`.
 pub const TEXT: &str = "abcdefghijklmnopqrstuvwxyz012345";

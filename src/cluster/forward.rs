@@ -26,6 +26,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+use super::ClusterError;
 use crate::metrics::{ClusterMetrics, ForwardOutcome};
 
 /// The header a relayed request carries at its owner (the node it came through).
@@ -89,17 +90,18 @@ fn frame(kind: u8, seq: u64, data: &[u8]) -> Bytes {
     out.into()
 }
 
-/// Answers the requests relayed to node `node` with `handler` until `stop`.
+/// Answers the requests relayed to node `node` with `handler` until `stop`; `Err` when it cannot
+/// subscribe to its subject.
 pub async fn serve(
     client: async_nats::Client,
     node: String,
     handler: Handler,
     stop: tokio_util::sync::CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), ClusterError> {
     let mut requests = client
         .subscribe(subject(&node))
         .await
-        .map_err(|e| format!("cannot listen for relayed requests: {e}"))?;
+        .map_err(|e| super::err("cannot listen for relayed requests", e))?;
     loop {
         let message = tokio::select! {
             m = requests.next() => match m { Some(m) => m, None => break },

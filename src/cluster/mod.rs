@@ -158,13 +158,45 @@ pub enum Route {
     Unknown,
 }
 
-/// Why cluster mode cannot start or an operation failed.
+/// Why cluster mode cannot start or an operation failed: what failed and, when NATS, JetStream or
+/// the encoding said why, that error as its [`source`](std::error::Error::source). Its text is
+/// one line for a person: what failed, then the source's own text.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct ClusterError(pub String);
+#[error("{what}{}", source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+pub struct ClusterError {
+    what: String,
+    #[source]
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
 
-fn err(what: &str, e: impl std::fmt::Display) -> ClusterError {
-    ClusterError(format!("{what}: {e}"))
+impl ClusterError {
+    /// An error with no underlying cause (a bad flag, a refused join).
+    pub(crate) fn new(what: impl Into<String>) -> Self {
+        ClusterError {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// What failed, and the error that says why.
+    pub(crate) fn with_source(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ClusterError {
+            what: what.into(),
+            source: Some(Arc::from(source.into())),
+        }
+    }
+
+    /// What failed, without its source.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
+
+fn err(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ClusterError {
+    ClusterError::with_source(what, e)
 }
 
 /// How long a read or write of the cluster's buckets is retried while JetStream has no answer
@@ -214,7 +246,7 @@ async fn leader_entry(
     stream: &jetstream::stream::Stream,
     bucket: &str,
     key: &str,
-) -> Result<Option<(axum::body::Bytes, u64)>, String> {
+) -> Result<Option<(axum::body::Bytes, u64)>, jetstream::stream::LastRawMessageError> {
     use jetstream::stream::LastRawMessageErrorKind;
     match stream
         .get_last_raw_message_by_subject(&format!("$KV.{bucket}.{key}"))
@@ -228,7 +260,7 @@ async fn leader_entry(
             Ok((!deleted).then_some((message.payload, message.sequence)))
         }
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
     }
 }
 
@@ -303,7 +335,7 @@ pub fn check_node_id(id: &str) -> Result<(), ClusterError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(ClusterError(format!(
+        return Err(ClusterError::new(format!(
             "bad --node-id {id:?}: 1 to 64 letters, digits, `-` and `_`"
         )));
     }
@@ -335,7 +367,7 @@ impl Cluster {
         let urls = args
             .cluster
             .as_deref()
-            .ok_or_else(|| ClusterError("no --cluster servers".into()))?;
+            .ok_or_else(|| ClusterError::new("no --cluster servers"))?;
         check_node_id(node)?;
         let mut options = async_nats::ConnectOptions::new()
             .name(format!("switchboard {node}"))
@@ -364,11 +396,13 @@ impl Cluster {
             })
             .collect::<Result<_, _>>()?;
         if addrs.is_empty() {
-            return Err(ClusterError("--cluster names no NATS server".into()));
+            return Err(ClusterError::new("--cluster names no NATS server"));
         }
         let client = tokio::time::timeout(CONNECT_TIMEOUT * 2, options.connect(addrs))
             .await
-            .map_err(|_| ClusterError(format!("cannot reach the NATS servers {urls} (timed out)")))?
+            .map_err(|_| {
+                ClusterError::new(format!("cannot reach the NATS servers {urls} (timed out)"))
+            })?
             .map_err(|e| err(&format!("cannot reach the NATS servers {urls}"), e))?;
         let js = jetstream::new(client.clone());
         let ttl = args.lease_ttl.max(Duration::from_millis(300));
@@ -463,7 +497,7 @@ impl Cluster {
         if let Some(other) = cluster.node_info(node).await?
             && other.boot != cluster.boot
         {
-            return Err(ClusterError(format!(
+            return Err(ClusterError::new(format!(
                 "node id {node:?} is in use by a live node (serving {}); give each node its own --node-id, or wait {} for the old one's heartbeat to expire",
                 other.http,
                 humantime::format_duration(ttl)
@@ -479,7 +513,7 @@ impl Cluster {
             // An empty digest is a node of an older version (no check: rolling upgrades).
             .find(|n| n.node != node && !n.token.is_empty() && n.token != cluster.token)
         {
-            return Err(ClusterError(format!(
+            return Err(ClusterError::new(format!(
                 "the live node {:?} serves with another bearer token (or none): every node of a \
                  cluster must share one (SWITCHBOARD_TOKEN or --token-file)",
                 other.node
@@ -491,7 +525,7 @@ impl Cluster {
             .iter()
             .find(|n| n.node != node && n.shards.max(1) != cluster.shards)
         {
-            return Err(ClusterError(format!(
+            return Err(ClusterError::new(format!(
                 "the live node {:?} spreads the journal over {} stream(s), this one over {}: every \
                  node of a cluster must use the same --cluster-journal-shards",
                 other.node,
@@ -766,14 +800,17 @@ impl Cluster {
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                     match self.owner(id).await {
                         Ok(Some((o, _))) if o == owner => Ok(()),
-                        _ => Err(err("the session id is taken", e)),
+                        _ => Err(err(
+                            &format!("cannot record session {id}'s lease: the session id is taken"),
+                            e,
+                        )),
                     }
                 }
-                Err(e) => Err(err("", e)),
+                Err(e) => Err(err(&format!("cannot record session {id}'s lease"), e)),
             }
         })
         .await;
-        made.map_err(|e| ClusterError(format!("cannot record session {id}'s lease{}", e.0)))?;
+        made?;
         self.hold(id, 1);
         Ok(1)
     }
@@ -901,7 +938,7 @@ mod tests {
         }
         for bad in ["", "a.b", "a b", "a/b", "é", &"n".repeat(65)] {
             let e = check_node_id(bad).unwrap_err();
-            assert!(e.0.contains("--node-id"), "{e}");
+            assert!(e.what().contains("--node-id"), "{e}");
         }
         assert!(check_node_id(&default_node_id(7420)).is_ok());
     }

@@ -26,10 +26,11 @@
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 
 use serde_json::Value;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use sha2::{Digest as _, Sha256};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -77,20 +78,17 @@ impl Digest {
     /// client that reorders keys sends the same call); the SHA-256 only if `durable`.
     pub(crate) fn of(call: &ToolCall, durable: bool) -> Digest {
         let mut fast = foldhash::quality::FixedState::with_seed(0x5eed).build_hasher();
-        feed_call(call, &mut fast);
+        feed_call(call, &mut fast, false);
         let sha = durable.then(|| {
             let mut sha = ShaHasher(Sha256::new());
-            feed_call(call, &mut sha);
+            // The journal's form: numbers as their text (what every version recorded).
+            feed_call(call, &mut sha, true);
             sha.0.finalize().into()
         });
         Digest {
             fast: fast.finish(),
             sha,
         }
-    }
-
-    fn same(&self, other: &Digest) -> bool {
-        self.fast == other.fast
     }
 
     /// The journal's form (hex SHA-256); empty without one.
@@ -101,7 +99,9 @@ impl Digest {
     }
 }
 
-fn feed_call(call: &ToolCall, h: &mut impl Hasher) {
+/// Feeds `call` to `h`; `stable`: numbers as their text (the journal's SHA-256, which must not
+/// change between versions), else as their value's bits (no allocation; in memory only).
+fn feed_call(call: &ToolCall, h: &mut impl Hasher, stable: bool) {
     h.write(call.name.as_bytes());
     h.write_u8(0xff);
     match &call.malformed {
@@ -111,7 +111,7 @@ fn feed_call(call: &ToolCall, h: &mut impl Hasher) {
         }
         None => {
             h.write_u8(0);
-            feed_value(&call.arguments, h);
+            feed_value(&call.arguments, h, stable);
         }
     }
 }
@@ -121,7 +121,7 @@ fn feed_str(text: &str, h: &mut impl Hasher) {
     h.write(text.as_bytes());
 }
 
-fn feed_value(value: &Value, h: &mut impl Hasher) {
+fn feed_value(value: &Value, h: &mut impl Hasher, stable: bool) {
     match value {
         Value::Null => h.write_u8(0),
         Value::Bool(b) => {
@@ -130,7 +130,19 @@ fn feed_value(value: &Value, h: &mut impl Hasher) {
         }
         Value::Number(n) => {
             h.write_u8(2);
-            feed_str(&n.to_string(), h);
+            if stable {
+                feed_str(&n.to_string(), h);
+            } else if let Some(u) = n.as_u64() {
+                h.write_u8(0);
+                h.write_u64(u);
+            } else if let Some(i) = n.as_i64() {
+                h.write_u8(1);
+                h.write_i64(i);
+            } else {
+                // `1.0` and `1` stay apart, as their texts do.
+                h.write_u8(2);
+                h.write_u64(n.as_f64().map_or(0, f64::to_bits));
+            }
         }
         Value::String(text) => {
             h.write_u8(3);
@@ -140,7 +152,7 @@ fn feed_value(value: &Value, h: &mut impl Hasher) {
             h.write_u8(4);
             h.write_u64(items.len() as u64);
             for item in items {
-                feed_value(item, h);
+                feed_value(item, h, stable);
             }
         }
         Value::Object(map) => {
@@ -149,14 +161,14 @@ fn feed_value(value: &Value, h: &mut impl Hasher) {
             if map.keys().is_sorted() {
                 for (k, v) in map {
                     feed_str(k, h);
-                    feed_value(v, h);
+                    feed_value(v, h, stable);
                 }
             } else {
                 let mut entries: Vec<_> = map.iter().collect();
                 entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
                 for (k, v) in entries {
                     feed_str(k, h);
-                    feed_value(v, h);
+                    feed_value(v, h, stable);
                 }
             }
         }
@@ -175,42 +187,100 @@ impl Hasher for ShaHasher {
     }
 }
 
+/// A call's entry; `fast`: its digest's in-memory hash ([`Digest`]).
 #[derive(Debug)]
 enum Entry {
     Running {
-        digest: Digest,
+        fast: u64,
     },
     /// Its turn was dropped by its caller before the answer was known: it may have run.
     Abandoned {
-        digest: Digest,
+        fast: u64,
     },
     Answered {
-        digest: Digest,
+        fast: u64,
         result: Arc<ToolDispatchResult>,
     },
 }
 
-/// The hasher of the session's maps (the ids are the client's: seeded per process).
+/// The hasher of call identities (the ids are the client's: seeded per process).
 type Ids = foldhash::quality::RandomState;
+
+/// The process's hasher of call identities (one seed for every session: a session need not
+/// carry its own).
+fn ids() -> &'static Ids {
+    static IDS: OnceLock<Ids> = OnceLock::new();
+    IDS.get_or_init(Ids::default)
+}
+
+/// A call's identity in its session ([`key_of`]) with its hash, computed once per call: every
+/// look-up, insertion and eviction of the call's entry uses it.
+#[derive(Debug, Clone)]
+pub(crate) struct Key {
+    hash: u64,
+    id: Arc<str>,
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.hash == other.hash && self.id == other.id
+    }
+}
+
+impl Eq for Key {}
+
+/// The hasher of maps whose keys are hashes already ([`Key`], the forgotten ids' hashes).
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `Key` or `u64`; a fold, should anything else ever be hashed with it.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Hashed = BuildHasherDefault<Prehashed>;
 
 #[derive(Debug, Default)]
 struct State {
-    map: HashMap<Arc<str>, Entry, Ids>,
-    /// Answered ids, oldest first.
-    order: VecDeque<Arc<str>>,
+    map: HashMap<Key, Entry, Hashed>,
+    /// Answered calls, oldest first.
+    order: VecDeque<Key>,
     bytes: usize,
-    forgotten: HashSet<u64, Ids>,
-    forgotten_order: VecDeque<u64>,
+    /// The hashes of the ids of dropped answers (without a journal), made at the first.
+    forgotten: Option<Box<Forgotten>>,
+}
+
+/// The ids of dropped answers, as hashes, oldest first (at most [`FORGOTTEN_IDS`]).
+#[derive(Debug, Default)]
+struct Forgotten {
+    set: HashSet<u64, Hashed>,
+    order: VecDeque<u64>,
 }
 
 /// One session's answers.
 #[derive(Debug)]
 pub(crate) struct Answers {
     session: Arc<str>,
-    state: Mutex<State>,
+    /// Made at the first call: a session that has answered nothing keeps nothing.
+    state: Mutex<Option<Box<State>>>,
     retention: Retention,
     journal: Option<Journal>,
-    hasher: Ids,
     /// Wakes the turns waiting for a running copy of their call (only when there are some).
     changed: tokio::sync::Notify,
     waiters: AtomicUsize,
@@ -224,13 +294,14 @@ pub(crate) enum Plan {
         digest: Digest,
         effect: Option<Effect>,
     },
-    /// Answered already (stored, or refused now and not stored).
-    Answer(ToolDispatchResult, Hit),
+    /// Answered already (stored, or refused now and not stored). Boxed, as in `Decided`: a
+    /// turn's plans stay small to move.
+    Answer(Box<ToolDispatchResult>, Hit),
     /// Decided now without running (`outcome_unknown`), remembered and journaled like a run.
     Decided {
         digest: Digest,
         effect: Option<Effect>,
-        result: ToolDispatchResult,
+        result: Box<ToolDispatchResult>,
     },
     /// Waits for an earlier copy of the call.
     Wait(Digest),
@@ -305,10 +376,9 @@ impl Answers {
     pub(crate) fn new(session: Arc<str>, retention: Retention, journal: Option<Journal>) -> Self {
         Answers {
             session,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(None),
             retention,
             journal,
-            hasher: Default::default(),
             changed: tokio::sync::Notify::new(),
             waiters: AtomicUsize::new(0),
         }
@@ -318,14 +388,22 @@ impl Answers {
         self.journal.as_ref()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
+    fn lock(&self) -> Locked<'_> {
+        let mut guard = self
+            .state
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.get_or_insert_with(Box::default);
+        Locked(guard)
     }
 
-    fn id_hash(&self, id: &str) -> u64 {
-        self.hasher.hash_one(id)
+    /// The identity of `call` in this session ([`key_of`]), hashed.
+    pub(crate) fn key(&self, call: &ToolCall) -> Key {
+        let id = key_of(call);
+        Key {
+            hash: ids().hash_one(&*id),
+            id,
+        }
     }
 
     /// True when the engine would answer the turn as a whole (a duplicate or empty id): such a
@@ -334,11 +412,15 @@ impl Answers {
         if calls.iter().any(|c| c.id.is_empty()) {
             return true;
         }
-        if calls.len() < 2 {
-            return false;
+        match calls.len() {
+            0 | 1 => false,
+            // A turn is a handful of calls: comparing them is cheaper than hashing them.
+            n if n <= 16 => (1..n).any(|i| calls[..i].iter().any(|c| c.id == calls[i].id)),
+            n => {
+                let mut seen = HashSet::with_capacity_and_hasher(n, Ids::default());
+                !calls.iter().all(|c| seen.insert(&*c.id))
+            }
         }
-        let mut seen = HashSet::with_capacity(calls.len());
-        !calls.iter().all(|c| seen.insert(&*c.id))
     }
 
     /// Decides what each call of a turn gets; calls that run are registered as running. With a
@@ -348,11 +430,10 @@ impl Answers {
     pub(crate) async fn plan(
         &self,
         calls: &[ToolCall],
-        keys: &[Arc<str>],
+        keys: &[Key],
         view: &Snapshot,
     ) -> Vec<Plan> {
         let durable = self.journal.is_some();
-        let digests: Vec<Digest> = calls.iter().map(|c| Digest::of(c, durable)).collect();
         let mut records: HashMap<usize, Option<CallRecord>> = HashMap::new();
         let mut unreadable: Option<String> = None;
         if let Some(journal) = &self.journal {
@@ -363,7 +444,7 @@ impl Answers {
                     .collect()
             };
             if !misses.is_empty() {
-                let ids: Vec<&str> = misses.iter().map(|&i| &*keys[i]).collect();
+                let ids: Vec<&str> = misses.iter().map(|&i| &*keys[i].id).collect();
                 match journal.lookup(&self.session, &ids).await {
                     Ok(found) => records = misses.into_iter().zip(found).collect(),
                     Err(e) => {
@@ -376,29 +457,29 @@ impl Answers {
         let mut state = self.lock();
         calls
             .iter()
-            .zip(digests)
             .enumerate()
-            .map(|(i, (call, digest))| {
+            .map(|(i, call)| {
+                let digest = Digest::of(call, durable);
                 let effect = view.get(&call.name).map(|t| t.effect);
                 let key = &keys[i];
                 match state.map.get(key) {
-                    Some(Entry::Answered { digest: d, result }) => {
-                        if d.same(&digest) {
-                            Plan::Answer((**result).clone(), Hit::Stored)
+                    Some(Entry::Answered { fast, result }) => {
+                        if *fast == digest.fast {
+                            Plan::Answer(Box::new((**result).clone()), Hit::Stored)
                         } else {
-                            Plan::Answer(other_arguments(call), Hit::Refused)
+                            Plan::Answer(Box::new(other_arguments(call)), Hit::Refused)
                         }
                     }
-                    Some(Entry::Running { digest: d }) => {
-                        if d.same(&digest) {
+                    Some(Entry::Running { fast }) => {
+                        if *fast == digest.fast {
                             Plan::Wait(digest)
                         } else {
-                            Plan::Answer(other_arguments(call), Hit::Refused)
+                            Plan::Answer(Box::new(other_arguments(call)), Hit::Refused)
                         }
                     }
-                    Some(Entry::Abandoned { digest: d }) => {
-                        if d.same(&digest) {
-                            state.map.insert(Arc::clone(key), Entry::Running { digest });
+                    Some(&Entry::Abandoned { fast }) => {
+                        if fast == digest.fast {
+                            state.map.insert(key.clone(), Entry::Running { fast });
                             // The one rule for a call that may have run: a read-only or
                             // idempotent call runs again, any other is `outcome_unknown`.
                             if may_run_again(effect) {
@@ -407,10 +488,10 @@ impl Answers {
                             Plan::Decided {
                                 digest,
                                 effect,
-                                result: outcome_unknown(call, ABANDONED),
+                                result: Box::new(outcome_unknown(call, ABANDONED)),
                             }
                         } else {
-                            Plan::Answer(other_arguments(call), Hit::Refused)
+                            Plan::Answer(Box::new(other_arguments(call)), Hit::Refused)
                         }
                     }
                     None => {
@@ -425,47 +506,57 @@ impl Answers {
                                 ),
                                 Timing::default(),
                             );
-                            return Plan::Answer(result, Hit::Refused);
+                            return Plan::Answer(Box::new(result), Hit::Refused);
                         }
                         if let Some(record) = records.remove(&i).flatten() {
                             if record.digest != digest.hex() {
-                                return Plan::Answer(other_arguments(call), Hit::Refused);
+                                return Plan::Answer(Box::new(other_arguments(call)), Hit::Refused);
                             }
                             match record.state() {
                                 RecordState::Answered(answer) => {
                                     let result = answer.to_result();
                                     state.remember(key, digest, Arc::new(result.clone()), self);
-                                    return Plan::Answer(result, Hit::Stored);
+                                    return Plan::Answer(Box::new(result), Hit::Stored);
                                 }
                                 RecordState::Tombstone(_) => {
                                     return Plan::Answer(
-                                        no_longer_kept(call, "the journal's retention"),
+                                        Box::new(no_longer_kept(call, "the journal's retention")),
                                         Hit::Refused,
                                     );
                                 }
                                 RecordState::Started => {
                                     let recorded = Effect::parse(&record.effect);
                                     if !may_run_again(recorded) {
-                                        state
-                                            .map
-                                            .insert(Arc::clone(key), Entry::Running { digest });
+                                        state.map.insert(
+                                            key.clone(),
+                                            Entry::Running { fast: digest.fast },
+                                        );
                                         return Plan::Decided {
                                             digest,
                                             effect,
-                                            result: outcome_unknown(call, ENGINE_STOPPED),
+                                            result: Box::new(outcome_unknown(call, ENGINE_STOPPED)),
                                         };
                                     }
                                 }
                             }
-                        } else if state.forgotten.contains(&self.id_hash(key)) {
+                        } else if state
+                            .forgotten
+                            .as_ref()
+                            .is_some_and(|f| f.set.contains(&key.hash))
+                        {
                             let kept = format!(
                                 "a session keeps its last {} answers, {} MiB",
                                 self.retention.answers,
                                 self.retention.bytes >> 20
                             );
-                            return Plan::Answer(no_longer_kept(call, &kept), Hit::Refused);
+                            return Plan::Answer(
+                                Box::new(no_longer_kept(call, &kept)),
+                                Hit::Refused,
+                            );
                         }
-                        state.map.insert(Arc::clone(key), Entry::Running { digest });
+                        state
+                            .map
+                            .insert(key.clone(), Entry::Running { fast: digest.fast });
                         Plan::Run { digest, effect }
                     }
                 }
@@ -501,14 +592,14 @@ impl Answers {
     /// The journal record of `result`, the answer of a call planned with `digest` and `effect`.
     pub(crate) fn answer_record(
         &self,
-        key: &Arc<str>,
+        key: &Key,
         result: &ToolDispatchResult,
         digest: &Digest,
         effect: Option<Effect>,
     ) -> Write {
         Write::Call {
             session: Arc::clone(&self.session),
-            id: Arc::clone(key),
+            id: Arc::clone(&key.id),
             record: Box::new(CallRecord {
                 tool: result.tool_name.to_string(),
                 digest: digest.hex(),
@@ -520,27 +611,32 @@ impl Answers {
         }
     }
 
-    /// Remembers the answer of the call of identity `key` that ran (or was decided) and wakes
-    /// its waiters.
-    pub(crate) fn finish(&self, key: &Arc<str>, digest: Digest, result: &ToolDispatchResult) {
-        self.lock()
-            .remember(key, digest, Arc::new(result.clone()), self);
+    /// Remembers the answers of a turn's calls that ran (or were decided) — each with its
+    /// identity and the digest it was planned with — under one lock, and wakes their waiters.
+    pub(crate) fn finish<'a>(
+        &self,
+        answered: impl Iterator<Item = (&'a Key, Digest, &'a ToolDispatchResult)>,
+    ) {
+        {
+            let mut state = self.lock();
+            for (key, digest, result) in answered {
+                state.remember(key, digest, Arc::new(result.clone()), self);
+            }
+        }
         self.wake();
     }
 
     /// Calls registered as running (by identity) that will get no answer from their turn: the
     /// engine refused it (nothing ran: forgotten), or its caller dropped it (they may have run:
     /// abandoned).
-    pub(crate) fn unfinished(&self, ids: &[Arc<str>], ran: bool) {
+    pub(crate) fn unfinished(&self, ids: &[Key], ran: bool) {
         {
             let mut state = self.lock();
             for id in ids {
-                if let Some(Entry::Running { digest }) = state.map.get(id) {
-                    let digest = *digest;
+                if let Some(Entry::Running { fast }) = state.map.get(id) {
+                    let fast = *fast;
                     if ran {
-                        state
-                            .map
-                            .insert(Arc::clone(id), Entry::Abandoned { digest });
+                        state.map.insert(id.clone(), Entry::Abandoned { fast });
                     } else {
                         state.map.remove(id);
                     }
@@ -558,15 +654,20 @@ impl Answers {
 
     /// Waits for the answer of an earlier copy of `call` (planned with `digest`); `None` when
     /// it did not run (the engine refused its turn).
-    pub(crate) async fn wait(&self, call: &ToolCall, digest: Digest) -> Option<ToolDispatchResult> {
+    pub(crate) async fn wait(
+        &self,
+        key: &Key,
+        call: &ToolCall,
+        digest: Digest,
+    ) -> Option<ToolDispatchResult> {
         self.waiters.fetch_add(1, Ordering::AcqRel);
         let _count = Waiting(&self.waiters);
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match self.lock().map.get(&key_of(call)) {
-                Some(Entry::Answered { digest: d, result }) if d.same(&digest) => {
+            match self.lock().map.get(key) {
+                Some(Entry::Answered { fast, result }) if *fast == digest.fast => {
                     return Some((**result).clone());
                 }
                 Some(Entry::Abandoned { .. }) => return Some(outcome_unknown(call, ABANDONED)),
@@ -580,7 +681,11 @@ impl Answers {
 
     /// How many answers are kept now.
     pub(crate) fn len(&self) -> usize {
-        self.lock().order.len()
+        let state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.as_ref().map_or(0, |s| s.order.len())
     }
 }
 
@@ -670,28 +775,52 @@ fn other_arguments(call: &ToolCall) -> ToolDispatchResult {
     )
 }
 
+/// The session's locked state, made if it was not yet ([`Answers::lock`]).
+struct Locked<'a>(MutexGuard<'a, Option<Box<State>>>);
+
+impl Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        match &*self.0 {
+            Some(state) => state,
+            None => unreachable!("Answers::lock makes the state before handing it out"),
+        }
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
 impl State {
     fn remember(
         &mut self,
-        id: &Arc<str>,
+        key: &Key,
         digest: Digest,
         result: Arc<ToolDispatchResult>,
         answers: &Answers,
     ) {
         let size = size_of(&result);
-        match self.map.entry(Arc::clone(id)) {
+        let fast = digest.fast;
+        match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 if let Entry::Answered { result: old, .. } = o.get() {
                     self.bytes -= size_of(old);
-                    self.order.retain(|x| x != id);
+                    self.order.retain(|x| x != key);
                 }
-                o.insert(Entry::Answered { digest, result });
+                o.insert(Entry::Answered { fast, result });
             }
             MapEntry::Vacant(v) => {
-                v.insert(Entry::Answered { digest, result });
+                v.insert(Entry::Answered { fast, result });
             }
         }
-        self.order.push_back(Arc::clone(id));
+        if self.order.capacity() == 0 {
+            // Most sessions answer a few calls: room for one, then doubling.
+            self.order.reserve_exact(1);
+        }
+        self.order.push_back(key.clone());
         self.bytes += size;
         while self.order.len() > answers.retention.answers
             || (self.bytes > answers.retention.bytes && self.order.len() > 1)
@@ -705,16 +834,72 @@ impl State {
             // With a journal the answer is still there; without, the id is remembered as
             // answered so a late retry is refused instead of run again.
             if answers.journal.is_none() {
-                let h = answers.id_hash(&old);
-                if self.forgotten.insert(h) {
-                    self.forgotten_order.push_back(h);
+                let forgotten = self.forgotten.get_or_insert_with(Box::default);
+                if forgotten.set.insert(old.hash) {
+                    forgotten.order.push_back(old.hash);
                 }
-                while self.forgotten_order.len() > FORGOTTEN_IDS {
-                    if let Some(h) = self.forgotten_order.pop_front() {
-                        self.forgotten.remove(&h);
+                while forgotten.order.len() > FORGOTTEN_IDS {
+                    if let Some(h) = forgotten.order.pop_front() {
+                        forgotten.set.remove(&h);
                     }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(id: &str, args: Value) -> ToolCall {
+        ToolCall::new(id, "t", args)
+    }
+
+    #[test]
+    fn the_in_memory_digest_tells_numbers_apart_as_their_text_does() {
+        for durable in [false, true] {
+            let of = |v: Value| Digest::of(&call("a", json!({ "n": v })), durable);
+            assert_ne!(of(json!(1)), of(json!(1.0)), "1 and 1.0");
+            assert_ne!(of(json!(1)), of(json!(-1)));
+            assert_ne!(of(json!(-1)), of(json!(u64::MAX)));
+            assert_ne!(of(json!(0.5)), of(json!(0.25)));
+            assert_eq!(of(json!(7)), of(json!(7)));
+            // Keys in another order are the same call.
+            let a = Digest::of(&call("a", json!({"x": 1, "y": [1, 2.5]})), durable);
+            let b = Digest::of(&call("a", json!({"y": [1, 2.5], "x": 1})), durable);
+            assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn a_turn_with_a_repeated_or_empty_id_is_refused_whole_at_any_size() {
+        for n in [2, 3, 16, 17, 40] {
+            let calls: Vec<ToolCall> = (0..n).map(|i| call(&format!("c{i}"), json!({}))).collect();
+            assert!(!Answers::refused_whole(&calls), "{n} distinct ids");
+            for (i, j) in [(0, n - 1), (n / 2, n / 2 - 1), (n - 2, n - 1)] {
+                let mut twice = calls.clone();
+                twice[i] = call(&format!("c{j}"), json!({}));
+                if i != j {
+                    assert!(Answers::refused_whole(&twice), "{n} calls, {i} repeats {j}");
+                }
+            }
+            let mut empty = calls.clone();
+            empty[n - 1] = call("", json!({}));
+            assert!(Answers::refused_whole(&empty), "{n} calls, one empty id");
+        }
+        assert!(!Answers::refused_whole(&[call("a", json!({}))]));
+    }
+
+    #[test]
+    fn a_session_that_answered_nothing_keeps_no_state() {
+        let answers = Answers::new(Arc::from("s"), Retention::default(), None);
+        assert!(answers.state.lock().unwrap().is_none());
+        assert_eq!(answers.len(), 0);
+        assert!(
+            answers.state.lock().unwrap().is_none(),
+            "len() makes nothing"
+        );
     }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use arc_swap::ArcSwapOption;
 use serde_json::Value;
 
-use super::answers::{Answers, Hit, Plan};
+use super::answers::{Answers, Hit, Key, Plan};
 use super::{Engine, EngineError};
 use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{CatalogFormat, RegisteredTool, RegistryError, Snapshot};
@@ -85,6 +85,31 @@ impl SessionOptions {
     /// [`crate::policy::Policy::allow_all`] is enough); rules that ask are refused.
     pub fn rules(mut self, name: impl Into<String>, rules: crate::policy::Rules) -> Self {
         self.rules = Some((name.into(), rules));
+        self
+    }
+}
+
+/// A session checked and compiled but not open yet ([`Engine::prepare_session`]): nothing can
+/// refuse it any more. Dropping it opens nothing.
+#[derive(Debug)]
+pub(crate) struct PreparedSession {
+    id: Option<String>,
+    workspace: Option<Workspace>,
+    own: Vec<Arc<RegisteredTool>>,
+    sandbox: Arc<Sandbox>,
+    policy: Option<Arc<crate::policy::Policy>>,
+}
+
+impl PreparedSession {
+    /// Its id (see [`SessionOptions::id`]).
+    pub(crate) fn id(mut self, id: String) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// The workspace its built-in tools are confined to.
+    pub(crate) fn workspace(mut self, workspace: Workspace) -> Self {
+        self.workspace = Some(workspace);
         self
     }
 }
@@ -151,7 +176,7 @@ struct SessionInner {
 /// [`Session::turn`]).
 struct Unfinished<'a> {
     answers: &'a Answers,
-    ids: Vec<Arc<str>>,
+    ids: Vec<Key>,
 }
 
 impl Drop for Unfinished<'_> {
@@ -300,7 +325,7 @@ impl Session {
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let answers = &self.inner.answers;
         if calls.is_empty() || Answers::refused_whole(&calls) {
-            return self.engine_turn(calls, cancel, sink, None).await;
+            return self.engine_turn(calls, cancel, sink, Turf::default()).await;
         }
         // Shutdown waits for the whole turn, journal writes included.
         let Some(_in_flight) = self.inner.engine.enter_turn() else {
@@ -308,7 +333,7 @@ impl Session {
         };
         let view = self.view().await;
         // Each call's identity: its id, or its turn and id when the client named the turn.
-        let keys: Vec<Arc<str>> = calls.iter().map(super::answers::key_of).collect();
+        let keys: Vec<Key> = calls.iter().map(|c| answers.key(c)).collect();
         let plans = answers.plan(&calls, &keys, &view).await;
         // Until every call registered as running here has its answer remembered: if this
         // future is dropped first, those calls are marked abandoned (their copies are answered
@@ -319,7 +344,7 @@ impl Session {
                 .iter()
                 .zip(&keys)
                 .filter(|(p, _)| matches!(p, Plan::Run { .. } | Plan::Decided { .. }))
-                .map(|(_, key)| Arc::clone(key))
+                .map(|(_, key)| key.clone())
                 .collect(),
         };
         let journal = answers.journal().cloned();
@@ -334,9 +359,9 @@ impl Session {
                         hits += 1;
                     }
                     if let Some(sink) = &sink {
-                        let _ = sink.send((i, result.clone()));
+                        let _ = sink.send((i, (**result).clone()));
                     }
-                    out.push(Some(result.clone()));
+                    out.push(Some((**result).clone()));
                 }
                 Plan::Run { .. } => {
                     runs.push(i);
@@ -364,7 +389,7 @@ impl Session {
             {
                 metrics.outcome_unknown();
                 records.push(answers.answer_record(&keys[i], result, digest, *effect));
-                out[i] = Some(result.clone());
+                out[i] = Some((**result).clone());
             }
         }
         let mut calls = calls;
@@ -377,8 +402,14 @@ impl Session {
                     .map(|&i| std::mem::replace(&mut calls[i], ToolCall::new("", "", Value::Null)))
                     .collect()
             };
+            // The engine runs the turn with the view it was planned with.
+            let planned = Turf {
+                view: Some(view),
+                policy: None,
+                gate,
+            };
             let results = match self
-                .run_and_record(sub, &keys, cancel, sink.as_ref(), &plans, gate)
+                .run_and_record(sub, &keys, cancel, sink.as_ref(), &plans, planned)
                 .await
             {
                 Ok(results) => results,
@@ -424,16 +455,14 @@ impl Session {
             answers.unfinished(&std::mem::take(&mut guard.ids), true);
             return Err(EngineError::Moved(self.id().to_string()));
         }
-        for (i, plan) in plans.iter().enumerate() {
-            match plan {
-                Plan::Run { digest, .. } | Plan::Decided { digest, .. } => {
-                    if let Some(result) = &out[i] {
-                        answers.finish(&keys[i], *digest, result);
-                    }
+        answers.finish(plans.iter().zip(&keys).zip(&out).filter_map(
+            |((plan, key), result)| match (plan, result) {
+                (Plan::Run { digest, .. } | Plan::Decided { digest, .. }, Some(result)) => {
+                    Some((key, *digest, result))
                 }
-                _ => {}
-            }
-        }
+                _ => None,
+            },
+        ));
         if let Some(sink) = &sink {
             for (i, plan) in plans.iter().enumerate() {
                 if let (Plan::Decided { .. }, Some(result)) = (plan, &out[i]) {
@@ -448,7 +477,7 @@ impl Session {
                 hits += 1;
                 let call = &calls[i];
                 let result = answers
-                    .wait(call, digest)
+                    .wait(&keys[i], call, digest)
                     .await
                     .ok_or(EngineError::ShutDown)?;
                 if let Some(sink) = &sink {
@@ -475,16 +504,16 @@ impl Session {
     async fn run_and_record(
         &self,
         sub: Vec<ToolCall>,
-        keys: &[Arc<str>],
+        keys: &[Key],
         cancel: CancellationToken,
         sink: Option<&ResultSink>,
         plans: &[Plan],
-        gate: Option<Arc<dyn crate::execute::StartGate>>,
+        planned: Turf,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let answers = &self.inner.answers;
         let journal = answers.journal();
         if sink.is_none() && journal.is_none() {
-            return self.engine_turn(sub, cancel, None, gate).await;
+            return self.engine_turn(sub, cancel, None, planned).await;
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let n = sub.len();
@@ -553,7 +582,7 @@ impl Session {
             (replaced, fenced)
         };
         let (results, (replaced, fenced)) =
-            tokio::join!(self.engine_turn(sub, cancel, Some(tx), gate), forward);
+            tokio::join!(self.engine_turn(sub, cancel, Some(tx), planned), forward);
         let mut results = results?;
         if fenced {
             return Err(EngineError::Moved(self.id().to_string()));
@@ -564,15 +593,23 @@ impl Session {
         Ok(results)
     }
 
-    /// A turn straight to the engine (no answers remembered); `gate`: what its guarded calls
-    /// pass right before they start.
+    /// A turn straight to the engine (no answers remembered). From `planned`: what its guarded
+    /// calls pass right before they start (`gate`), and the registry view the turn was planned
+    /// with, if it was (`view`; else the session's current one); the policy is the session's.
     async fn engine_turn(
         &self,
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
         sink: Option<ResultSink>,
-        gate: Option<Arc<dyn crate::execute::StartGate>>,
+        planned: Turf,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
+        let Turf { view, gate, .. } = planned;
+        // The engine's view alone is fetched by `dispatch_on` itself.
+        let view = match (view, &self.inner.own) {
+            (Some(view), _) => Some(view),
+            (None, None) => None,
+            (None, Some(_)) => Some(self.view().await),
+        };
         self.inner
             .engine
             .dispatch_on(
@@ -582,24 +619,12 @@ impl Session {
                 cancel,
                 sink,
                 Turf {
+                    view,
+                    policy: self.inner.policy.clone(),
                     gate,
-                    ..self.turf().await
                 },
             )
             .await
-    }
-
-    /// What the session's turns are planned with: the extended view when it has tools of its own
-    /// (`None`: the engine's view, which `dispatch_on` fetches itself), and its policy.
-    async fn turf(&self) -> Turf {
-        Turf {
-            view: match self.inner.own {
-                None => None,
-                Some(_) => Some(self.view().await),
-            },
-            policy: self.inner.policy.clone(),
-            gate: None,
-        }
     }
 
     /// A cancellation token for one turn of this session (a child of the session's).
@@ -669,6 +694,18 @@ impl Engine {
 
     /// A new session opened with `options`: its own id, workspace, tools and sandbox.
     pub async fn session_with(&self, options: SessionOptions) -> Result<Session, SessionError> {
+        let prepared = self.prepare_session(options).await?;
+        Ok(self.open_prepared(prepared))
+    }
+
+    /// Everything [`Engine::session_with`] checks, done before the session opens: its rules
+    /// narrowed, its own tools named and compiled (one catalog, one schema budget), its sandbox
+    /// prepared. A front end that must make something for the session (a workspace directory)
+    /// makes it only once nothing can refuse the session any more.
+    pub(crate) async fn prepare_session(
+        &self,
+        options: SessionOptions,
+    ) -> Result<PreparedSession, SessionError> {
         let SessionOptions {
             id,
             workspace,
@@ -690,19 +727,39 @@ impl Engine {
             },
         };
         let base = self.snapshot().await;
+        let mut budget = crate::validation::Budget::catalog();
         let mut own: Vec<Arc<RegisteredTool>> = Vec::with_capacity(tools.len());
         for spec in tools {
             if base.get(&spec.name).is_some() || own.iter().any(|t| *t.name == *spec.name) {
                 return Err(RegistryError::Duplicate(spec.name).into());
             }
-            own.push(Arc::new(crate::registry::prepare(spec)?));
+            own.push(Arc::new(crate::registry::prepare_in(spec, &mut budget)?));
         }
         let sandbox = match sandbox {
             None => Arc::clone(&self.inner.sandbox),
             Some(config) => Arc::new(Sandbox::prepare(config)?),
         };
+        Ok(PreparedSession {
+            id,
+            workspace,
+            own,
+            sandbox,
+            policy,
+        })
+    }
+
+    /// Opens a session [`Engine::prepare_session`] prepared (in the engine's workspace unless it
+    /// has one of its own).
+    pub(crate) fn open_prepared(&self, prepared: PreparedSession) -> Session {
+        let PreparedSession {
+            id,
+            workspace,
+            own,
+            sandbox,
+            policy,
+        } = prepared;
         let workspace = workspace.or_else(|| self.inner.workspace.clone());
-        Ok(self.open(id, workspace, sandbox, own, policy))
+        self.open(id, workspace, sandbox, own, policy)
     }
 
     fn open_session(&self, workspace: Option<Workspace>) -> Session {

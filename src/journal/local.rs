@@ -134,6 +134,7 @@ impl Shared {
         JournalError::Io {
             file: self.file.clone(),
             detail: self.health().err().unwrap_or_default(),
+            source: None,
         }
     }
 
@@ -566,10 +567,15 @@ fn open_db(file: &Path, create: bool) -> Result<Database, JournalError> {
     }
 }
 
-pub(super) fn io(file: &Path, e: impl std::fmt::Display) -> JournalError {
+pub(super) fn io(
+    file: &Path,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> JournalError {
+    let e = e.into();
     JournalError::Io {
         file: file.to_path_buf(),
         detail: e.to_string(),
+        source: Some(Arc::from(e)),
     }
 }
 

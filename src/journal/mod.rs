@@ -78,8 +78,12 @@ pub enum JournalError {
     Io {
         /// The journal file.
         file: PathBuf,
-        /// What failed.
+        /// What failed, with the cause's own text.
         detail: String,
+        /// The cause (an I/O, store or NATS error), when there is one at hand: a journal that
+        /// failed earlier keeps only its description.
+        #[source]
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// The retention asked for is shorter than [`MIN_RETENTION`].
     #[error(
@@ -414,6 +418,7 @@ impl Journal {
         std::fs::create_dir_all(dir).map_err(|e| JournalError::Io {
             file: file.clone(),
             detail: format!("cannot create the directory {}: {e}", dir.display()),
+            source: Some(std::sync::Arc::new(e)),
         })?;
         // Taken on the caller's thread: an engine built under a local recorder
         // (`metrics::with_local_recorder`) records its journal there too.
@@ -429,6 +434,7 @@ impl Journal {
             .map_err(|e| JournalError::Io {
                 file: file.clone(),
                 detail: format!("cannot start the writer thread: {e}"),
+                source: Some(std::sync::Arc::new(e)),
             })?;
         Ok(Journal {
             backend: Backend::Local(Arc::new(Inner {
@@ -475,9 +481,14 @@ impl Journal {
 
     /// `Ok` while the journal can record calls; why not while it cannot (its file removed or
     /// replaced, a write failed — a full disk — and it has not reopened yet).
-    pub fn health(&self) -> Result<(), String> {
+    /// The error is [`JournalError::Io`], its `detail` saying what failed.
+    pub fn health(&self) -> Result<(), JournalError> {
         match &self.backend {
-            Backend::Local(inner) => inner.shared.health(),
+            Backend::Local(inner) => inner.shared.health().map_err(|detail| JournalError::Io {
+                file: inner.shared.file.clone(),
+                detail,
+                source: None,
+            }),
             Backend::Replicated(_) => Ok(()),
         }
     }
@@ -914,7 +925,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("gone"), "{e}");
-        assert!(j.health().unwrap_err().contains(FILE_NAME));
+        assert!(j.health().unwrap_err().to_string().contains(FILE_NAME));
         std::fs::rename(&moved, &dir).unwrap();
         j.write(vec![call("s", "c", record("bash", None))])
             .await

@@ -159,10 +159,15 @@ impl std::fmt::Debug for Replicated {
     }
 }
 
-fn nats_error(stream: &str, e: impl std::fmt::Display) -> JournalError {
+fn nats_error(
+    stream: &str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> JournalError {
+    let e = e.into();
     JournalError::Io {
         file: std::path::PathBuf::from(format!("nats:{stream}")),
         detail: e.to_string(),
+        source: Some(std::sync::Arc::from(e)),
     }
 }
 
@@ -815,7 +820,10 @@ impl Replicated {
                 }
                 current
             };
-            if first && current {
+            // Let go of while this write was on its way (the node saw the new owner, or fenced
+            // itself): the refusal is the one a write after that would have met, counted once.
+            let released = !current && lock(&self.moved).remove(session);
+            if first && (current || released) {
                 tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
                 (self.on_fenced)(session);
             }

@@ -8,10 +8,10 @@
 //! durable commit (a flush). The workload tools declare no effect, so they are side-effect tools:
 //! every call that runs is written twice.
 //!
-//! The sides alternate `--rounds` times (on, then off), each on a fresh engine with its own
-//! warm-up, and each reports its best round (interference on a shared machine only ever slows a
-//! round down). `journal_cost` = 1 − on ÷ off calls/s. Flushes per second and calls per flush are
-//! the journal's own counts ([`crate::journal::Journal::flush_counts`]) over the best "on" round.
+//! The sides alternate `--rounds` times (on, then off, see [`super::ab`]), each on a fresh engine
+//! with its own warm-up, and each reports its best round by calls/s. `journal_cost` = 1 − on ÷ off
+//! calls/s. Flushes per second and calls per flush are the journal's own counts
+//! ([`crate::journal::Journal::flush_counts`]) over the best "on" round.
 //!
 //! Each round also times one session making one-call turns one after another, on a fresh engine
 //! of each side: the latency a lone call pays, which under load hides behind the batching. Those
@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::ab::{alternate, ratio};
 use super::compare::CompareConfig;
 use super::driver::{Bounds, Display, Phase, ToolSet, engine_phase};
 use super::numbers::{duration_us, group};
@@ -56,7 +57,7 @@ pub struct Compared {
 impl Compared {
     /// 1 − on ÷ off calls/s (0 when the off side measured nothing).
     pub fn cost(&self) -> f64 {
-        1.0 - super::peers::ratio(self.on.calls_per_s(), self.off.calls_per_s())
+        super::ab::cost(&self.on, &self.off)
     }
 
     /// The `--json` document; `config` is the run's settings.
@@ -96,7 +97,7 @@ impl Compared {
              one session, one-call turns one after another ({} on, {} off): \
              p50 {} on, {} off; p99 {} on, {} off\n",
             self.cost() * 100.0,
-            super::peers::ratio(self.on.calls_per_s(), self.off.calls_per_s()),
+            ratio(self.on.calls_per_s(), self.off.calls_per_s()),
             group(self.on.flushes_per_s().unwrap_or(0.0).round() as u64),
             self.on.calls_per_flush().unwrap_or(0.0),
             per_flush(journal.records as f64, journal.flushes),
@@ -188,43 +189,41 @@ pub async fn run(
         stop_after: SINGLE_CALL_TIME.min(config.bounds.stop_after),
         timed: false,
     };
-    let mut best: Option<(Phase, Phase)> = None;
+    let (n, bounds) = (config.sessions, &config.bounds);
     let mut single_on = Recorder::default();
     let mut single_off = Recorder::default();
-    let mut violations = Recorder::default();
-    let rounds = config.rounds.max(1);
-    for _ in 0..rounds {
-        let (n, bounds) = (config.sessions, &config.bounds);
-        let on = side(tools, n, workload, bounds, "journal on", config).await?;
-        let one_on = side(tools, 1, &single, &single_bounds, "one call, on", config).await?;
-        let off = side(&without, n, workload, bounds, "journal off", config).await?;
-        let one_off = side(
-            &without,
-            1,
-            &single,
-            &single_bounds,
-            "one call, off",
-            config,
-        )
-        .await?;
-        for phase in [&on, &one_on, &off, &one_off] {
-            violations.merge_violations(&phase.stats);
-        }
-        single_on.merge(&one_on.stats);
-        single_off.merge(&one_off.stats);
-        best = Some(match best {
-            None => (on, off),
-            Some((on0, off0)) => (faster(on0, on), faster(off0, off)),
-        });
-    }
-    let (on, off) = best.ok_or("no round ran")?;
+    let rounds = alternate(
+        config.rounds,
+        async || {
+            let on = side(tools, n, workload, bounds, "journal on", config).await?;
+            let one = side(tools, 1, &single, &single_bounds, "one call, on", config).await?;
+            single_on.merge(&one.stats);
+            Ok((on, one))
+        },
+        async || {
+            let off = side(&without, n, workload, bounds, "journal off", config).await?;
+            let one = side(
+                &without,
+                1,
+                &single,
+                &single_bounds,
+                "one call, off",
+                config,
+            )
+            .await?;
+            single_off.merge(&one.stats);
+            Ok((off, one))
+        },
+        |(main, _): &(Phase, Phase)| main.calls_per_s(),
+    )
+    .await?;
     Ok(Compared {
-        on,
-        off,
+        on: rounds.a.0,
+        off: rounds.b.0,
         single_on,
         single_off,
-        rounds,
-        violations,
+        rounds: rounds.rounds,
+        violations: rounds.violations,
     })
 }
 
@@ -237,11 +236,7 @@ async fn side(
     label: &str,
     config: &CompareConfig,
 ) -> Result<Phase, String> {
-    let display = Display {
-        label: label.to_string(),
-        progress: config.progress,
-        sample_rss: false,
-    };
+    let display = Display::round(label, config.progress);
     engine_phase(
         tools.clone(),
         config.workers,
@@ -252,12 +247,4 @@ async fn side(
         config.warmup,
     )
     .await
-}
-
-fn faster(a: Phase, b: Phase) -> Phase {
-    if b.calls_per_s() > a.calls_per_s() {
-        b
-    } else {
-        a
-    }
 }

@@ -113,6 +113,17 @@ pub struct Display {
     pub sample_rss: bool,
 }
 
+impl Display {
+    /// A phase that samples no RSS: a round of a comparison, a warm-up.
+    pub fn round(label: &str, progress: bool) -> Display {
+        Display {
+            label: label.to_string(),
+            progress,
+            sample_rss: false,
+        }
+    }
+}
+
 /// What one phase measured.
 #[derive(Debug)]
 pub struct Phase {
@@ -298,11 +309,7 @@ async fn warm_up(targets: &[Target], workload: &Arc<Workload>, warmup: Duration)
         stop_after: warmup,
         timed: true,
     };
-    let display = Display {
-        label: "warm-up".into(),
-        progress: false,
-        sample_rss: false,
-    };
+    let display = Display::round("warm-up", false);
     run_turns(targets, workload, &bounds, &display, true).await;
 }
 

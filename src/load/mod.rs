@@ -19,13 +19,17 @@
 //! alternating rounds, and reports the cost, the journal's flushes and the latency of a lone
 //! one-call turn (see `compare_journal.rs`, `journal_dir.rs`); `--workload-set tool-search` measures
 //! `tool_search`'s recall and latency (see `search_set.rs`); `--workload-set sandbox` measures a
-//! sandboxed `bash true` against a bare process start (see `sandbox_set.rs`). Bad flags exit 2.
+//! sandboxed `bash true` against a bare process start (see `sandbox_set.rs`). The four A/B
+//! comparisons (`--compare-metrics`, `--compare-journal`, the peers and serve sets) alternate
+//! their sides and keep each side's best round through one driver (see `ab.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
 
+mod ab;
 mod args;
 mod compare;
 mod compare_journal;
 mod driver;
+mod echo;
 mod http;
 mod idle;
 mod journal_dir;
@@ -54,8 +58,7 @@ use crate::workspace::Workspace;
 pub use args::{Baseline, LoadArgs, WorkloadSet};
 use driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase, http_phase};
 pub use workload::ToolKind;
-pub use workload::load_tools;
-use workload::{Workload, session_dir};
+use workload::{Workload, load_tools, session_dir};
 
 /// Turns per session at most in a timed run (the other bound is the deadline).
 const TIMED_TURN_CAP: u64 = 1_000_000_000;
@@ -382,7 +385,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
         let warmup = args.warmup.unwrap_or_else(|| {
             duration.map_or(Duration::ZERO, |d| (d / 10).min(Duration::from_millis(200)))
         });
-        return run_compare(args, &tools, &workload, bounds, warmup, duration).await;
+        return compare::command(args, &tools, &workload, bounds, warmup, duration).await;
     }
     if args.compare_journal {
         let warmup = args.warmup.unwrap_or_else(|| {
@@ -446,7 +449,7 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
     };
     let ratio = direct
         .as_ref()
-        .map(|d| peers::ratio(engine.calls_per_s(), d.calls_per_s()));
+        .map(|d| ab::ratio(engine.calls_per_s(), d.calls_per_s()));
     let soak = rss::SoakVerdict::of(&engine.rss_samples);
     let doc = load_json(args, &engine, direct.as_ref(), ratio, soak.as_ref());
     let title = format!(
@@ -513,53 +516,6 @@ async fn run_load(args: &LoadArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
-}
-
-async fn run_compare(
-    args: &LoadArgs,
-    tools: &ToolSet,
-    workload: &Arc<Workload>,
-    bounds: Bounds,
-    warmup: Duration,
-    duration: Option<Duration>,
-) -> ExitCode {
-    let config = compare::CompareConfig::of(args, bounds, warmup);
-    let c = match compare::run(tools, workload, &config).await {
-        Ok(c) => c,
-        Err(e) => return fail(1, &e),
-    };
-    let (on, off) = (c.on.calls_per_s(), c.off.calls_per_s());
-    let doc = json!({
-        "mode": "compare_metrics",
-        "config": config_json(args),
-        "rounds": c.rounds,
-        "metrics_on_calls_per_s": on.round() as u64,
-        "metrics_off_calls_per_s": off.round() as u64,
-        "metrics_cost": (c.cost() * 10_000.0).round() / 10_000.0,
-        "metrics_on": report::phase_json(&c.on),
-        "metrics_off": report::phase_json(&c.off),
-        "recorded_turns": c.recorded_turns,
-        "histogram_bytes": c.histogram_bytes,
-        "violations": c.violations.violations,
-    });
-    if args.json {
-        crate::command::out(&format!("{doc}\n"));
-    } else {
-        let title = compare::title("compare-metrics", args, duration, &config, c.rounds);
-        crate::command::out(&report::table(
-            &title,
-            &[("metrics on", &c.on), ("metrics off", &c.off)],
-            None,
-        ));
-        crate::command::out(&format!(
-            "metrics cost: {:.1} % (on ÷ off = {:.3}); {} turns recorded in histograms of {} bytes\n",
-            c.cost() * 100.0,
-            peers::ratio(on, off),
-            numbers::group(c.recorded_turns),
-            numbers::group(c.histogram_bytes as u64),
-        ));
-    }
-    finish_comparison(args, "compare-metrics.json", &doc, &c.violations)
 }
 
 fn builtin_workspace(sessions: usize) -> Result<(tempfile::TempDir, Workspace), String> {

@@ -19,17 +19,18 @@
 //! Every line carries `direct_ratio` = engine ÷ direct (calls/s, or wall time for the sleep
 //! batch, where 1.0 is ideal and higher is slower). Each workload runs for `--duration` (default
 //! 2 s) per side, after a warm-up of a tenth of that (at most 200 ms), or for `--turns` turns per
-//! session. With `--rounds N` the engine and direct phases alternate N times and each side
-//! reports its best round (on a shared, noisy machine interference only ever slows a run down);
-//! violations of every round are counted.
+//! session. With `--rounds N` the engine and direct phases alternate N times (see [`super::ab`])
+//! and each side reports its best round (more calls/s, or the shorter mean turn); violations of
+//! every round are counted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::ab::{alternate, ratio};
 use super::driver::{Bounds, Display, Phase, ToolSet, direct_phase, engine_phase};
-use super::stats::{Percentiles, Recorder, round_to};
+use super::stats::{Percentiles, round_to};
 use super::workload::ToolKind;
 use super::workload::{Slot, Workload, load_tools};
 
@@ -172,11 +173,7 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         seed: config.seed,
     });
     let bounds = Bounds::for_rounds(config.turns, config.duration, config.max_time);
-    let display = |side: &str| Display {
-        label: side.to_string(),
-        progress: config.progress,
-        sample_rss: false,
-    };
+    let display = |side: &str| Display::round(side, config.progress);
     let mut specs = load_tools(sleep);
     specs.extend(crate::testing::write_tools(sleep));
     let tools = ToolSet {
@@ -185,39 +182,37 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
         policy: None,
         journal: None,
     };
-    let mut best: Option<(Phase, Phase)> = None;
-    let mut violations = Recorder::default();
-    for _ in 0..config.rounds.max(1) {
-        let engine = engine_phase(
-            tools.clone(),
-            config.workers,
-            w.sessions,
-            &workload,
-            &bounds,
-            &display("engine"),
-            config.warmup,
-        )
-        .await?;
-        let direct = direct_phase(
-            tools.clone(),
-            w.sessions,
-            &workload,
-            &bounds,
-            &display("direct"),
-            config.warmup,
-        )
-        .await?;
-        for phase in [&engine, &direct] {
-            violations.merge_violations(&phase.stats);
-        }
-        best = Some(match best {
-            None => (engine, direct),
-            Some((e0, d0)) => (better(w.wall, e0, engine), better(w.wall, d0, direct)),
-        });
-    }
-    let Some((engine, direct)) = best else {
-        return Err("no round ran".into());
-    };
+    let mean = |p: &Phase| Percentiles::of(&p.stats.turn_latency).mean;
+    let rounds = alternate(
+        config.rounds,
+        async || {
+            engine_phase(
+                tools.clone(),
+                config.workers,
+                w.sessions,
+                &workload,
+                &bounds,
+                &display("engine"),
+                config.warmup,
+            )
+            .await
+        },
+        async || {
+            direct_phase(
+                tools.clone(),
+                w.sessions,
+                &workload,
+                &bounds,
+                &display("direct"),
+                config.warmup,
+            )
+            .await
+        },
+        // More calls/s, or for a wall-time workload the shorter mean turn.
+        |p: &Phase| if w.wall { -mean(p) } else { p.calls_per_s() },
+    )
+    .await?;
+    let (engine, direct) = (rounds.a, rounds.b);
     let line = if w.wall {
         let e = Percentiles::of(&engine.stats.turn_latency).mean / 1000.0;
         let d = Percentiles::of(&direct.stats.turn_latency).mean / 1000.0;
@@ -238,21 +233,9 @@ pub async fn run_one(w: &PeerWorkload, config: &PeersConfig) -> Result<PeerResul
     };
     Ok(PeerResult {
         line,
-        violations: violations.violations,
-        examples: violations.examples,
+        violations: rounds.violations.violations,
+        examples: rounds.violations.examples,
     })
-}
-
-/// The better of two runs of the same side: more calls/s, or for a wall-time workload the
-/// shorter mean turn.
-fn better(wall: bool, a: Phase, b: Phase) -> Phase {
-    let b_wins = if wall {
-        let mean = |p: &Phase| Percentiles::of(&p.stats.turn_latency).mean;
-        mean(&b) < mean(&a)
-    } else {
-        b.calls_per_s() > a.calls_per_s()
-    };
-    if b_wins { b } else { a }
 }
 
 /// A one-line JSON object with its keys in the given order.
@@ -262,9 +245,4 @@ fn ordered(fields: &[(&str, Value)]) -> String {
         .map(|(k, v)| format!("{}:{v}", Value::from(*k)))
         .collect();
     format!("{{{}}}", body.join(","))
-}
-
-/// `a ÷ b`, 0 when `b` is 0.
-pub fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 && a.is_finite() { a / b } else { 0.0 }
 }

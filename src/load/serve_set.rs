@@ -4,8 +4,8 @@
 //! It starts a server in this process on a free loopback port (with a bearer token and the load
 //! tools, exactly as `serve --with-load-tools` would run), then for each workload runs the
 //! in-process engine phase and the HTTP phase (one keep-alive connection per session, see
-//! `http.rs`), alternating `--rounds` times and keeping each side's best round, and prints one
-//! JSON line per workload:
+//! `http.rs`), alternating `--rounds` times and keeping each side's best round by calls/s (see
+//! `ab.rs`), and prints one JSON line per workload:
 //!
 //! | workload | sessions | turn |
 //! | --- | --- | --- |
@@ -14,15 +14,22 @@
 //!
 //! with calls/s and turn latency p50/p99 (µs) of each side and `http_ratio` = HTTP calls/s ÷
 //! in-process calls/s. The client and the server share the machine's cores.
+//!
+//! Beside each row, the hop's physical floor measured in the same rounds (`echo.rs`): as many
+//! connections of the same client to a bare HTTP/1.1 echo server on the same loopback, each
+//! sending the row's turn as its body and reading it back — `http_echo_turn_p50_us` and
+//! `http_echo_turn_p99_us` next to `http_turn_p50_us`, and `http_over_echo_p50` = their ratio.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
+use super::ab::{alternate, keep_best, ratio};
 use super::driver::{Bounds, Display, Phase, ToolSet, engine_phase, http_phase};
+use super::echo::{Echo, EchoPhase};
 use super::http::Endpoint;
-use super::peers::{PeersConfig, ratio};
+use super::peers::PeersConfig;
 use super::stats::{Percentiles, Recorder, round_to};
 use super::workload::ToolKind;
 use super::workload::{Faults, Workload, load_tools};
@@ -66,11 +73,19 @@ pub async fn run(config: &PeersConfig) -> Result<(Vec<String>, u64), String> {
     let serving = tokio::spawn(server.run(async move {
         let _ = stopped.await;
     }));
+    let echo = match Echo::start().await {
+        Ok(echo) => echo,
+        Err(e) => {
+            let _ = stop.send(());
+            let _ = serving.await;
+            return Err(e);
+        }
+    };
     let mut lines = Vec::new();
     let mut violations = Recorder::default();
     let mut outcome = Ok(());
     for (name, sessions, calls) in WORKLOADS {
-        match run_one(name, sessions, calls, &endpoint, config).await {
+        match run_one(name, sessions, calls, &endpoint, &echo, config).await {
             Ok((line, v)) => {
                 crate::command::out(&format!("{line}\n"));
                 lines.push(line);
@@ -82,6 +97,7 @@ pub async fn run(config: &PeersConfig) -> Result<(Vec<String>, u64), String> {
             }
         }
     }
+    echo.stop().await;
     let _ = stop.send(());
     let _ = serving.await;
     for e in &violations.examples {
@@ -95,6 +111,7 @@ async fn run_one(
     sessions: usize,
     calls: usize,
     endpoint: &Arc<Endpoint>,
+    echo: &Echo,
     config: &PeersConfig,
 ) -> Result<(String, Recorder), String> {
     let sleep = Duration::from_millis(10);
@@ -110,54 +127,53 @@ async fn run_one(
         faults: Faults::default(),
     });
     let bounds = Bounds::for_rounds(config.turns, config.duration, config.max_time);
-    let display = |side: &str| Display {
-        label: side.to_string(),
-        progress: config.progress,
-        sample_rss: false,
-    };
+    let display = |side: &str| Display::round(side, config.progress);
     let tools = ToolSet {
         specs: load_tools(sleep),
         workspace: None,
         policy: None,
         journal: None,
     };
-    let mut best: Option<(Phase, Phase)> = None;
-    let mut violations = Recorder::default();
-    for _ in 0..config.rounds.max(1) {
-        let local = engine_phase(
-            tools.clone(),
-            config.workers,
-            sessions,
-            &workload,
-            &bounds,
-            &display("in-process"),
-            config.warmup,
-        )
-        .await?;
-        let http = http_phase(
-            Arc::clone(endpoint),
-            sessions,
-            &workload,
-            &bounds,
-            &display("http"),
-            config.warmup,
-        )
-        .await?;
-        for phase in [&local, &http] {
-            violations.merge_violations(&phase.stats);
-        }
-        best = Some(match best {
-            None => (local, http),
-            Some((l0, h0)) => (faster(l0, local), faster(h0, http)),
-        });
-    }
-    let Some((local, http)) = best else {
-        return Err("no round ran".into());
-    };
+    let mut best_echo: Option<EchoPhase> = None;
+    let body = Arc::new(turn_body(calls));
+    let rounds = alternate(
+        config.rounds,
+        async || {
+            engine_phase(
+                tools.clone(),
+                config.workers,
+                sessions,
+                &workload,
+                &bounds,
+                &display("in-process"),
+                config.warmup,
+            )
+            .await
+        },
+        // The echo floor is measured in every round, after the HTTP phase.
+        async || {
+            let http = http_phase(
+                Arc::clone(endpoint),
+                sessions,
+                &workload,
+                &bounds,
+                &display("http"),
+                config.warmup,
+            )
+            .await?;
+            let floor = echo.measure(sessions, &body, &bounds).await?;
+            keep_best(&mut best_echo, floor, EchoPhase::per_s);
+            Ok(http)
+        },
+        Phase::calls_per_s,
+    )
+    .await?;
+    let (local, http) = (rounds.a, rounds.b);
     let (l, h) = (
         Percentiles::of(&local.stats.turn_latency),
         Percentiles::of(&http.stats.turn_latency),
     );
+    let e = best_echo.as_ref().map(|e| Percentiles::of(&e.latency));
     let errors = http.stats.calls - http.stats.ok;
     let line = json!({
         "workload": name,
@@ -168,16 +184,29 @@ async fn run_one(
         "in_process_turn_p99_us": round_to(l.p99, 1),
         "http_turn_p50_us": round_to(h.p50, 1),
         "http_turn_p99_us": round_to(h.p99, 1),
+        "http_echo_turn_p50_us": e.map(|e| round_to(e.p50, 1)),
+        "http_echo_turn_p99_us": e.map(|e| round_to(e.p99, 1)),
+        "http_over_echo_p50": e.map(|e| round_to(ratio(h.p50, e.p50), 2)),
         "http_errors": errors,
     })
     .to_string();
-    Ok((line, violations))
+    Ok((line, rounds.violations))
 }
 
-fn faster(a: Phase, b: Phase) -> Phase {
-    if b.calls_per_s() > a.calls_per_s() {
-        b
-    } else {
-        a
-    }
+/// A turn of `calls` no-op calls as the HTTP phase sends it (an Anthropic assistant message):
+/// the echo's body.
+fn turn_body(calls: usize) -> Vec<u8> {
+    let content: Vec<serde_json::Value> = (0..calls)
+        .map(|i| {
+            json!({
+                "type": "tool_use",
+                "id": format!("toolu_load_{i:012}"),
+                "name": "noop",
+                "input": {"text": crate::testing::TEXT, "n": 0},
+            })
+        })
+        .collect();
+    json!({"role": "assistant", "content": content})
+        .to_string()
+        .into_bytes()
 }

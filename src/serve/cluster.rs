@@ -284,6 +284,7 @@ async fn take_over(
         Err(_) => Err(crate::journal::JournalError::Io {
             file: journal.stream_name().into(),
             detail: format!("no answer within {} s", NATS_WAIT.as_secs()),
+            source: None,
         }),
     };
     match claimed {

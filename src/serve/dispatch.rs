@@ -20,13 +20,18 @@
 //! `Switchboard-Turn-Id`. A turn accepted before shutdown began is answered call by call, each
 //! call `cancelled` if the engine stopped before it ran.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::FutureExt as _;
 use tokio::sync::mpsc;
 
 use super::app::{App, json_response, query_param, session_id};
@@ -216,7 +221,7 @@ async fn run(
     let unsubscribe = (app.approvals.clone(), engine_id);
     let format = ask.format;
     let table = Arc::clone(&app.sessions);
-    let task = tokio::spawn(async move {
+    let turn = async move {
         let _held = (permit, place, registered, share);
         let _unsubscribe = Unsubscribe(unsubscribe);
         session.count_turn(calls.len());
@@ -244,17 +249,59 @@ async fn run(
         };
         table.persist_revealed(&session).await;
         encode_document(format, &results)
-    });
+    };
 
     if ask.stream {
+        let task = tokio::spawn(turn);
         let results = results.unwrap_or_else(|| mpsc::unbounded_channel().1);
         return Ok(sse::stream(ask.format, results, approvals, delegated, task));
     }
-    match task.await {
+    // Not streamed: the turn runs on this request's task — no task of its own to spawn and a
+    // worker to wake for it — and moves to a task of its own only if the request is dropped
+    // first (its client went away): an accepted turn always runs to its end.
+    match FinishOnDrop::new(AssertUnwindSafe(turn).catch_unwind()).await {
         Ok(Ok(answer)) => Ok(json_response(StatusCode::OK, answer)),
         Ok(Err(DocumentError::Engine(e))) => Err(ApiError::from(e)),
         Ok(Err(reason)) => Err(ApiError::BadRequest(reason.to_string())),
-        Err(e) => Err(ApiError::Internal(format!("the turn's task failed: {e}"))),
+        Err(_) => Err(ApiError::Internal(
+            "the turn's task failed: it panicked".into(),
+        )),
+    }
+}
+
+/// A future that, dropped before it is done, is finished on a task of its own (on the runtime
+/// it was dropped in; none when the runtime itself is going away).
+struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future + Send + 'static> FinishOnDrop<F> {
+    fn new(future: F) -> Self {
+        FinishOnDrop(Some(Box::pin(future)))
+    }
+}
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(future) = self.0.as_mut() else {
+            // Polled again after it finished: nothing more will come.
+            return Poll::Pending;
+        };
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(future) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let _ = future.await;
+            });
+        }
     }
 }
 

@@ -99,11 +99,11 @@ pub enum ServeError {
         source: std::io::Error,
     },
     /// The permission policy is refused (a bad rule, an unreadable file).
-    #[error("{0}")]
-    Policy(String),
+    #[error(transparent)]
+    Policy(#[from] crate::command::PolicyFlagsError),
     /// Cluster mode cannot start (NATS unreachable, no JetStream, a node id in use).
     #[error("cluster: {0}")]
-    Cluster(String),
+    Cluster(#[from] crate::cluster::ClusterError),
     /// The engine cannot be built (for example, its sandbox cannot be enforced here).
     #[error(transparent)]
     Engine(#[from] crate::registry::RegistryError),
@@ -117,7 +117,7 @@ pub enum ServeError {
     },
     /// The server stopped on an error of its own.
     #[error("the server stopped: {0}")]
-    Stopped(String),
+    Stopped(#[source] tokio::task::JoinError),
 }
 
 impl From<crate::engine::EngineError> for ApiError {

@@ -20,7 +20,8 @@
 //! and the accept loop (hyper's HTTP/1 with a header-read timeout).
 //!
 //! Lifecycle ([`Server::run`]): it serves until its shutdown future resolves (SIGTERM or SIGINT
-//! for the CLI), then stops taking work (new sessions and turns are answered `shutting_down`),
+//! for the CLI, or stdin's end with `--stop-on-stdin-close`; its launcher learns the address
+//! from `--ready-fd`/`--ready-file`: `ready`), then stops taking work (new sessions and turns are answered `shutting_down`),
 //! lets turns in flight finish for the grace period, cancels what still runs (answered
 //! `cancelled`), closes the listener, lets every request in flight write its complete answer,
 //! and returns.
@@ -31,6 +32,7 @@ mod client_tools;
 mod cluster;
 mod dispatch;
 mod errors;
+mod ready;
 mod routes;
 mod sessions;
 mod sse;
@@ -46,15 +48,17 @@ use clap::builder::TypedValueParser;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::cluster::{ClusterArgs, ClusterError, DEFAULT_LEASE_TTL, DEFAULT_REPLICAS};
 use crate::engine::Engine;
 use crate::metrics::HttpMetrics;
 use crate::tools::builtin_tools;
 use app::App;
 pub use auth::{Auth, TOKEN_ENV};
 pub use errors::ServeError;
+pub use ready::ReadyArgs;
 pub use routes::{OPENAPI_JSON, RouteDef, route_table};
-pub use sessions::SessionPolicies;
 use sessions::SessionTable;
+pub use sessions::{PolicyFileProblem, SessionPolicies, SessionPolicyError};
 
 /// Default `--listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -158,6 +162,9 @@ pub struct ServeArgs {
     /// server's own address is always there).
     #[command(flatten)]
     pub telemetry: crate::command::TelemetryArgs,
+    /// For a launcher: a ready line on a descriptor or in a file, and a stop when stdin closes.
+    #[command(flatten)]
+    pub ready: ready::ReadyArgs,
 }
 
 /// How a [`Server`] is set up (the library side of [`ServeArgs`]).
@@ -287,7 +294,7 @@ impl Server {
             .map_err(|e| root_error("create", e))?;
         let mut tools = builtin_tools();
         if config.load_tools {
-            tools.extend(crate::load::load_tools(LOAD_SLEEP));
+            tools.extend(crate::testing::load_tools(LOAD_SLEEP));
         }
         let mut builder = Engine::builder()
             .tools(tools)
@@ -325,9 +332,9 @@ impl Server {
             None => None,
             Some(_) => {
                 if config.journal.journal.is_some() {
-                    return Err(ServeError::Cluster(
-                        "--cluster keeps the journal in NATS JetStream; drop --journal".into(),
-                    ));
+                    return Err(ServeError::Cluster(crate::cluster::ClusterError::new(
+                        "--cluster keeps the journal in NATS JetStream; drop --journal",
+                    )));
                 }
                 let node = config
                     .cluster
@@ -340,8 +347,7 @@ impl Server {
                     &local_addr.to_string(),
                     &config.auth.cluster_digest(),
                 )
-                .await
-                .map_err(|e| ServeError::Cluster(e.0))?;
+                .await?;
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 fenced = Some(rx);
                 let journal = crate::journal::replicated::Replicated::open(
@@ -359,7 +365,12 @@ impl Server {
                     }),
                 )
                 .await
-                .map_err(|e| ServeError::Cluster(e.to_string()))?;
+                .map_err(|e| {
+                    crate::cluster::ClusterError::with_source(
+                        "cannot open the replicated journal",
+                        e,
+                    )
+                })?;
                 let journal = Arc::new(journal);
                 journal.spawn_snapshots();
                 builder = builder.journal_store(crate::journal::Journal::replicated(journal));
@@ -373,10 +384,19 @@ impl Server {
         };
         let (max_sessions, max_by) = session_cap(config.max_sessions.max(1), open_file_limit());
         if max_by != "--max-sessions" {
-            tracing::warn!(
-                sessions = max_sessions,
-                "serve: the open-file limit allows fewer sessions than --max-sessions"
-            );
+            // With the default --max-sessions, the lower cap is the machine's, not a surprise:
+            // said at info level (a warning on every default start taught users to ignore it).
+            if config.max_sessions == DEFAULT_MAX_SESSIONS {
+                tracing::info!(
+                    sessions = max_sessions,
+                    "serve: the open-file limit (ulimit -n) caps the sessions below the default --max-sessions"
+                );
+            } else {
+                tracing::warn!(
+                    sessions = max_sessions,
+                    "serve: the open-file limit allows fewer sessions than --max-sessions"
+                );
+            }
         }
         let mut table = SessionTable::new(
             engine.clone(),
@@ -424,10 +444,7 @@ impl Server {
         });
         if let Some(cluster) = &app.cluster {
             // Seen alive before the first request can be taken.
-            cluster
-                .heartbeat(app.cluster_load())
-                .await
-                .map_err(|e| ServeError::Cluster(e.0))?;
+            cluster.heartbeat(app.cluster_load()).await?;
         }
         Ok(Server {
             listener,
@@ -522,7 +539,7 @@ impl Server {
                 reaper.abort();
                 return match ended {
                     Ok(()) => Ok(()),
-                    Err(e) => Err(ServeError::Stopped(e.to_string())),
+                    Err(e) => Err(ServeError::Stopped(e)),
                 };
             }
         }
@@ -672,6 +689,10 @@ fn termination() -> Result<impl Future<Output = ()> + Send + 'static, String> {
 pub async fn run(args: ServeArgs) -> ExitCode {
     let fail = |code, message: &str| crate::command::fail(code, format!("serve: {message}"));
     raise_open_file_limit();
+    let ready = match ready::Ready::claim(&args.ready) {
+        Ok(ready) => ready,
+        Err(e) => return fail(2, &e),
+    };
     let auth = match Auth::resolve(
         args.listen,
         args.token_file.as_deref(),
@@ -683,11 +704,11 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     };
     let mcp = match args.mcp.config() {
         Ok(mcp) => mcp,
-        Err(e) => return fail(2, &e),
+        Err(e) => return fail(2, &e.to_string()),
     };
     let session_policies = match SessionPolicies::load(&args.session_policy) {
         Ok(policies) => policies,
-        Err(e) => return fail(2, &e),
+        Err(e) => return fail(2, &e.to_string()),
     };
     // `--metrics-addr`/`--metrics-file` install the recorder with their endpoint; otherwise it
     // is installed here, for the server's own `/metrics`.
@@ -745,10 +766,23 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(1, &e),
     };
+    let stdin_closed = args.ready.stop_on_stdin_close.then(ready::stdin_closed);
+    let shutdown = async move {
+        match stdin_closed {
+            Some(closed) => tokio::select! {
+                () = shutdown => {}
+                () = closed => tracing::info!("serve: stdin closed (--stop-on-stdin-close); stopping"),
+            },
+            None => shutdown.await,
+        }
+    };
     crate::command::say(&format!(
         "serve: listening on http://{}",
         server.local_addr()
     ));
+    if let Err(e) = ready.announce(server.local_addr()) {
+        return fail(1, &e);
+    }
     let result = server.run(shutdown).await;
     let written = telemetry.finish().await;
     match (result, written) {

@@ -363,9 +363,13 @@ async fn healthz(State(app): State<Arc<App>>) -> Response {
     if let Some(journal) = app.engine.journal() {
         body["journal"] = match journal.health() {
             Ok(()) => serde_json::json!({"status": "ok"}),
-            Err(detail) => {
+            Err(e) => {
                 status = StatusCode::SERVICE_UNAVAILABLE;
                 body["status"] = "degraded".into();
+                let detail = match e {
+                    crate::journal::JournalError::Io { detail, .. } => detail,
+                    other => other.to_string(),
+                };
                 serde_json::json!({"status": "failing", "error": detail})
             }
         };

@@ -274,6 +274,55 @@ pub struct NewSession {
     pub policy: Option<String>,
 }
 
+/// Why `--session-policy` values cannot be used ([`SessionPolicies::load`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionPolicyError {
+    /// A value is not `NAME=FILE` with a valid name, or a name is given twice.
+    #[error("--session-policy {spec}: {reason}")]
+    Spec {
+        /// The value given (the name, when given twice).
+        spec: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The file of policy `name` cannot be read or is not a session policy.
+    #[error("session policy {name} ({}): {problem}", file.display())]
+    File {
+        /// The policy's name.
+        name: String,
+        /// Its file.
+        file: PathBuf,
+        /// What is wrong, with its source.
+        #[source]
+        problem: PolicyFileProblem,
+    },
+}
+
+/// What is wrong with a session policy's file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyFileProblem {
+    /// It cannot be read.
+    #[error("cannot read it: {0}")]
+    Read(#[source] std::io::Error),
+    /// It is not JSON.
+    #[error("not JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// It holds something other than an object.
+    #[error("a policy file must hold a JSON object")]
+    NotAnObject,
+    /// It has hooks.
+    #[error("a session policy holds permissions only (hooks belong in --policy)")]
+    Hooks,
+    /// Its rules are refused.
+    #[error("{0}")]
+    Rules(#[source] crate::policy::PolicyError),
+    /// A rule asks.
+    #[error("a session policy may allow and deny, not ask (a session narrows by denying)")]
+    Asks,
+}
+
 /// The stricter policies a session may choose by name (`--session-policy NAME=FILE`): each the
 /// `permissions` object of a policy file (allow and deny rules and a default; no ask, no hooks),
 /// narrowing the server's policy for the sessions that choose it.
@@ -282,36 +331,43 @@ pub struct SessionPolicies(Vec<(String, Value)>);
 
 impl SessionPolicies {
     /// Reads every `NAME=FILE`; the error names the file and what is wrong.
-    pub fn load(specs: &[String]) -> Result<SessionPolicies, String> {
+    pub fn load(specs: &[String]) -> Result<SessionPolicies, SessionPolicyError> {
         let mut policies: Vec<(String, Value)> = Vec::with_capacity(specs.len());
         for spec in specs {
+            let bad_spec = |reason| SessionPolicyError::Spec {
+                spec: spec.clone(),
+                reason,
+            };
             let Some((name, file)) = spec.split_once('=') else {
-                return Err(format!("--session-policy {spec}: expected NAME=FILE"));
+                return Err(bad_spec("expected NAME=FILE"));
             };
             let valid = (1..=64).contains(&name.len())
                 && name
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
             if !valid {
-                return Err(format!(
-                    "--session-policy {spec}: a name is 1 to 64 of [A-Za-z0-9._-]"
-                ));
+                return Err(bad_spec("a name is 1 to 64 of [A-Za-z0-9._-]"));
             }
             if policies.iter().any(|(n, _)| n == name) {
-                return Err(format!("--session-policy {name}: given twice"));
+                return Err(SessionPolicyError::Spec {
+                    spec: name.to_string(),
+                    reason: "given twice",
+                });
             }
-            let what = format!("session policy {name} ({file})");
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| format!("{what}: cannot read it: {e}"))?;
+            let named = |problem| SessionPolicyError::File {
+                name: name.to_string(),
+                file: PathBuf::from(file),
+                problem,
+            };
+            let text =
+                std::fs::read_to_string(file).map_err(|e| named(PolicyFileProblem::Read(e)))?;
             let doc: Value =
-                serde_json::from_str(&text).map_err(|e| format!("{what}: not JSON: {e}"))?;
+                serde_json::from_str(&text).map_err(|e| named(PolicyFileProblem::Json(e)))?;
             let Value::Object(fields) = doc else {
-                return Err(format!("{what}: a policy file must hold a JSON object"));
+                return Err(named(PolicyFileProblem::NotAnObject));
             };
             if fields.contains_key("hooks") {
-                return Err(format!(
-                    "{what}: a session policy holds permissions only (hooks belong in --policy)"
-                ));
+                return Err(named(PolicyFileProblem::Hooks));
             }
             let mut permissions = fields
                 .get("permissions")
@@ -323,11 +379,9 @@ impl SessionPolicies {
                 p.entry("default").or_insert_with(|| json!("allow"));
             }
             let rules = crate::policy::Rules::from_json(&permissions)
-                .map_err(|e| format!("{what}: {e}"))?;
+                .map_err(|e| named(PolicyFileProblem::Rules(e)))?;
             if rules.has_ask() {
-                return Err(format!(
-                    "{what}: a session policy may allow and deny, not ask (a session narrows by denying)"
-                ));
+                return Err(named(PolicyFileProblem::Asks));
             }
             policies.push((name.to_string(), permissions));
         }
@@ -575,7 +629,7 @@ impl SessionTable {
             return Ok(());
         }
         let new = p.to_new().map_err(ApiError::Internal)?;
-        let http = self
+        let (http, _) = self
             .create_as(new, Some(id.to_string()), Some(p.clone()))
             .await?;
         let names: Vec<Arc<str>> = p.revealed.iter().map(|n| Arc::from(n.as_str())).collect();
@@ -644,7 +698,13 @@ impl SessionTable {
     /// after the session, with the client tools and the narrower sandbox it asks for.
     pub async fn create(&self, new: NewSession) -> Result<Arc<HttpSession>, ApiError> {
         let persisted = self.engine.journal().map(|_| Persisted::of(&new));
-        let http = self.create_as(new, None, persisted.clone()).await?;
+        let (http, created) = self.create_as(new, None, persisted.clone()).await?;
+        // Refused after all: the directory goes too if this request made it (and it is empty).
+        let unmade = || {
+            if created {
+                let _ = std::fs::remove_dir(&http.workspace);
+            }
+        };
         // Cluster mode: the lease first (epoch 1), then the session's journal at that epoch.
         if let Some(cluster) = &self.cluster {
             match cluster.register(&http.id).await {
@@ -655,6 +715,7 @@ impl SessionTable {
                 }
                 Err(e) => {
                     let _ = lock(&self.sessions).remove(&http.id);
+                    unmade();
                     return Err(ApiError::ClusterUnavailable(format!(
                         "the session's lease was not recorded: {e}"
                     )));
@@ -666,6 +727,7 @@ impl SessionTable {
             && let Err(e) = journal.write(vec![p.write(&http.id)]).await
         {
             let _ = self.remove(&http.id);
+            unmade();
             let why = format!("the journal cannot record the session: {e}");
             return Err(if self.cluster.is_some() {
                 ApiError::ClusterUnavailable(why)
@@ -794,7 +856,7 @@ impl SessionTable {
             .create_as(new, Some(id.to_string()), Some(p.clone()))
             .await
         {
-            Ok(http) => http,
+            Ok((http, _)) => http,
             Err(ApiError::TooManySessions(..)) => return Err((place, Unopened::Full)),
             Err(e) => return Err((place, Unopened::Failed(e.message()))),
         };
@@ -985,12 +1047,15 @@ impl SessionTable {
         }
     }
 
+    /// Opens a session (under id `restore`, when one is reopened) and adds it to the table; with
+    /// it, whether this call made its workspace directory. Nothing is made for a session that is
+    /// refused.
     async fn create_as(
         &self,
         new: NewSession,
         restore: Option<String>,
         persisted: Option<Persisted>,
-    ) -> Result<Arc<HttpSession>, ApiError> {
+    ) -> Result<(Arc<HttpSession>, bool), ApiError> {
         let name = new.workspace.as_deref();
         if let Some(name) = name {
             check_name(name)?;
@@ -1007,7 +1072,33 @@ impl SessionTable {
         };
         let client_tools = tools.iter().map(|t| t.name.clone()).collect();
         self.full()?;
-        let (id, dir, fresh) = match (name, restore) {
+        // Everything that can refuse the session is decided before its workspace directory is
+        // made: a refused session leaves nothing behind.
+        let mut options = SessionOptions::new().tools(tools);
+        if let Some(config) = sandbox {
+            options = options.sandbox(config);
+        }
+        if let Some((name, rules)) = rules {
+            options = options.rules(name, rules);
+        }
+        let prepared = match self.engine.prepare_session(options).await {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                return Err(ApiError::BadRequest(match e {
+                    SessionError::Tool(crate::RegistryError::Duplicate(name)) => format!(
+                        "client tool `{name}`: the name is taken (by a built-in or MCP tool, or twice in `tools`)"
+                    ),
+                    SessionError::Tool(crate::RegistryError::BadSchema { name, detail }) => {
+                        format!("client tool `{name}`: {detail}")
+                    }
+                    SessionError::Tool(e) => format!("client tool refused: {e}"),
+                    other => format!("cannot open the session: {other}"),
+                }));
+            }
+        };
+        // `created`: this request made a fresh (unnamed) directory, and removes it if the
+        // session is refused after all (never a named one, nor one that existed before).
+        let (id, dir, created) = match (name, restore) {
             // A restored session without a named workspace had a fresh one, named after it.
             (None, Some(id)) => {
                 let dir = self.root.join(FRESH_DIR).join(&id);
@@ -1021,6 +1112,9 @@ impl SessionTable {
             }
             (Some(name), restore) => {
                 let dir = self.root.join(name);
+                // A named directory this request made stays if the session fails after this
+                // point (the table full at the last moment, the lease or journal not recorded):
+                // a concurrent create of the same name may already be using it.
                 match std::fs::create_dir(&dir) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -1047,7 +1141,8 @@ impl SessionTable {
             },
         };
         let cleanup = |dir: &Path| {
-            if fresh {
+            if created {
+                // Only while empty: a concurrent session of the same name may have begun using it.
                 let _ = std::fs::remove_dir(dir);
             }
         };
@@ -1063,32 +1158,9 @@ impl SessionTable {
         };
         // The engine session has the HTTP session's id: audit lines, hook input, approvals and
         // spans all name the id the client knows.
-        let mut options = SessionOptions::new()
-            .id(id.clone())
-            .workspace(workspace)
-            .tools(tools);
-        if let Some(config) = sandbox {
-            options = options.sandbox(config);
-        }
-        if let Some((name, rules)) = rules {
-            options = options.rules(name, rules);
-        }
-        let session = match self.engine.session_with(options).await {
-            Ok(session) => session,
-            Err(e) => {
-                cleanup(&dir);
-                return Err(ApiError::BadRequest(match e {
-                    SessionError::Tool(crate::RegistryError::Duplicate(name)) => format!(
-                        "client tool `{name}`: the name is taken (by a built-in or MCP tool, or twice in `tools`)"
-                    ),
-                    SessionError::Tool(crate::RegistryError::BadSchema { name, detail }) => {
-                        format!("client tool `{name}`: {detail}")
-                    }
-                    SessionError::Tool(e) => format!("client tool refused: {e}"),
-                    other => format!("cannot open the session: {other}"),
-                }));
-            }
-        };
+        let session = self
+            .engine
+            .open_prepared(prepared.id(id.clone()).workspace(workspace));
         let http = Arc::new(HttpSession {
             id: Arc::from(id.as_str()),
             workspace: dir.clone(),
@@ -1113,7 +1185,7 @@ impl SessionTable {
             return Err(ApiError::TooManySessions(self.max, self.max_by));
         }
         sessions.insert(Arc::clone(&http.id), Arc::clone(&http));
-        Ok(http)
+        Ok((http, created))
     }
 
     /// The session `id`, if open (a request naming it counts as use: its idle time restarts).

@@ -43,7 +43,7 @@ fn metrics_addr_serves_metrics_and_healthz_while_the_demo_runs() {
             "--metrics-addr",
             "127.0.0.1:0",
         ])
-        .env("RUST_LOG", "switchboard::exporter=info")
+        .env("RUST_LOG", "switchboard::metrics::exporter=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

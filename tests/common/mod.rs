@@ -3,7 +3,7 @@
 //! tool's handler as the engine would; [`cli`] runs the built binary and reads its output;
 //! [`model`] and [`mock_server`] script a model (scripted answers, a local HTTP server speaking
 //! both wire formats) and [`wire`] describes each HTTP provider's shapes so one suite runs for
-//! both; [`workspace`] makes workspaces on disk. Every test binary includes the whole tree
+//! both; [`workspace`] makes workspaces on disk; [`tmpfs`] mounts a small disk that fills up. Every test binary includes the whole tree
 //! (`#[path = "../common/mod.rs"] mod common;` in each area's `main.rs`), so unused items are
 //! allowed.
 #![allow(dead_code)]
@@ -16,6 +16,7 @@ pub mod mock_server;
 pub mod model;
 pub mod nats;
 pub mod sandbox;
+pub mod tmpfs;
 pub mod wire;
 pub mod workspace;
 
@@ -211,19 +212,19 @@ pub fn barrier_tool(name: &str, barrier: Arc<tokio::sync::Barrier>, wait: Durati
 }
 
 /// A shared, ordered log of events pushed by handlers, the mock server and the scripted
-/// provider: the library's [`switchboard::provider::EventLog`] underneath, so the same log can be
+/// provider: the library's [`switchboard::agent::EventLog`] underneath, so the same log can be
 /// handed to `ScriptedProvider::with_log`. Proves an order ("handler started" before "stream
 /// ended") without a stopwatch.
 #[derive(Debug, Clone, Default)]
-pub struct EventLog(switchboard::provider::EventLog);
+pub struct EventLog(switchboard::agent::EventLog);
 
 impl EventLog {
     /// Appends one event.
     pub fn push(&self, event: impl Into<String>) {
-        switchboard::provider::log_event(&self.0, event);
+        switchboard::agent::log_event(&self.0, event);
     }
     /// The library's handle on the same log.
-    pub fn shared(&self) -> switchboard::provider::EventLog {
+    pub fn shared(&self) -> switchboard::agent::EventLog {
         Arc::clone(&self.0)
     }
     /// Everything logged so far.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchboard::agent_loop::{AgentLoop, LoopConfig, StreamOptions};
-use switchboard::provider::{ModelResponse, Provider};
-use switchboard::providers::{HttpConfig, RetryPolicy};
+use switchboard::agent::{AgentLoop, LoopConfig, StreamOptions};
+use switchboard::agent::{HttpConfig, RetryPolicy};
+use switchboard::agent::{ModelResponse, Provider};
 use switchboard::{Engine, Handler, ToolSpec};
 
 use super::{EventLog, echo_tool};

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use switchboard::CatalogFormat;
 use switchboard::ToolDispatchResult;
-use switchboard::protocol::{encode_anthropic, encode_openai};
-use switchboard::provider::{Provider, ProviderError};
-use switchboard::providers::{
+use switchboard::agent::{
     ANTHROPIC_BASE_URL, AnthropicProvider, HttpConfig, OPENAI_BASE_URL, OpenAiProvider, RetryPolicy,
 };
+use switchboard::agent::{Provider, ProviderError};
+use switchboard::protocol::{encode_anthropic, encode_openai};
 
 use super::mock_server::{MockServer, MockTurn, Recorded};
 use super::model::{completion, fast_retry, http_config, message, text, tool_use};

@@ -182,39 +182,13 @@ async fn a_late_retry_of_an_answer_the_journal_dropped_is_refused_not_run() {
     engine.shutdown(Duration::from_secs(2)).await;
 }
 
-/// Unmounts the tmpfs at its path when dropped.
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_side_effects_and_heals_without_a_restart() {
     let parent = tempfile::tempdir().unwrap();
-    let dir = parent.path().join("small");
-    std::fs::create_dir(&dir).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-        .arg(&dir)
-        .output();
-    match mounted {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => {
-            eprintln!(
-                "SKIPPED: a small tmpfs cannot be mounted here (needs root): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return;
-        }
-        Err(e) => {
-            eprintln!("SKIPPED: `mount` cannot run here: {e}");
-            return;
-        }
-    }
-    let _unmount = Mounted(dir.clone());
+    let Some(mounted) = common::tmpfs::small_tmpfs(parent.path(), "4m") else {
+        return;
+    };
+    let dir = mounted.path().to_path_buf();
     let journal = dir.join("journal");
     let runs = Arc::new(AtomicUsize::new(0));
     let engine = engine(vec![pay(&runs, || {})], &journal);

@@ -14,7 +14,7 @@ use common::model::{BOUND, agent};
 use common::wire::{Call, Stop, Wire};
 use common::{TURN_BOUND, any_object, echo_tool};
 use serde_json::{Value, json};
-use switchboard::document::dispatch_document;
+use switchboard::protocol::document::dispatch_document;
 use switchboard::{Block, Engine, Handler, ToolOutput, ToolSpec, WireFormat};
 use tokio_util::sync::CancellationToken;
 

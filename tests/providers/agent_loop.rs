@@ -11,9 +11,9 @@ use common::*;
 use kameo::prelude::*;
 use serde_json::json;
 use switchboard::CatalogFormat;
-use switchboard::agent_loop::{AgentError, AgentLoop, RunPrompt, StopReason};
+use switchboard::agent::ScriptedProvider;
+use switchboard::agent::{AgentError, AgentLoop, RunPrompt, StopReason};
 use switchboard::protocol::encode_anthropic;
-use switchboard::provider::ScriptedProvider;
 use switchboard::{Engine, ErrorCode};
 
 fn test_engine(counter: Arc<AtomicUsize>) -> Engine {

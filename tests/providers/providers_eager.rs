@@ -13,11 +13,11 @@ use common::model::{self, BOUND, answer, config, test_engine, text, tool_use};
 use common::outcomes;
 use futures::future::BoxFuture;
 use serde_json::json;
-use switchboard::agent_loop::{AgentLoop, StreamOptions};
-use switchboard::protocol::encode_anthropic;
-use switchboard::provider::{
+use switchboard::agent::{AgentLoop, StreamOptions};
+use switchboard::agent::{
     MALFORMED_INPUT_KEY, ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider,
 };
+use switchboard::protocol::encode_anthropic;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_safe_call_starts_while_the_scripted_stream_is_still_running() {
@@ -202,14 +202,14 @@ impl Provider for Disagreeing {
     fn complete_streaming<'a>(
         &'a self,
         request: &'a ModelRequest,
-        events: switchboard::provider::EventSink,
+        events: switchboard::agent::EventSink,
     ) -> BoxFuture<'a, Result<ModelResponse, ProviderError>> {
         Box::pin(async move {
             if self.turn.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
                 return self.complete(request).await;
             }
             for id in ["a", "b"] {
-                let _ = events.send(switchboard::provider::StreamEvent::BlockComplete(tool_use(
+                let _ = events.send(switchboard::agent::StreamEvent::BlockComplete(tool_use(
                     id,
                     "reader",
                     json!({}),

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use switchboard::Engine;
-use switchboard::agent_loop::{AgentLoop, StreamOptions};
-use switchboard::provider::{
+use switchboard::agent::{AgentLoop, StreamOptions};
+use switchboard::agent::{
     EventSink, ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider,
 };
 

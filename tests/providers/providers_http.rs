@@ -16,9 +16,9 @@ use common::outcomes;
 use common::wire::{Call, Stop, Wire};
 use serde_json::Value;
 use switchboard::Engine;
-use switchboard::agent_loop::{AgentError, AgentLoop, LoopResult, StopReason, StreamOptions};
-use switchboard::provider::{MALFORMED_INPUT_KEY, ProviderError};
-use switchboard::providers::{HttpConfig, RetryPolicy};
+use switchboard::agent::{AgentError, AgentLoop, LoopResult, StopReason, StreamOptions};
+use switchboard::agent::{HttpConfig, RetryPolicy};
+use switchboard::agent::{MALFORMED_INPUT_KEY, ProviderError};
 
 /// Runs each named scenario (an `async fn(Wire)` below) once per provider, as
 /// `anthropic::<name>` and `openai::<name>`.

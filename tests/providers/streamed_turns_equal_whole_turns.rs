@@ -12,7 +12,7 @@ use common::model::{self, BOUND, answer, text, tool_use};
 use common::workspace::temp_workspace;
 use serde_json::{Value, json};
 use switchboard::ToolDispatchResult;
-use switchboard::provider::{ScriptedProvider, tool_calls_of};
+use switchboard::agent::{ScriptedProvider, tool_calls_of};
 
 /// A turn that mixes what eager dispatch starts early (reads, a glob) with what it must not
 /// (writes, an edit, bash) and with calls the engine refuses (a bad id, an unknown tool, invalid

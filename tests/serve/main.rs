@@ -7,8 +7,10 @@
 mod serve_common;
 
 mod serve_approvals;
+mod serve_client_tool_schemas_are_bounded;
 mod serve_client_tools;
 mod serve_is_fair_and_bounded;
+mod serve_launcher;
 mod serve_load;
 mod serve_process;
 mod serve_restart_keeps_sessions;

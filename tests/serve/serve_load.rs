@@ -116,5 +116,10 @@ fn the_serve_workload_set_measures_both_sides() {
         assert!(l["http_calls_per_s"].as_u64().unwrap() > 0, "{l}");
         assert!(l["http_turn_p99_us"].as_f64().unwrap() > 0.0, "{l}");
         assert_eq!(l["http_errors"], 0, "{l}");
+        // The hop's floor, measured beside it: a bare echo of the same turn's bytes.
+        let echo = l["http_echo_turn_p50_us"].as_f64().unwrap();
+        assert!(echo > 0.0, "{l}");
+        assert!(l["http_echo_turn_p99_us"].as_f64().unwrap() >= echo, "{l}");
+        assert!(l["http_over_echo_p50"].as_f64().unwrap() > 0.0, "{l}");
     }
 }

@@ -1,6 +1,6 @@
-//! `switchboard serve` sessions over real HTTP on 127.0.0.1:0: workspace names, workspaces that
-//! cannot reach each other, idle expiry, and 64 sessions × 50 turns answered exactly once, in
-//! order.
+//! `switchboard serve` sessions over real HTTP on 127.0.0.1:0: workspace names, refused sessions
+//! that make no workspace, workspaces that cannot reach each other, idle expiry, and 64 sessions
+//! × 50 turns answered exactly once, in order.
 
 use crate::serve_common;
 
@@ -60,6 +60,57 @@ async fn bad_workspace_names_are_refused_and_create_nothing() {
     }
     let ok = "n".repeat(128);
     session(&c, &s, Some(&ok)).await;
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_session_makes_no_workspace_and_leaves_an_existing_one_as_it_was() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let ws = s.root.path().join("ws");
+    let object = json!({"type": "object"});
+    let refusals = [
+        // A name that is taken: by a built-in, or twice in `tools`.
+        json!([{"name": "read_file", "input_schema": object}]),
+        json!([{"name": "a", "input_schema": object}, {"name": "a", "input_schema": object}]),
+        // A schema that does not compile, or compiles past the engine's bounds.
+        json!([{"name": "b", "input_schema":
+            {"type": "object", "properties": {"x": {"type": "no-such-type"}}}}]),
+        json!([{"name": "g", "input_schema":
+            {"type": "object", "properties": {"x": {"type": "string", "pattern": "[^x]{3000}y"}}}}]),
+    ];
+    let refused = |body: Value| {
+        let c = c.clone();
+        let url = s.url("/v1/sessions");
+        async move {
+            let a = post(&c, &url, &body.to_string()).await;
+            assert_eq!(
+                (a.status, a.code().as_str()),
+                (400, "bad_request"),
+                "{body}: {}",
+                a.text
+            );
+        }
+    };
+    std::fs::create_dir(ws.join("kept")).unwrap();
+    std::fs::write(ws.join("kept/notes.txt"), "mine").unwrap();
+    std::fs::create_dir(ws.join("empty")).unwrap();
+    for (i, tools) in refusals.iter().enumerate() {
+        let name = format!("new{i}");
+        refused(json!({"workspace": name, "tools": tools})).await;
+        assert!(!ws.join(&name).exists(), "{tools}: {name} was made");
+        // A fresh workspace (no name) is not made either.
+        refused(json!({"tools": tools})).await;
+        // One that existed stays, as it was, even empty.
+        refused(json!({"workspace": "kept", "tools": tools})).await;
+        refused(json!({"workspace": "empty", "tools": tools})).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.join("kept/notes.txt")).unwrap(),
+        "mine"
+    );
+    assert!(ws.join("empty").is_dir());
+    assert_eq!(workspace_count(&ws), 2, "only the two that existed");
     s.shutdown().await.unwrap();
 }
 
@@ -352,11 +403,19 @@ fn a_session_policy_that_asks_or_has_hooks_is_refused_when_the_server_starts() {
         std::fs::write(&file, text).unwrap();
         let err =
             switchboard::serve::SessionPolicies::load(&[format!("{name}={}", file.display())])
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
         assert!(err.contains(says), "{name}: {err}");
     }
     for spec in ["noequals", "bad name=x.json", "=x.json"] {
         let err = switchboard::serve::SessionPolicies::load(&[spec.to_string()]).unwrap_err();
-        assert!(err.contains("--session-policy"), "{spec}: {err}");
+        assert!(
+            matches!(err, switchboard::serve::SessionPolicyError::Spec { .. }),
+            "{spec}: {err}"
+        );
+        assert!(
+            err.to_string().contains("--session-policy"),
+            "{spec}: {err}"
+        );
     }
 }

@@ -67,6 +67,16 @@ async fn a_streamed_turn_sends_each_result_once_as_it_finishes_then_the_whole_an
     s.shutdown().await.unwrap();
 }
 
+/// Whether session `id` comes to hold no turn within 10 s (its permits given back).
+async fn settles(c: &reqwest::Client, s: &TestServer, id: &str) -> bool {
+    let url = s.url(&format!("/v1/sessions/{id}"));
+    eventually(Duration::from_secs(10), || {
+        let (c, url) = (c.clone(), url.clone());
+        async move { get(&c, &url).await.json()["in_flight"] == 0 }
+    })
+    .await
+}
+
 fn events_of(text: &str) -> Vec<(String, String)> {
     events(text)
 }
@@ -188,14 +198,7 @@ async fn a_client_that_disconnects_mid_stream_leaves_its_turn_running_and_nothin
     assert!(appears(&c_txt, Duration::from_secs(20)).await);
     assert!(std::path::Path::new(&format!("{ws}/b.txt")).exists());
     // …and leaves nothing held: the only request permit is free again, the session is idle.
-    let info_url = s.url(&format!("/v1/sessions/{id}"));
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let (c, url) = (c.clone(), info_url.clone());
-            async move { get(&c, &url).await.json()["in_flight"] == 0 }
-        })
-        .await
-    );
+    assert!(settles(&c, &s, &id).await, "the session is still busy");
     let next = dispatch(
         &c,
         &s,
@@ -212,6 +215,44 @@ async fn a_client_that_disconnects_mid_stream_leaves_its_turn_running_and_nothin
     )
     .await;
     assert_eq!(again.json()["content"][0]["content"], "c");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_before_a_plain_answer_leaves_its_turn_running_to_its_end() {
+    // Not streamed: the turn runs on the request's own task, and moves to a task of its own
+    // when the request is dropped (the client gave up waiting): it still runs to its end once.
+    let s = start(|c| c.max_requests = 1).await;
+    let c = client();
+    let (id, ws) = session(&c, &s, None).await;
+    let body = turn(&[
+        ("a", "write_file", json!({"path": "a.txt", "content": "a"})),
+        (
+            "b",
+            "bash",
+            json!({"command": "sleep 0.6; echo b >> b.txt"}),
+        ),
+        ("c", "write_file", json!({"path": "c.txt", "content": "c"})),
+    ]);
+    let gave_up = c
+        .post(s.url(&format!("/v1/sessions/{id}/dispatch")))
+        .bearer_auth(TOKEN)
+        .timeout(Duration::from_millis(200))
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "answered before the client gave up");
+    let c_txt = std::path::PathBuf::from(format!("{ws}/c.txt"));
+    assert!(appears(&c_txt, Duration::from_secs(20)).await);
+    assert!(settles(&c, &s, &id).await, "the session is still busy");
+    // The same turn sent again is answered from the session's memory: nothing runs twice.
+    let again = dispatch(&c, &s, &id, &body).await;
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(
+        std::fs::read_to_string(format!("{ws}/b.txt")).unwrap(),
+        "b\n",
+        "the command ran once"
+    );
     s.shutdown().await.unwrap();
 }
 

@@ -66,7 +66,7 @@ impl TestServer {
 }
 
 pub fn client() -> reqwest::Client {
-    switchboard::providers::install_crypto_provider();
+    switchboard::agent::install_crypto_provider();
     reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(1)
