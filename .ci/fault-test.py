@@ -24,9 +24,11 @@ calls, which run one after the other (bash is exclusive). The phases:
                 answered turn's its stored answer; nothing runs again.
   5. damage     with the server stopped, copies of the journal damaged five ways (0 bytes, first
                 4 KiB zeroed, truncated to half, a bit flipped in a data page, a bit flipped in the
-                primary commit slot in the first 512 bytes), for a journal closed by SIGTERM and
-                one left by SIGKILL: `serve` must exit non-zero naming the file and `mv`, never
-                start; the good copy put back answers as before.
+                primary commit slot in the first 512 bytes), and its log three or four (cut to
+                half, 0 bytes; when the marker is only in the log — SIGKILL before a checkpoint —
+                a bit flipped in its group, and the log removed), for a journal closed by SIGTERM
+                and one left by SIGKILL: `serve` must exit non-zero naming the damaged file and
+                `mv`, never start; the good copies put back answer as before.
   6. maxsessions 12 sessions journaled, a restart with --max-sessions 4, then with the default:
                 no session is forgotten, each answers its stored answers byte for byte.
 
@@ -73,7 +75,7 @@ STOPS = int(os.environ.get("FAULT_STOPS", "4"))
 REQUIRE_ALL = os.environ.get("FAULT_REQUIRE_ALL") == "1"
 PHASES = [p.strip() for p in os.environ.get("FAULT_PHASES", "1,2,3,4,5,6").split(",") if p.strip()]
 TIME_LIMIT = 6 * 60            # the whole run
-PHASE_BOUND = {"kill9": 60, "sigstop": 45, "fulldisk": 60, "clockstep": 75, "damage": 45,
+PHASE_BOUND = {"kill9": 60, "sigstop": 45, "fulldisk": 60, "clockstep": 75, "damage": 60,
                "maxsessions": 45}
 STARTUP_BOUND = 20             # seconds for `serve` to listen, or to exit on a bad journal
 LOAD_SESSIONS = 6
@@ -217,6 +219,11 @@ class Server:
     @property
     def file(self):
         return os.path.join(self.journal, "journal.redb")
+
+    @property
+    def log(self):
+        """The journal's write-ahead log (a flush's records are there until a checkpoint)."""
+        return os.path.join(self.journal, "journal.log")
 
     def launch(self, extra=(), fake=None):
         """Starts serve; True once it listens, False if it exited (or never listened) within
@@ -844,22 +851,41 @@ def phase_damage(deadline):
         with open(os.path.join(s.workspace, "marker.txt"), "w") as f:
             f.write("changed after the call")
         good = os.path.join(tmp, "journal-a.good")
+        good_log = os.path.join(tmp, "journal-a.log.good")
         shutil.copyfile(server_a.file, good)
+        shutil.copyfile(server_a.log, good_log)
         data = open(good, "rb").read()
         where = [m.start() for m in re.finditer(re.escape(token.encode()), data)]
-        say(f"damage: journal {state}: {len(data) >> 10} KiB; the marker is at {where}")
-        ways = damage_ways(good)
+        in_log = [m.start() for m in re.finditer(re.escape(token.encode()),
+                                                 open(good_log, "rb").read())]
+        say(f"damage: journal {state}: {len(data) >> 10} KiB; the marker is at {where}, "
+            f"in the log at {in_log}")
+        # (what, which file, how): the file's ways, then the log's.
+        ways = [(what, server_a.file, how) for what, how in damage_ways(good)]
         if where:
             # The last copy of the marker: in the last commit's leaf.
-            ways.insert(3, (f"a bit flipped in a data page (byte {where[-1] + 3})",
+            ways.insert(3, (f"a bit flipped in a data page (byte {where[-1] + 3})", server_a.file,
                             lambda p: flip_bit(p, where[-1] + 3, 2)))
-        else:
-            violation(phase, f"{state}: the marker is not in the journal file")
-        for what, damage in ways:
+        if in_log and not where:
+            # Acknowledged, and only in the log (SIGKILL before a checkpoint): its group
+            # damaged must be refused too, never dropped as a torn flush. (Once a checkpoint
+            # put it into the file, what is left in the log is an old copy nothing reads.)
+            ways.append((f"a bit flipped in the log's group holding the marker "
+                         f"(byte {in_log[-1] + 3})", server_a.log,
+                         lambda p: flip_bit(p, in_log[-1] + 3, 2)))
+        log_size = os.path.getsize(good_log)
+        ways += [("the log cut to half", server_a.log, lambda p: os.truncate(p, log_size // 2)),
+                 ("the log 0 bytes", server_a.log, lambda p: os.truncate(p, 0))]
+        if in_log:
+            ways.append(("the log removed", server_a.log, os.remove))
+        if not where and not in_log:
+            violation(phase, f"{state}: the marker is in neither the journal file nor its log")
+        for what, target, damage in ways:
             in_time(deadline)
             what = f"{state}, {what}"
             shutil.copyfile(good, server_a.file)
-            damage(server_a.file)
+            shutil.copyfile(good_log, server_a.log)
+            damage(target)
             count(phase, "damaged starts")
             if server_a.launch():
                 violation(phase, f"{what}: serve started on the damaged journal (it must exit "
@@ -872,14 +898,15 @@ def phase_damage(deadline):
             code = server_a.proc.returncode
             if code == 0:
                 violation(phase, f"{what}: serve exited 0")
-            if server_a.file not in said or "mv " not in said:
-                violation(phase, f"{what}: the message does not name {server_a.file} and `mv`: "
+            if target not in said or "mv " not in said:
+                violation(phase, f"{what}: the message does not name {target} and `mv`: "
                                  f"{said[-400:]}")
             else:
                 count(phase, "refused, naming the file and mv")
             last = said.strip().splitlines()[-1] if said.strip() else ""
             say(f"damage: {what}: exit {code}: {last[:160]}")
         shutil.copyfile(good, server_a.file)
+        shutil.copyfile(good_log, server_a.log)
         server_a.start(phase)
         resend_stored(server_a, phase, markers + sample, deadline, "the good copy put back")
     server_a.stop(phase)

@@ -1,10 +1,19 @@
-//! The embedded journal: one redb file, the writer thread that owns every write to it, its
-//! health, its clock and its compaction.
+//! The embedded journal: one redb file and its write-ahead log (`log.rs`), the writer thread
+//! that owns every write to them, its health, its clock, its checkpoints and its compaction.
 //!
 //! **Who owns what.** [`Shared`] is what the engine's tasks and the writer thread both see: the
 //! open database (swapped out while it is reopened), the journal's health, the set of call keys
-//! the file holds, and the journal clock. Only the writer thread writes to the file, swaps the
-//! database, changes the health and the key set.
+//! the file and the log hold, the log's records not yet in the file, and the journal clock. Only
+//! the writer thread writes to the file and the log, swaps the database, changes the health, the
+//! key set and the log's records; it alone holds the log ([`Tail`]).
+//!
+//! **Flush and checkpoint.** A round's call records go to the log as one group (durable when
+//! `fdatasync` returns) and into `pending`, which reads look at before the file. A checkpoint
+//! writes `pending` into the file in one two-phase transaction, with the last group's sequence
+//! (`log_seq` in the `meta` table), then empties `pending` and lets the log start again. Opening
+//! puts into the file whatever the log holds past `log_seq`, so an acknowledged record is in
+//! one of the two at any moment. A round with session records, or too large for the log, is
+//! committed to the file directly after a checkpoint.
 //!
 //! **Health.** Before every flush the writer checks that the path still names the file it opened
 //! (a directory removed or replaced under a running engine is noticed); a flush that fails (a
@@ -14,12 +23,15 @@
 //!
 //! **Damage.** Only a missing file starts an empty journal. An empty, zeroed, truncated or
 //! foreign file, and any page whose checksum fails, stops the opening with
-//! [`JournalError::Damaged`]. Commits are two-phase (redb's `set_two_phase_commit`): the commit
-//! slot a commit wrote is made the primary only once it is durable, so a damaged primary slot is
-//! refused instead of silently falling back to the commit before it.
+//! [`JournalError::Damaged`] — and so does a log that does not check (`log.rs` tells a flush a
+//! crash cut, never acknowledged, from damage), or a missing log where the file had one.
+//! Commits are two-phase (redb's `set_two_phase_commit`): the commit slot a commit wrote is made
+//! the primary only once it is durable, so a damaged primary slot is refused instead of silently
+//! falling back to the commit before it.
 //!
 //! **Clock.** Records are stamped with the journal's own clock: the time it had at its last
-//! commit (stored in the file) plus the time the engine has run since it opened it. Wall-clock
+//! commit or flush (stored in the file, and in each log group) plus the time the engine has run
+//! since it opened it. Wall-clock
 //! steps in either direction, and the time the engine was down, never age a record.
 //!
 //! **Compaction** ([`compact`], at open and every [`compact_every`] while the engine runs):
@@ -28,7 +40,7 @@
 //! no session record whose newest call is older than the retention is forgotten whole. Freed
 //! pages are reused, so under a steady load the file stops growing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -41,7 +53,8 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use super::{Batch, CallRecord, FlushCounts, JournalError, Write};
+use super::log::{LOG_NAME, Log};
+use super::{Batch, CallRecord, FlushCounts, Job, JournalError, Write, damaged, io};
 use crate::locks::lock;
 use crate::metrics::JournalMetrics;
 
@@ -50,6 +63,14 @@ pub(super) const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The journal clock's reading at the last commit (milliseconds).
 const CLOCK_KEY: &str = "clock_ms";
+/// The sequence of the last log group a checkpoint applied (present once the file has a log).
+const LOG_SEQ_KEY: &str = "log_seq";
+
+/// A checkpoint is made when the log is this full…
+const CHECKPOINT_FILL: f64 = 0.75;
+/// …or when its oldest record not yet in the redb file is this old (it bounds the time a
+/// restart spends reading the log back).
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// redb's page cache for the journal (its default is 1 GiB; the integrity check at open reads
 /// the whole file through it).
@@ -92,11 +113,38 @@ pub(super) struct Shared {
     healthy: AtomicBool,
     /// Why the journal is failing (empty while healthy).
     failure: Mutex<String>,
-    /// Hashes of every call key in the file: an id not in it is read from nowhere.
+    /// Hashes of every call key in the file or the log: an id not in it is read from nowhere.
     known: Mutex<HashSet<u64, foldhash::fast::FixedState>>,
+    /// The log next to the file, and its device and inode.
+    log_file: PathBuf,
+    log_identity: (u64, u64),
+    /// Records durable in the log and not yet in the redb file (the newest per key): read
+    /// before the file.
+    pending: Mutex<Pending>,
     hasher: foldhash::fast::FixedState,
     pub(super) clock: Clock,
     metrics: JournalMetrics,
+}
+
+/// A half's records, newest per key.
+type Records = HashMap<Arc<str>, Arc<[u8]>>;
+
+/// The log's records that are not in the redb file yet.
+#[derive(Default)]
+pub(super) struct Pending {
+    /// Those of the half written now.
+    active: Records,
+    /// Those of the other half, being put into the file by a checkpoint (or left by one that
+    /// failed), with the last group sequence they cover.
+    frozen: Option<(Arc<Records>, u64)>,
+}
+
+impl Pending {
+    fn get(&self, key: &str) -> Option<&Arc<[u8]>> {
+        self.active
+            .get(key)
+            .or_else(|| self.frozen.as_ref().and_then(|(r, _)| r.get(key)))
+    }
 }
 
 impl Shared {
@@ -150,20 +198,36 @@ impl Shared {
 
     /// Reads the records under `keys` (`None` where there is none).
     pub(super) fn read(&self, keys: &[String]) -> Result<Vec<Option<CallRecord>>, JournalError> {
-        let db = self.db()?;
         let file = &self.file;
+        let decode = |bytes: &[u8]| {
+            serde_json::from_slice(bytes)
+                .map(Some)
+                .map_err(|e| damaged(file, format!("a call record does not decode: {e}")))
+        };
+        // The log's records first: a checkpoint puts them in the file before it lets them go.
+        let mut out = vec![None; keys.len()];
+        let mut missing = Vec::new();
+        {
+            let pending = lock(&self.pending);
+            for (i, key) in keys.iter().enumerate() {
+                match pending.get(key.as_str()) {
+                    Some(bytes) => out[i] = decode(bytes)?,
+                    None => missing.push(i),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let db = self.db()?;
         let txn = db.begin_read().map_err(|e| io(file, e))?;
         let table = txn.open_table(CALLS).map_err(|e| io(file, e))?;
-        keys.iter()
-            .map(|key| {
-                let Some(value) = table.get(key.as_str()).map_err(|e| io(file, e))? else {
-                    return Ok(None);
-                };
-                serde_json::from_slice(value.value())
-                    .map(Some)
-                    .map_err(|e| damaged(file, format!("a call record does not decode: {e}")))
-            })
-            .collect()
+        for i in missing {
+            if let Some(value) = table.get(keys[i].as_str()).map_err(|e| io(file, e))? {
+                out[i] = decode(value.value())?;
+            }
+        }
+        Ok(out)
     }
 
     /// Every session record.
@@ -182,42 +246,98 @@ impl Shared {
 
     /// Whether the path still names the file this journal opened.
     fn check_file(&self) -> Result<(), String> {
-        match std::fs::metadata(&self.file) {
-            Ok(m) if (m.dev(), m.ino()) == self.identity => Ok(()),
-            Ok(_) => Err(format!(
-                "the journal file {} was replaced by another file while the engine ran; \
-                 restart the engine to use the new file",
-                self.file.display()
-            )),
-            Err(e) => Err(format!(
-                "the journal file {} is gone ({e}): its directory was removed or moved while the \
-                 engine ran; put it back, or restart the engine",
-                self.file.display()
-            )),
+        for (file, identity) in [
+            (&self.file, self.identity),
+            (&self.log_file, self.log_identity),
+        ] {
+            match std::fs::metadata(file) {
+                Ok(m) if (m.dev(), m.ino()) == identity => {}
+                Ok(_) => {
+                    return Err(format!(
+                        "the journal file {} was replaced by another file while the engine ran; \
+                         restart the engine to use the new file",
+                        file.display()
+                    ));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "the journal file {} is gone ({e}): its directory was removed or moved \
+                         while the engine ran; put it back, or restart the engine",
+                        file.display()
+                    ));
+                }
+            }
         }
+        Ok(())
     }
 }
 
-/// Opens the journal file `file` (created only if missing), checks it whole, and reads what the
-/// writer needs: the clock and the call keys. The writer is started by the caller.
-pub(super) fn open(file: &Path, retention: Duration) -> Result<Shared, JournalError> {
+/// Opens the journal file `file` (created only if missing) and its log, checks them whole, puts
+/// what the log holds beyond the file's last checkpoint into the file, and reads what the writer
+/// needs: the clock and the call keys. Returns the log for the writer (started by the caller).
+pub(super) fn open(file: &Path, retention: Duration) -> Result<(Shared, Tail), JournalError> {
     let db = open_db(file, true)?;
-    // Make sure every table exists (and that a foreign redb file is refused now).
-    let txn = db.begin_write().map_err(|e| damaged(file, e))?;
+    // Make sure every table exists (and that a foreign redb file is refused now). Two-phase,
+    // like every commit here: the last commit decides which slot is the primary, and only a
+    // two-phase one lets a damaged primary be refused rather than rolled back from.
+    let mut txn = db.begin_write().map_err(|e| damaged(file, e))?;
+    txn.set_two_phase_commit(true);
     {
         txn.open_table(CALLS).map_err(|e| damaged(file, e))?;
         txn.open_table(SESSIONS).map_err(|e| damaged(file, e))?;
         txn.open_table(META).map_err(|e| damaged(file, e))?;
     }
     txn.commit().map_err(|e| damaged(file, e))?;
-    let hasher = foldhash::fast::FixedState::default();
-    let (base_ms, known) = {
+    let (clock_ms, applied) = {
         let txn = db.begin_read().map_err(|e| io(file, e))?;
         let meta = txn.open_table(META).map_err(|e| io(file, e))?;
-        let base = meta
-            .get(CLOCK_KEY)
-            .map_err(|e| io(file, e))?
-            .map(|v| v.value());
+        let get = |key: &str| -> Result<Option<u64>, JournalError> {
+            Ok(meta.get(key).map_err(|e| io(file, e))?.map(|v| v.value()))
+        };
+        (get(CLOCK_KEY)?, get(LOG_SEQ_KEY)?)
+    };
+    // The log: read back what the last checkpoint did not apply. A file that has had a log
+    // needs it (its last records may be there only); one that never had one gets a new one.
+    let log_file = file.with_file_name(LOG_NAME);
+    let opened = Log::open(&log_file, applied.unwrap_or(0), applied.is_none())?;
+    if let Some(torn) = &opened.torn {
+        tracing::warn!(journal = %log_file.display(), "{torn}: dropped (it was never acknowledged)");
+    }
+    let mut log = opened.log;
+    let last = opened.groups.last().map(|g| g.seq);
+    let next_seq = last.or(applied).unwrap_or(0) + 1;
+    // A journal without a clock yet (new, or written by an older version) starts it at the
+    // wall clock: its records were stamped with it.
+    let clock_ms = opened
+        .groups
+        .iter()
+        .map(|g| g.clock_ms)
+        .chain(clock_ms)
+        .max()
+        .unwrap_or_else(super::now_ms);
+    if applied.is_none() || last.is_some() {
+        let mut txn = db.begin_write().map_err(|e| io(file, e))?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| io(file, e))?;
+        txn.set_two_phase_commit(true);
+        {
+            let mut calls = txn.open_table(CALLS).map_err(|e| io(file, e))?;
+            for (key, bytes) in opened.groups.iter().flat_map(|g| &g.records) {
+                calls
+                    .insert(key.as_str(), bytes.as_slice())
+                    .map_err(|e| io(file, e))?;
+            }
+            let mut meta = txn.open_table(META).map_err(|e| io(file, e))?;
+            meta.insert(LOG_SEQ_KEY, last.or(applied).unwrap_or(0))
+                .map_err(|e| io(file, e))?;
+            meta.insert(CLOCK_KEY, clock_ms).map_err(|e| io(file, e))?;
+        }
+        txn.commit().map_err(|e| io(file, e))?;
+        log.reset();
+    }
+    let hasher = foldhash::fast::FixedState::default();
+    let known = {
+        let txn = db.begin_read().map_err(|e| io(file, e))?;
         let calls = txn.open_table(CALLS).map_err(|e| io(file, e))?;
         let mut known = HashSet::with_capacity_and_hasher(
             calls.len().map_err(|e| io(file, e))? as usize,
@@ -227,52 +347,92 @@ pub(super) fn open(file: &Path, retention: Duration) -> Result<Shared, JournalEr
             let (k, _) = entry.map_err(|e| io(file, e))?;
             known.insert(hasher.hash_one(k.value()));
         }
-        // A journal without a clock yet (new, or written by an older version) starts it at the
-        // wall clock: its records were stamped with it.
-        (base.unwrap_or_else(super::now_ms), known)
+        known
     };
-    let meta = std::fs::metadata(file).map_err(|e| io(file, e))?;
-    Ok(Shared {
+    let identity = |path: &Path| -> Result<(u64, u64), JournalError> {
+        let meta = std::fs::metadata(path).map_err(|e| io(path, e))?;
+        Ok((meta.dev(), meta.ino()))
+    };
+    let shared = Shared {
         file: file.to_path_buf(),
-        identity: (meta.dev(), meta.ino()),
+        identity: identity(file)?,
         retention,
         db: ArcSwapOption::new(Some(Arc::new(db))),
         healthy: AtomicBool::new(true),
         failure: Mutex::new(String::new()),
         known: Mutex::new(known),
+        log_identity: identity(&log_file)?,
+        log_file,
+        pending: Mutex::new(Pending::default()),
         hasher,
         clock: Clock {
-            base_ms,
+            base_ms: clock_ms,
             opened: Instant::now(),
         },
         metrics: JournalMetrics::new(),
-    })
+    };
+    Ok((
+        shared,
+        Tail {
+            log,
+            next_seq,
+            oldest: None,
+            inflight: None,
+        },
+    ))
 }
 
-/// The writer thread: one transaction and one durable commit per round, covering every batch
-/// waiting when the round began; between rounds, the file's check, healing and compaction.
-pub(super) fn writer(shared: Arc<Shared>, rx: mpsc::Receiver<Batch>, counts: &Mutex<FlushCounts>) {
+/// What only the writer thread holds: the log, the next group's sequence, and since when the
+/// log holds records the file does not.
+pub(super) struct Tail {
+    log: Log,
+    next_seq: u64,
+    oldest: Option<Instant>,
+    /// The checkpoint running on a thread of its own, if one is.
+    inflight: Option<std::thread::JoinHandle<Result<(), JournalError>>>,
+}
+
+/// The writer thread: one flush per round, covering every batch waiting when the round began
+/// (one group in the log, or — for session records, and groups larger than the log — one
+/// transaction in the file); between rounds, the checkpoint, the file's check, healing and
+/// compaction.
+pub(super) fn writer(
+    shared: Arc<Shared>,
+    mut tail: Tail,
+    rx: mpsc::Receiver<Job>,
+    counts: &Mutex<FlushCounts>,
+) {
     let every = compact_every(shared.retention);
     let mut compacted = Instant::now();
     let mut checked = Instant::now();
     let mut tried = Instant::now();
     shared.metrics.healthy(true);
     loop {
-        let first = match rx.recv_timeout(CHECK_EVERY.min(HEAL_EVERY)) {
-            Ok(first) => Some(first),
-            Err(mpsc::RecvTimeoutError::Timeout) => None,
+        let wait = CHECK_EVERY
+            .min(HEAL_EVERY)
+            .min(tail.oldest.map_or(Duration::MAX, |t| {
+                CHECKPOINT_EVERY.saturating_sub(t.elapsed())
+            }));
+        let mut compact_asks = Vec::new();
+        let mut batches: Vec<Batch> = Vec::new();
+        let mut take = |job: Job| match job {
+            Job::Write(batch) => batches.push(batch),
+            Job::Compact(reply) => compact_asks.push(reply),
+        };
+        match rx.recv_timeout(wait) {
+            Ok(first) => take(first),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                // Closed: the clock's last reading, so that the time the engine is down
-                // never counts.
+                // Closed: the log's records into the file and the clock's last reading, so that
+                // the time the engine is down never counts.
                 if shared.health().is_ok() {
-                    let _ = commit(&shared, &[]);
+                    let _ = checkpoint(&shared, &mut tail).and_then(|()| commit(&shared, &[]));
                 }
                 break;
             }
-        };
-        let mut batches: Vec<Batch> = first.into_iter().collect();
+        }
         while let Ok(more) = rx.try_recv() {
-            batches.push(more);
+            take(more);
         }
         // The file's check: before every flush, and every CHECK_EVERY when idle.
         if !batches.is_empty() || checked.elapsed() >= CHECK_EVERY {
@@ -286,50 +446,221 @@ pub(super) fn writer(shared: Arc<Shared>, rx: mpsc::Receiver<Batch>, counts: &Mu
                 Err(detail) => shared.fail(detail),
             }
         }
-        // A failing journal whose file is still its own tries to reopen it.
+        // A failing journal whose file is still its own tries to reopen it, and to put the
+        // log's records into it.
         if shared.db.load().is_none() && tried.elapsed() >= HEAL_EVERY {
             tried = Instant::now();
             if shared.check_file().is_ok() {
                 match open_db(&shared.file, false) {
                     Ok(db) => {
                         shared.db.store(Some(Arc::new(db)));
-                        shared.recover();
+                        match checkpoint(&shared, &mut tail) {
+                            Ok(()) => shared.recover(),
+                            Err(e) => after_failure(&shared, e.to_string()),
+                        }
                     }
                     Err(e) => shared.fail(format!("cannot reopen after a failed write: {e}")),
                 }
             }
         }
-        if shared.health().is_ok() && compacted.elapsed() >= every {
+        let due = !compact_asks.is_empty() || compacted.elapsed() >= every;
+        if shared.health().is_ok() && due {
             compacted = Instant::now();
-            if let Err(e) = compact(&shared) {
+            // Compaction reads the file: the log's records go into it first.
+            let done = checkpoint(&shared, &mut tail).and_then(|()| compact(&shared));
+            if let Err(e) = &done {
                 tracing::error!(journal = %shared.file.display(), error = %e, "journal compaction failed");
                 after_failure(&shared, e.to_string());
             }
-        }
-        if batches.is_empty() {
-            continue;
-        }
-        let records: usize = batches.iter().map(|b| b.writes.len()).sum();
-        if shared.health().is_err() {
-            let refused = shared.failing();
-            for batch in batches {
-                let _ = batch.done.send(Err(refused.clone()));
+            for reply in compact_asks.drain(..) {
+                let _ = reply.send(done.clone());
             }
-            continue;
         }
-        let started = Instant::now();
-        let outcome = commit(&shared, &batches);
-        let elapsed = started.elapsed();
-        shared.metrics.flush(records, elapsed);
-        lock(counts).add(records, elapsed);
-        if let Err(e) = &outcome {
-            tracing::error!(journal = %shared.file.display(), error = %e, "journal flush failed");
+        for reply in compact_asks {
+            let _ = reply.send(Err(shared.failing()));
+        }
+        if !batches.is_empty() {
+            let records: usize = batches.iter().map(|b| b.writes.len()).sum();
+            if shared.health().is_err() {
+                let refused = shared.failing();
+                for batch in batches {
+                    let _ = batch.done.send(Err(refused.clone()));
+                }
+                continue;
+            }
+            let started = Instant::now();
+            let outcome = flush(&shared, &mut tail, &batches);
+            let elapsed = started.elapsed();
+            shared.metrics.flush(records, elapsed);
+            lock(counts).add(records, elapsed);
+            if let Err(e) = &outcome {
+                tracing::error!(journal = %shared.file.display(), error = %e, "journal flush failed");
+                after_failure(&shared, e.to_string());
+            }
+            for batch in batches {
+                let _ = batch.done.send(outcome.clone());
+            }
+        }
+        // A checkpoint that finished: its outcome. The next one, when the active half fills up
+        // or its oldest record waited long enough.
+        let finished = tail.inflight.as_ref().is_some_and(|h| h.is_finished());
+        let full = tail.log.fill() >= CHECKPOINT_FILL;
+        let old = tail.oldest.is_some_and(|t| t.elapsed() >= CHECKPOINT_EVERY);
+        let outcome = if shared.health().is_err() {
+            Ok(())
+        } else if full || old {
+            rotate(&shared, &mut tail)
+        } else if finished {
+            settle(&shared, &mut tail)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = outcome {
+            tracing::error!(journal = %shared.file.display(), error = %e, "journal checkpoint failed");
             after_failure(&shared, e.to_string());
         }
-        for batch in batches {
-            let _ = batch.done.send(outcome.clone());
+    }
+}
+
+/// One round's flush: the calls' records as one group in the log when they are all it holds
+/// and they fit; otherwise (session records, a group larger than the log) the log's records
+/// into the file and this round's writes in the same file, in one transaction.
+fn flush(shared: &Arc<Shared>, tail: &mut Tail, batches: &[Batch]) -> Result<(), JournalError> {
+    let mut records = Vec::with_capacity(batches.iter().map(|b| b.writes.len()).sum());
+    let mut calls_only = true;
+    for write in batches.iter().flat_map(|b| &b.writes) {
+        match write {
+            Write::Call {
+                session,
+                id,
+                record,
+            } => {
+                let bytes = serde_json::to_vec(record).map_err(|e| io(&shared.file, e))?;
+                records.push((super::call_key(session, id), bytes));
+            }
+            Write::Session { .. } | Write::ForgetSession { .. } => calls_only = false,
         }
     }
+    let bytes = Log::group_bytes(&records);
+    if !calls_only || !tail.log.could_ever_fit(bytes) {
+        checkpoint(shared, tail)?;
+        return commit(shared, batches);
+    }
+    if !tail.log.fits(bytes) {
+        rotate(shared, tail)?;
+    }
+    let seq = tail.next_seq;
+    tail.log
+        .append(seq, shared.clock.now_ms(), &records)
+        .map_err(|e| io(tail.log.path(), e))?;
+    tail.next_seq += 1;
+    tail.oldest.get_or_insert_with(Instant::now);
+    let mut hashes = Vec::with_capacity(records.len());
+    {
+        let mut pending = lock(&shared.pending);
+        for (key, bytes) in records {
+            hashes.push(shared.key_hash(&key));
+            pending.active.insert(Arc::from(key), Arc::from(bytes));
+        }
+    }
+    lock(&shared.known).extend(hashes);
+    Ok(())
+}
+
+/// Puts every record of the log into the file — the checkpoint in flight first, or what a
+/// failed one left, then the active half's — and lets both halves start again. For what reads
+/// the file whole (compaction), writes to it directly (session records), heals or closes.
+fn checkpoint(shared: &Arc<Shared>, tail: &mut Tail) -> Result<(), JournalError> {
+    // A checkpoint that failed leaves its records in `frozen`: they are applied again below,
+    // so its error is not the answer here.
+    let _ = settle(shared, tail);
+    let frozen = lock(&shared.pending).frozen.clone();
+    if let Some((records, seq)) = frozen {
+        apply(shared, &records, seq)?;
+        lock(&shared.pending).frozen = None;
+    }
+    if tail.oldest.is_some() {
+        let records = lock(&shared.pending).active.clone();
+        apply(shared, &records, tail.next_seq - 1)?;
+        // Only the writer adds to `pending`: what was copied above is all there is.
+        lock(&shared.pending).active.clear();
+    }
+    tail.log.reset();
+    tail.oldest = None;
+    Ok(())
+}
+
+/// Starts a checkpoint of the active half's records on a thread of its own and goes on in the
+/// other half — once the checkpoint before has finished (the writer waits for it here, which
+/// is what holds a load back when checkpoints cannot keep up).
+fn rotate(shared: &Arc<Shared>, tail: &mut Tail) -> Result<(), JournalError> {
+    if tail.oldest.is_none() {
+        return Ok(());
+    }
+    settle(shared, tail)?;
+    if lock(&shared.pending).frozen.is_some() {
+        // What a failed checkpoint left (the journal healed since): everything, here.
+        return checkpoint(shared, tail);
+    }
+    let seq = tail.next_seq - 1;
+    let records = {
+        let mut pending = lock(&shared.pending);
+        let records = Arc::new(std::mem::take(&mut pending.active));
+        pending.frozen = Some((Arc::clone(&records), seq));
+        records
+    };
+    let on_thread = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name("journal-checkpoint".into())
+        .spawn(move || {
+            apply(&on_thread, &records, seq)?;
+            lock(&on_thread.pending).frozen = None;
+            Ok(())
+        });
+    match spawned {
+        Ok(handle) => {
+            tail.inflight = Some(handle);
+            tail.log.switch();
+            tail.oldest = None;
+            Ok(())
+        }
+        // No thread: the checkpoint is made here instead.
+        Err(_) => checkpoint(shared, tail),
+    }
+}
+
+/// Waits for the checkpoint in flight, if any: its outcome.
+fn settle(shared: &Shared, tail: &mut Tail) -> Result<(), JournalError> {
+    match tail.inflight.take() {
+        Some(handle) => handle
+            .join()
+            .unwrap_or_else(|_| Err(io(&shared.file, "the journal's checkpoint thread panicked"))),
+        None => Ok(()),
+    }
+}
+
+/// Puts `records` into the file in one two-phase transaction, noting `log_seq` as the last log
+/// group it holds (in key order: neighbouring keys share B-tree pages).
+fn apply(shared: &Shared, records: &Records, log_seq: u64) -> Result<(), JournalError> {
+    let file = &shared.file;
+    let mut sorted: Vec<(&Arc<str>, &Arc<[u8]>)> = records.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let db = shared.db()?;
+    let mut txn = db.begin_write().map_err(|e| io(file, e))?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| io(file, e))?;
+    txn.set_two_phase_commit(true);
+    {
+        let mut calls = txn.open_table(CALLS).map_err(|e| io(file, e))?;
+        for (key, bytes) in sorted {
+            calls.insert(&**key, &**bytes).map_err(|e| io(file, e))?;
+        }
+        let mut meta = txn.open_table(META).map_err(|e| io(file, e))?;
+        meta.insert(LOG_SEQ_KEY, log_seq).map_err(|e| io(file, e))?;
+        meta.insert(CLOCK_KEY, shared.clock.now_ms())
+            .map_err(|e| io(file, e))?;
+    }
+    txn.commit().map_err(|e| io(file, e))
 }
 
 /// A write failed: the journal is failing, and its database (which refuses every later write
@@ -564,25 +895,6 @@ fn open_db(file: &Path, create: bool) -> Result<Database, JournalError> {
             }
             Err(e) => return Err(open_error(file, e)),
         }
-    }
-}
-
-pub(super) fn io(
-    file: &Path,
-    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> JournalError {
-    let e = e.into();
-    JournalError::Io {
-        file: file.to_path_buf(),
-        detail: e.to_string(),
-        source: Some(Arc::from(e)),
-    }
-}
-
-pub(super) fn damaged(file: &Path, e: impl std::fmt::Display) -> JournalError {
-    JournalError::Damaged {
-        file: file.to_path_buf(),
-        detail: e.to_string(),
     }
 }
 

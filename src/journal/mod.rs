@@ -5,15 +5,20 @@
 //! One embedded [`redb`] file, `DIR/journal.redb`, with two tables: `calls`, keyed by
 //! `session \0 tool_use_id`, holding a [`CallRecord`] (the tool, an argument digest, the effect
 //! class, and the answer once there is one), and `sessions`, keyed by session id, holding what a
-//! front end needs to reopen the session after a restart (opaque bytes here).
+//! front end needs to reopen the session after a restart (opaque bytes here); and beside it its
+//! write-ahead log, `DIR/journal.log` (`log.rs`).
 //!
 //! **Group commit.** Writes are handed to one writer thread. It takes every write waiting at that
-//! moment — from every session — applies them in one transaction and makes it durable (one
-//! fsync), then wakes each writer. A write returns only once durable, so a call whose intent was
-//! written starts only after its intent is on disk, and an answer leaves the engine only after it
-//! is. Under load, one flush covers many calls; alone, a call pays one flush. The writer keeps
-//! running totals ([`Journal::flush_counts`]) beside its metrics, so a caller can see how many
-//! records each flush carried without a recorder.
+//! moment — from every session — appends the calls' records to the log as one group and makes it
+//! durable (one `pwrite`, one `fdatasync` of blocks the file already has), then wakes each
+//! writer. A write returns only once durable, so a call whose intent was written starts only
+//! after its intent is on disk, and an answer leaves the engine only after it is. Under load, one
+//! flush covers many calls; alone, a call pays one flush. Every second, or when the log is three
+//! quarters full, a *checkpoint* puts the log's records into the redb file (one two-phase
+//! transaction, the newest record per call only) and the log starts again; session records go
+//! to the file directly, after a checkpoint. The writer keeps running totals
+//! ([`Journal::flush_counts`]) beside its metrics, so a caller can see how many records each
+//! flush carried without a recorder.
 //!
 //! **Retention, health, damage and the clock** are the embedded store's (`local.rs`): answers
 //! older than the retention become tombstones (a late retry is recognised, never run), a full disk
@@ -25,6 +30,7 @@
 //! This file holds the embedded store and what both share.
 
 mod local;
+mod log;
 pub mod replicated;
 
 use std::path::{Path, PathBuf};
@@ -307,6 +313,14 @@ struct Batch {
     done: tokio::sync::oneshot::Sender<Result<(), JournalError>>,
 }
 
+/// What the writer thread is asked to do.
+enum Job {
+    /// Make these writes durable.
+    Write(Batch),
+    /// Compact (after putting the log's records into the file) and answer.
+    Compact(mpsc::SyncSender<Result<Compacted, JournalError>>),
+}
+
 /// What the writer has flushed since the journal opened ([`Journal::flush_counts`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FlushCounts {
@@ -354,7 +368,7 @@ struct Inner {
     shared: Arc<local::Shared>,
     /// The writer's running totals (locked once per flush).
     counts: Arc<std::sync::Mutex<FlushCounts>>,
-    queue: std::sync::Mutex<Option<mpsc::Sender<Batch>>>,
+    queue: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -390,6 +404,24 @@ impl std::fmt::Debug for Journal {
     }
 }
 
+/// An I/O failure of `file`, keeping its cause.
+fn io(file: &Path, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> JournalError {
+    let e = e.into();
+    JournalError::Io {
+        file: file.to_path_buf(),
+        detail: e.to_string(),
+        source: Some(Arc::from(e)),
+    }
+}
+
+/// The journal `file` is damaged: `e` says how.
+fn damaged(file: &Path, e: impl std::fmt::Display) -> JournalError {
+    JournalError::Damaged {
+        file: file.to_path_buf(),
+        detail: e.to_string(),
+    }
+}
+
 /// Unix milliseconds now (the wall clock).
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -422,15 +454,16 @@ impl Journal {
         })?;
         // Taken on the caller's thread: an engine built under a local recorder
         // (`metrics::with_local_recorder`) records its journal there too.
-        let shared = Arc::new(local::open(&file, retention)?);
+        let (shared, tail) = local::open(&file, retention)?;
+        let shared = Arc::new(shared);
         local::compact(&shared)?;
-        let (tx, rx) = mpsc::channel::<Batch>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let counts = Arc::new(std::sync::Mutex::new(FlushCounts::default()));
         let writer_counts = Arc::clone(&counts);
         let writer_shared = Arc::clone(&shared);
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || local::writer(writer_shared, rx, &writer_counts))
+            .spawn(move || local::writer(writer_shared, tail, rx, &writer_counts))
             .map_err(|e| JournalError::Io {
                 file: file.clone(),
                 detail: format!("cannot start the writer thread: {e}"),
@@ -504,8 +537,8 @@ impl Journal {
         *lock(counts)
     }
 
-    /// Makes `writes` durable, together with every other write waiting now (one transaction,
-    /// one fsync; replicated: one acknowledged publish per session). Returns once they are
+    /// Makes `writes` durable, together with every other write waiting now (one group in the
+    /// log, one `fdatasync`; replicated: one acknowledged publish per session). Returns once they are
     /// durable; refused at once while the journal is failing ([`Journal::health`]).
     pub async fn write(&self, writes: Vec<Write>) -> Result<(), JournalError> {
         if writes.is_empty() {
@@ -522,7 +555,7 @@ impl Journal {
                 return Err(JournalError::Closed);
             };
             queue
-                .send(Batch { writes, done })
+                .send(Job::Write(Batch { writes, done }))
                 .map_err(|_| JournalError::Closed)?;
         }
         wait.await.unwrap_or(Err(JournalError::Closed))
@@ -553,7 +586,7 @@ impl Journal {
         let wanted: Vec<String> = held.iter().map(|&i| keys[i].clone()).collect();
         let read = tokio::task::spawn_blocking(move || shared.read(&wanted))
             .await
-            .map_err(|e| local::io(&inner.shared.file, format!("the read stopped: {e}")))??;
+            .map_err(|e| io(&inner.shared.file, format!("the read stopped: {e}")))??;
         for (i, record) in held.into_iter().zip(read) {
             out[i] = record;
         }
@@ -573,10 +606,23 @@ impl Journal {
     /// session record and no call that recent (the writer does it every quarter retention, at
     /// most hourly). Replicated: the stream's own age limit does it (nothing here).
     pub fn compact(&self) -> Result<Compacted, JournalError> {
-        match &self.backend {
-            Backend::Local(inner) => local::compact(&inner.shared),
-            Backend::Replicated(_) => Ok(Compacted::default()),
+        let inner = match &self.backend {
+            Backend::Local(inner) => inner,
+            Backend::Replicated(_) => return Ok(Compacted::default()),
+        };
+        // The writer does it, between two flushes: it puts the log's records into the file
+        // first (compaction reads the file).
+        let (reply, answer) = mpsc::sync_channel(1);
+        {
+            let queue = lock(&inner.queue);
+            let Some(queue) = queue.as_ref() else {
+                return Err(JournalError::Closed);
+            };
+            queue
+                .send(Job::Compact(reply))
+                .map_err(|_| JournalError::Closed)?;
         }
+        answer.recv().unwrap_or(Err(JournalError::Closed))
     }
 
     /// Stops taking writes; the writer ends once those queued now are durable (the file is
@@ -860,6 +906,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_bit_flipped_in_the_primary_slot_of_a_reopened_journal_is_refused() {
+        // Reopened, written (to the log only), then killed: the file's last commit is the one
+        // its opening made, and that one is two-phase too.
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("j");
+        journal_with_one_answer(&first).await;
+        let j = Journal::open(&first, DEFAULT_RETENTION).unwrap();
+        j.write(vec![call("s", "b", record("bash", Some(ok_answer("b"))))])
+            .await
+            .unwrap();
+        let crashed = dir.path().join("crashed");
+        files_as_a_crash_leaves_them(&first, &crashed);
+        let mut bytes = std::fs::read(crashed.join(FILE_NAME)).unwrap();
+        let primary = if bytes[9] & 1 == 0 { 64 } else { 192 };
+        bytes[primary + 16] ^= 0x20;
+        std::fs::write(crashed.join(FILE_NAME), &bytes).unwrap();
+        let e = Journal::open(&crashed, DEFAULT_RETENTION).unwrap_err();
+        assert!(matches!(e, JournalError::Damaged { .. }), "{e}");
+    }
+
+    #[tokio::test]
     async fn a_bit_flipped_in_the_other_commit_slot_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = journal_with_one_answer(dir.path()).await;
@@ -908,6 +975,120 @@ mod tests {
             refused > 0,
             "no damaged page was noticed ({opened_intact} opened)"
         );
+    }
+
+    /// Copies of the journal's files as a `kill -9` leaves them: read while it is open.
+    fn files_as_a_crash_leaves_them(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for name in [FILE_NAME, log::LOG_NAME] {
+            std::fs::write(to.join(name), std::fs::read(from.join(name)).unwrap()).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_acknowledged_write_survives_a_crash_in_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let crashed = dir.path().join("crashed");
+        let j = Journal::open(&dir.path().join("j"), DEFAULT_RETENTION).unwrap();
+        j.write(vec![call("s", "a", record("bash", Some(ok_answer("a"))))])
+            .await
+            .unwrap();
+        j.write(vec![call("s", "b", record("bash", None))])
+            .await
+            .unwrap();
+        // Before any checkpoint: the records are in the log only.
+        files_as_a_crash_leaves_them(&dir.path().join("j"), &crashed);
+        let again = Journal::open(&crashed, DEFAULT_RETENTION).unwrap();
+        let found = again.lookup("s", &["a", "b", "c"]).await.unwrap();
+        assert!(matches!(
+            found[0].as_ref().map(CallRecord::state),
+            Some(RecordState::Answered(_))
+        ));
+        assert_eq!(found[1].as_ref().unwrap().state(), RecordState::Started);
+        assert!(found[2].is_none());
+        again.close();
+        drop(again);
+        // Opened once more (the log's records are in the file now): the same.
+        let third = Journal::open(&crashed, DEFAULT_RETENTION).unwrap();
+        let found = third.lookup("s", &["a", "b"]).await.unwrap();
+        assert!(found.iter().all(Option::is_some));
+    }
+
+    #[tokio::test]
+    async fn a_damaged_or_missing_log_is_refused_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j"), DEFAULT_RETENTION).unwrap();
+        j.write(vec![call("s", "a", record("bash", Some(ok_answer("a"))))])
+            .await
+            .unwrap();
+        let crashed = dir.path().join("crashed");
+        files_as_a_crash_leaves_them(&dir.path().join("j"), &crashed);
+        let log = crashed.join(log::LOG_NAME);
+        let good = std::fs::read(&log).unwrap();
+        // A bit flipped in the acknowledged group's record (behind the 4 KiB header and the
+        // group's 32-byte header).
+        let mut bad = good.clone();
+        bad[4096 + 32 + 20] ^= 0x02;
+        std::fs::write(&log, &bad).unwrap();
+        let e = Journal::open(&crashed, DEFAULT_RETENTION).unwrap_err();
+        assert!(matches!(e, JournalError::Damaged { .. }), "{e}");
+        assert!(
+            e.to_string().contains(log::LOG_NAME) && e.to_string().contains("mv "),
+            "{e}"
+        );
+        // Cut to half: refused.
+        std::fs::write(&log, &good[..good.len() / 2]).unwrap();
+        assert!(matches!(
+            Journal::open(&crashed, DEFAULT_RETENTION),
+            Err(JournalError::Damaged { .. })
+        ));
+        // Removed after the crash: refused (its records would be lost), not made anew.
+        std::fs::remove_file(&log).unwrap();
+        let e = Journal::open(&crashed, DEFAULT_RETENTION).unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+        assert!(!log.exists());
+        // Put back whole: the answer is there.
+        std::fs::write(&log, &good).unwrap();
+        let again = Journal::open(&crashed, DEFAULT_RETENTION).unwrap();
+        assert!(again.lookup("s", &["a"]).await.unwrap()[0].is_some());
+    }
+
+    #[tokio::test]
+    async fn writes_larger_than_the_log_go_through_checkpoints_and_are_all_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
+        let log_size = std::fs::metadata(dir.path().join(log::LOG_NAME))
+            .unwrap()
+            .len() as usize;
+        // Each write a quarter of the log: the log fills and is checkpointed again and again.
+        let big = |id: &str| {
+            let mut answer = ok_answer(id);
+            answer.content = "x".repeat(log_size / 4);
+            call("s", id, record("bash", Some(answer)))
+        };
+        let ids: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+        for id in &ids {
+            j.write(vec![big(id)]).await.unwrap();
+        }
+        assert_eq!(
+            std::fs::metadata(dir.path().join(log::LOG_NAME))
+                .unwrap()
+                .len() as usize,
+            log_size,
+            "the log never grows"
+        );
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let found = j.lookup("s", &refs).await.unwrap();
+        assert!(found.iter().all(Option::is_some));
+        j.close();
+        drop(j);
+        let j = Journal::open(dir.path(), DEFAULT_RETENTION).unwrap();
+        let found = j.lookup("s", &refs).await.unwrap();
+        assert!(found.iter().all(|r| {
+            r.as_ref()
+                .and_then(|r| r.answer.as_ref())
+                .is_some_and(|a| a.content.len() == log_size / 4)
+        }));
     }
 
     #[tokio::test]
