@@ -98,6 +98,8 @@ pub const JOURNAL_FLUSHES_TOTAL: &str = "switchboard_journal_flushes_total";
 pub const JOURNAL_RECORDS_PER_FLUSH: &str = "switchboard_journal_records_per_flush";
 /// How long one journal flush took (write and fsync).
 pub const JOURNAL_FLUSH_SECONDS: &str = "switchboard_journal_flush_seconds";
+/// How long one journal checkpoint took (the log's records into the journal file).
+pub const JOURNAL_CHECKPOINT_SECONDS: &str = "switchboard_journal_checkpoint_seconds";
 /// 1 while the call journal can record calls, 0 while it is failing (a full disk, its file
 /// removed).
 pub const JOURNAL_HEALTHY: &str = "switchboard_journal_healthy";
@@ -363,6 +365,13 @@ pub const METRICS: &[MetricDef] = &[
         help: "Duration of one journal flush (write and fsync).",
     },
     MetricDef {
+        name: JOURNAL_CHECKPOINT_SECONDS,
+        kind: Kind::Histogram,
+        unit: Unit::Seconds,
+        labels: &[],
+        help: "Duration of one journal checkpoint: the write-ahead log's records put into the journal file (one two-phase commit), off the calls' path.",
+    },
+    MetricDef {
         name: CLUSTER_LEASES_HELD,
         kind: Kind::Gauge,
         unit: Unit::Count,
@@ -527,6 +536,7 @@ pub struct JournalMetrics {
     flushes: Counter,
     records: Histogram,
     seconds: Histogram,
+    checkpoint_seconds: Histogram,
 }
 
 impl JournalMetrics {
@@ -539,7 +549,13 @@ impl JournalMetrics {
             flushes: zeroed(counter!(JOURNAL_FLUSHES_TOTAL)),
             records: histogram!(JOURNAL_RECORDS_PER_FLUSH),
             seconds: histogram!(JOURNAL_FLUSH_SECONDS),
+            checkpoint_seconds: histogram!(JOURNAL_CHECKPOINT_SECONDS),
         }
+    }
+
+    /// One checkpoint took `elapsed`.
+    pub fn checkpoint(&self, elapsed: Duration) {
+        self.checkpoint_seconds.record(elapsed);
     }
 
     /// Whether the journal can record calls now.

@@ -424,7 +424,10 @@ pub(super) fn writer(
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 // Closed: the log's records into the file and the clock's last reading, so that
-                // the time the engine is down never counts.
+                // the time the engine is down never counts. A checkpoint still running is waited
+                // for in any case (nothing writes the file once the writer is gone); if it
+                // failed, its records are still pending, and the checkpoint below retries them.
+                let _ = settle(&shared, &mut tail);
                 if shared.health().is_ok() {
                     let _ = checkpoint(&shared, &mut tail).and_then(|()| commit(&shared, &[]));
                 }
@@ -642,6 +645,7 @@ fn settle(shared: &Shared, tail: &mut Tail) -> Result<(), JournalError> {
 /// Puts `records` into the file in one two-phase transaction, noting `log_seq` as the last log
 /// group it holds (in key order: neighbouring keys share B-tree pages).
 fn apply(shared: &Shared, records: &Records, log_seq: u64) -> Result<(), JournalError> {
+    let started = Instant::now();
     let file = &shared.file;
     let mut sorted: Vec<(&Arc<str>, &Arc<[u8]>)> = records.iter().collect();
     sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -660,7 +664,9 @@ fn apply(shared: &Shared, records: &Records, log_seq: u64) -> Result<(), Journal
         meta.insert(CLOCK_KEY, shared.clock.now_ms())
             .map_err(|e| io(file, e))?;
     }
-    txn.commit().map_err(|e| io(file, e))
+    txn.commit().map_err(|e| io(file, e))?;
+    shared.metrics.checkpoint(started.elapsed());
+    Ok(())
 }
 
 /// A write failed: the journal is failing, and its database (which refuses every later write
