@@ -127,7 +127,7 @@ pub(super) struct Shared {
 }
 
 /// A half's records, newest per key.
-type Records = HashMap<Arc<str>, Arc<[u8]>>;
+type Records = HashMap<Arc<str>, Arc<[u8]>, foldhash::fast::RandomState>;
 
 /// The log's records that are not in the redb file yet.
 #[derive(Default)]

@@ -69,6 +69,8 @@ pub(super) struct Log {
     active: usize,
     /// Where the next group is written in each half (its end mark's offset).
     tails: [u64; 2],
+    /// The last group's bytes, kept for the next (no fresh pages for every flush).
+    buf: Vec<u8>,
 }
 
 fn align(n: usize) -> usize {
@@ -217,6 +219,7 @@ impl Log {
             half: half as u64,
             active: 0,
             tails: [START, START + half as u64],
+            buf: Vec::new(),
         };
         // This boot's id, so that the next opening knows whether a power loss came between.
         log.file
@@ -263,6 +266,7 @@ impl Log {
                 half: half_of(size),
                 active: 0,
                 tails: [START, START + half_of(size)],
+                buf: Vec::new(),
             }),
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -311,7 +315,9 @@ impl Log {
         records: &[(String, Vec<u8>)],
     ) -> std::io::Result<()> {
         let total = Self::group_bytes(records);
-        let mut buf = Vec::with_capacity(total);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.reserve(total);
         buf.resize(GROUP_HEADER, 0);
         for (k, v) in records {
             buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
@@ -329,8 +335,15 @@ impl Log {
             return Err(std::io::Error::other("the log's half is full"));
         }
         let at = self.tails[self.active];
-        self.file.write_all_at(&buf, at)?;
-        self.file.sync_data()?;
+        let written = self
+            .file
+            .write_all_at(&buf, at)
+            .and_then(|()| self.file.sync_data());
+        // Kept for the next flush unless it grew large (a group of big answers).
+        if buf.capacity() <= 1 << 20 {
+            self.buf = buf;
+        }
+        written?;
         self.tails[self.active] += (total - GROUP_HEADER) as u64;
         Ok(())
     }
