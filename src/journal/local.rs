@@ -12,8 +12,9 @@
 //! writes `pending` into the file in one two-phase transaction, with the last group's sequence
 //! (`log_seq` in the `meta` table), then empties `pending` and lets the log start again. Opening
 //! puts into the file whatever the log holds past `log_seq`, so an acknowledged record is in
-//! one of the two at any moment. A round with session records, or too large for the log, is
-//! committed to the file directly after a checkpoint.
+//! one of the two at any moment. Session records travel the same way (read back merged with the
+//! file's); a round that forgets a session, or too large for a half of the log, is committed to
+//! the file directly after a checkpoint.
 //!
 //! **Health.** Before every flush the writer checks that the path still names the file it opened
 //! (a directory removed or replaced under a running engine is noticed); a flush that fails (a
@@ -129,21 +130,29 @@ pub(super) struct Shared {
 /// A half's records, newest per key.
 type Records = HashMap<Arc<str>, Arc<[u8]>, foldhash::fast::RandomState>;
 
+/// One half's records: calls' and sessions'.
+#[derive(Default, Clone)]
+struct Half {
+    calls: Records,
+    sessions: Records,
+}
+
 /// The log's records that are not in the redb file yet.
 #[derive(Default)]
 pub(super) struct Pending {
     /// Those of the half written now.
-    active: Records,
+    active: Half,
     /// Those of the other half, being put into the file by a checkpoint (or left by one that
     /// failed), with the last group sequence they cover.
-    frozen: Option<(Arc<Records>, u64)>,
+    frozen: Option<(Arc<Half>, u64)>,
 }
 
 impl Pending {
     fn get(&self, key: &str) -> Option<&Arc<[u8]>> {
         self.active
+            .calls
             .get(key)
-            .or_else(|| self.frozen.as_ref().and_then(|(r, _)| r.get(key)))
+            .or_else(|| self.frozen.as_ref().and_then(|(h, _)| h.calls.get(key)))
     }
 }
 
@@ -232,6 +241,23 @@ impl Shared {
 
     /// Every session record.
     pub(super) fn sessions(&self) -> Result<Vec<(String, Vec<u8>)>, JournalError> {
+        // The log's first (newest wins), then the file's that the log does not override. The
+        // log's are copied before the file is read: a checkpoint puts them in the file before
+        // it lets them go, so none is missed in between.
+        let mut from_log: HashMap<String, Vec<u8>> = HashMap::new();
+        {
+            let pending = lock(&self.pending);
+            let halves = pending
+                .frozen
+                .iter()
+                .map(|(h, _)| &**h)
+                .chain([&pending.active]);
+            for half in halves {
+                for (id, bytes) in &half.sessions {
+                    from_log.insert(id.to_string(), bytes.to_vec());
+                }
+            }
+        }
         let db = self.db()?;
         let file = &self.file;
         let txn = db.begin_read().map_err(|e| io(file, e))?;
@@ -239,8 +265,11 @@ impl Shared {
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| io(file, e))? {
             let (k, v) = entry.map_err(|e| io(file, e))?;
-            out.push((k.value().to_string(), v.value().to_vec()));
+            if !from_log.contains_key(k.value()) {
+                out.push((k.value().to_string(), v.value().to_vec()));
+            }
         }
+        out.extend(from_log);
         Ok(out)
     }
 
@@ -322,10 +351,18 @@ pub(super) fn open(file: &Path, retention: Duration) -> Result<(Shared, Tail), J
         txn.set_two_phase_commit(true);
         {
             let mut calls = txn.open_table(CALLS).map_err(|e| io(file, e))?;
-            for (key, bytes) in opened.groups.iter().flat_map(|g| &g.records) {
-                calls
-                    .insert(key.as_str(), bytes.as_slice())
-                    .map_err(|e| io(file, e))?;
+            let mut sessions = txn.open_table(SESSIONS).map_err(|e| io(file, e))?;
+            for group in &opened.groups {
+                for (key, bytes) in &group.records {
+                    calls
+                        .insert(key.as_str(), bytes.as_slice())
+                        .map_err(|e| io(file, e))?;
+                }
+                for (id, bytes) in &group.sessions {
+                    sessions
+                        .insert(id.as_str(), bytes.as_slice())
+                        .map_err(|e| io(file, e))?;
+                }
             }
             let mut meta = txn.open_table(META).map_err(|e| io(file, e))?;
             meta.insert(LOG_SEQ_KEY, last.or(applied).unwrap_or(0))
@@ -393,8 +430,8 @@ pub(super) struct Tail {
 }
 
 /// The writer thread: one flush per round, covering every batch waiting when the round began
-/// (one group in the log, or — for session records, and groups larger than the log — one
-/// transaction in the file); between rounds, the checkpoint, the file's check, healing and
+/// (one group in the log, or — for a session forgotten, and groups larger than a half of the
+/// log — one transaction in the file); between rounds, the checkpoint, the file's check, healing and
 /// compaction.
 pub(super) fn writer(
     shared: Arc<Shared>,
@@ -525,12 +562,14 @@ pub(super) fn writer(
     }
 }
 
-/// One round's flush: the calls' records as one group in the log when they are all it holds
-/// and they fit; otherwise (session records, a group larger than the log) the log's records
-/// into the file and this round's writes in the same file, in one transaction.
+/// One round's flush: the calls' and sessions' records as one group in the log when they fit;
+/// otherwise (a session forgotten — its calls are deleted by range in the file —, a group
+/// larger than a half of the log) the log's records into the file and this round's writes in
+/// the same file, in one transaction.
 fn flush(shared: &Arc<Shared>, tail: &mut Tail, batches: &[Batch]) -> Result<(), JournalError> {
     let mut records = Vec::with_capacity(batches.iter().map(|b| b.writes.len()).sum());
-    let mut calls_only = true;
+    let mut sessions = Vec::new();
+    let mut forgets = false;
     for write in batches.iter().flat_map(|b| &b.writes) {
         match write {
             Write::Call {
@@ -541,11 +580,12 @@ fn flush(shared: &Arc<Shared>, tail: &mut Tail, batches: &[Batch]) -> Result<(),
                 let bytes = serde_json::to_vec(record).map_err(|e| io(&shared.file, e))?;
                 records.push((super::call_key(session, id), bytes));
             }
-            Write::Session { .. } | Write::ForgetSession { .. } => calls_only = false,
+            Write::Session { id, bytes } => sessions.push((id.clone(), bytes.clone())),
+            Write::ForgetSession { .. } => forgets = true,
         }
     }
-    let bytes = Log::group_bytes(&records);
-    if !calls_only || !tail.log.could_ever_fit(bytes) {
+    let bytes = Log::group_bytes(&records, &sessions);
+    if forgets || !tail.log.could_ever_fit(bytes) {
         checkpoint(shared, tail)?;
         return commit(shared, batches);
     }
@@ -554,7 +594,7 @@ fn flush(shared: &Arc<Shared>, tail: &mut Tail, batches: &[Batch]) -> Result<(),
     }
     let seq = tail.next_seq;
     tail.log
-        .append(seq, shared.clock.now_ms(), &records)
+        .append(seq, shared.clock.now_ms(), &records, &sessions)
         .map_err(|e| io(tail.log.path(), e))?;
     tail.next_seq += 1;
     tail.oldest.get_or_insert_with(Instant::now);
@@ -563,7 +603,16 @@ fn flush(shared: &Arc<Shared>, tail: &mut Tail, batches: &[Batch]) -> Result<(),
         let mut pending = lock(&shared.pending);
         for (key, bytes) in records {
             hashes.push(shared.key_hash(&key));
-            pending.active.insert(Arc::from(key), Arc::from(bytes));
+            pending
+                .active
+                .calls
+                .insert(Arc::from(key), Arc::from(bytes));
+        }
+        for (id, bytes) in sessions {
+            pending
+                .active
+                .sessions
+                .insert(Arc::from(id), Arc::from(bytes));
         }
     }
     lock(&shared.known).extend(hashes);
@@ -572,7 +621,7 @@ fn flush(shared: &Arc<Shared>, tail: &mut Tail, batches: &[Batch]) -> Result<(),
 
 /// Puts every record of the log into the file — the checkpoint in flight first, or what a
 /// failed one left, then the active half's — and lets both halves start again. For what reads
-/// the file whole (compaction), writes to it directly (session records), heals or closes.
+/// the file whole (compaction), writes to it directly (a session forgotten), heals or closes.
 fn checkpoint(shared: &Arc<Shared>, tail: &mut Tail) -> Result<(), JournalError> {
     // A checkpoint that failed leaves its records in `frozen`: they are applied again below,
     // so its error is not the answer here.
@@ -586,7 +635,7 @@ fn checkpoint(shared: &Arc<Shared>, tail: &mut Tail) -> Result<(), JournalError>
         let records = lock(&shared.pending).active.clone();
         apply(shared, &records, tail.next_seq - 1)?;
         // Only the writer adds to `pending`: what was copied above is all there is.
-        lock(&shared.pending).active.clear();
+        lock(&shared.pending).active = Half::default();
     }
     tail.log.reset();
     tail.oldest = None;
@@ -644,10 +693,10 @@ fn settle(shared: &Shared, tail: &mut Tail) -> Result<(), JournalError> {
 
 /// Puts `records` into the file in one two-phase transaction, noting `log_seq` as the last log
 /// group it holds (in key order: neighbouring keys share B-tree pages).
-fn apply(shared: &Shared, records: &Records, log_seq: u64) -> Result<(), JournalError> {
+fn apply(shared: &Shared, records: &Half, log_seq: u64) -> Result<(), JournalError> {
     let started = Instant::now();
     let file = &shared.file;
-    let mut sorted: Vec<(&Arc<str>, &Arc<[u8]>)> = records.iter().collect();
+    let mut sorted: Vec<(&Arc<str>, &Arc<[u8]>)> = records.calls.iter().collect();
     sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let db = shared.db()?;
     let mut txn = db.begin_write().map_err(|e| io(file, e))?;
@@ -658,6 +707,10 @@ fn apply(shared: &Shared, records: &Records, log_seq: u64) -> Result<(), Journal
         let mut calls = txn.open_table(CALLS).map_err(|e| io(file, e))?;
         for (key, bytes) in sorted {
             calls.insert(&**key, &**bytes).map_err(|e| io(file, e))?;
+        }
+        let mut sessions = txn.open_table(SESSIONS).map_err(|e| io(file, e))?;
+        for (id, bytes) in &records.sessions {
+            sessions.insert(&**id, &**bytes).map_err(|e| io(file, e))?;
         }
         let mut meta = txn.open_table(META).map_err(|e| io(file, e))?;
         meta.insert(LOG_SEQ_KEY, log_seq).map_err(|e| io(file, e))?;

@@ -10,7 +10,8 @@
 //! ```text
 //! group header (32 bytes): magic u32 | payload length u32 | sequence u64 | clock ms u64 |
 //!                          payload CRC u32 | header CRC u32
-//! payload: records, each: key length u32 | value length u32 | key | value (a call record's JSON)
+//! payload: records, each: key length u32 | value length u32 | key | value (a call record's JSON,
+//!          or — the key length's top bit set — a session record under the session's id)
 //! ```
 //!
 //! Every flush writes its group and, right after it, an *end mark* (a group header with the next
@@ -49,12 +50,17 @@ const GROUP_HEADER: usize = 32;
 const MAX_SIZE: u64 = 16 << 20;
 const MIN_SIZE: u64 = 256 << 10;
 
-/// One group read back: its sequence, its clock reading and its records.
+/// A record's key length with this bit set: a session record (else a call's).
+const SESSION_BIT: u32 = 1 << 31;
+
+/// One group read back: its sequence, its clock reading, its call records and its session
+/// records.
 #[derive(Debug)]
 pub(super) struct Group {
     pub seq: u64,
     pub clock_ms: u64,
     pub records: Vec<(String, Vec<u8>)>,
+    pub sessions: Vec<(String, Vec<u8>)>,
 }
 
 /// The open log: its file, size, its two halves and where the next group goes in each.
@@ -126,23 +132,32 @@ fn parse_header(h: &[u8]) -> Option<(usize, u64, u64, u32)> {
     Some((u32_at(4) as usize, u64_at(8), u64_at(16), u32_at(24)))
 }
 
-fn parse_records(mut p: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
-    let mut out = Vec::new();
+/// A group's call records and session records.
+type Parsed = (Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>);
+
+fn parse_records(mut p: &[u8]) -> Option<Parsed> {
+    let (mut calls, mut sessions) = (Vec::new(), Vec::new());
     while !p.is_empty() {
         if p.len() < 8 {
             return None;
         }
-        let k = u32::from_le_bytes(p[0..4].try_into().ok()?) as usize;
+        let klen = u32::from_le_bytes(p[0..4].try_into().ok()?);
+        let k = (klen & !SESSION_BIT) as usize;
         let v = u32::from_le_bytes(p[4..8].try_into().ok()?) as usize;
         let rest = &p[8..];
         if rest.len() < k + v {
             return None;
         }
         let key = std::str::from_utf8(&rest[..k]).ok()?.to_string();
-        out.push((key, rest[k..k + v].to_vec()));
+        let into = if klen & SESSION_BIT != 0 {
+            &mut sessions
+        } else {
+            &mut calls
+        };
+        into.push((key, rest[k..k + v].to_vec()));
         p = &rest[k + v..];
     }
-    Some(out)
+    Some((calls, sessions))
 }
 
 /// What [`Log::open`] found.
@@ -278,9 +293,16 @@ impl Log {
         }
     }
 
-    /// The bytes a group of `records` takes, with its end mark.
-    pub(super) fn group_bytes(records: &[(String, Vec<u8>)]) -> usize {
-        let payload: usize = records.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
+    /// The bytes a group of `calls` and `sessions` records takes, with its end mark.
+    pub(super) fn group_bytes(
+        calls: &[(String, Vec<u8>)],
+        sessions: &[(String, Vec<u8>)],
+    ) -> usize {
+        let payload: usize = calls
+            .iter()
+            .chain(sessions)
+            .map(|(k, v)| 8 + k.len() + v.len())
+            .sum();
         GROUP_HEADER + align(payload) + GROUP_HEADER
     }
 
@@ -306,21 +328,26 @@ impl Log {
         (self.tails[self.active] - from) as f64 / self.half as f64
     }
 
-    /// Writes group `seq` of `records` and its end mark in the active half, and makes them
-    /// durable.
+    /// Writes group `seq` of `calls` and `sessions` records and its end mark in the active
+    /// half, and makes them durable.
     pub(super) fn append(
         &mut self,
         seq: u64,
         clock_ms: u64,
-        records: &[(String, Vec<u8>)],
+        calls: &[(String, Vec<u8>)],
+        sessions: &[(String, Vec<u8>)],
     ) -> std::io::Result<()> {
-        let total = Self::group_bytes(records);
+        let total = Self::group_bytes(calls, sessions);
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         buf.reserve(total);
         buf.resize(GROUP_HEADER, 0);
-        for (k, v) in records {
-            buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        let tagged = calls
+            .iter()
+            .map(|r| (0, r))
+            .chain(sessions.iter().map(|r| (SESSION_BIT, r)));
+        for (bit, (k, v)) in tagged {
+            buf.extend_from_slice(&(k.len() as u32 | bit).to_le_bytes());
             buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
             buf.extend_from_slice(k.as_bytes());
             buf.extend_from_slice(v);
@@ -502,7 +529,7 @@ fn read_groups(
             );
             return Ok((groups, at, Some(torn)));
         }
-        let Some(records) = payload.and_then(parse_records) else {
+        let Some((records, sessions)) = payload.and_then(parse_records) else {
             return Err(format!(
                 "the log's group {seq} at byte {offset} of its half does not decode"
             ));
@@ -511,6 +538,7 @@ fn read_groups(
             seq,
             clock_ms,
             records,
+            sessions,
         });
         expected += 1;
         at = next;
@@ -554,12 +582,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(LOG_NAME);
         let mut log = Log::open(&path, 0, true).unwrap().log;
-        log.append(1, 10, &recs(3, "a")).unwrap();
-        log.append(2, 20, &recs(1, "b")).unwrap();
+        log.append(1, 10, &recs(3, "a"), &[]).unwrap();
+        let session = vec![("s1".to_string(), b"{\"tools\":[]}".to_vec())];
+        log.append(2, 20, &recs(1, "b"), &session).unwrap();
         drop(log);
         let opened = open(&path, 0).unwrap();
         assert_eq!(opened.groups.len(), 2);
         assert_eq!(opened.groups[0].records, recs(3, "a"));
+        assert!(opened.groups[0].sessions.is_empty());
+        assert_eq!(opened.groups[1].records, recs(1, "b"));
+        assert_eq!(opened.groups[1].sessions, session);
         assert_eq!((opened.groups[1].seq, opened.groups[1].clock_ms), (2, 20));
         assert!(opened.torn.is_none());
         // What a checkpoint applied (it applies every group there is) is not read again.
@@ -571,11 +603,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(LOG_NAME);
         let mut log = Log::open(&path, 0, true).unwrap().log;
-        log.append(1, 1, &recs(20, "long")).unwrap();
-        log.append(2, 1, &recs(20, "long")).unwrap();
+        log.append(1, 1, &recs(20, "long"), &[]).unwrap();
+        log.append(2, 1, &recs(20, "long"), &[]).unwrap();
         log.reset();
         // A shorter group over the first: its end mark ends the log, the rest is old.
-        log.append(3, 2, &recs(1, "new")).unwrap();
+        log.append(3, 2, &recs(1, "new"), &[]).unwrap();
         drop(log);
         let opened = open(&path, 2).unwrap();
         assert_eq!(opened.groups.len(), 1);
@@ -592,11 +624,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(LOG_NAME);
         let mut log = Log::open(&path, 0, true).unwrap().log;
-        log.append(1, 1, &recs(2, "a")).unwrap();
-        log.append(2, 1, &recs(2, "b")).unwrap();
+        log.append(1, 1, &recs(2, "a"), &[]).unwrap();
+        log.append(2, 1, &recs(2, "b"), &[]).unwrap();
         log.switch();
-        log.append(3, 2, &recs(2, "c")).unwrap();
-        log.append(4, 2, &recs(2, "d")).unwrap();
+        log.append(3, 2, &recs(2, "c"), &[]).unwrap();
+        log.append(4, 2, &recs(2, "d"), &[]).unwrap();
         drop(log);
         let seqs = |applied| -> Vec<u64> {
             open(&path, applied)
@@ -615,7 +647,7 @@ mod tests {
         let mut log = open(&path, 4).unwrap().log;
         log.switch();
         log.switch();
-        log.append(5, 3, &recs(1, "e")).unwrap();
+        log.append(5, 3, &recs(1, "e"), &[]).unwrap();
         drop(log);
         assert_eq!(seqs(4), [5]);
         // The first half damaged where its group 5 is, while the checkpoint of 3–4 is not yet
@@ -632,9 +664,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(LOG_NAME);
         let mut log = Log::open(&path, 0, true).unwrap().log;
-        log.append(1, 1, &recs(50, "a")).unwrap();
+        log.append(1, 1, &recs(50, "a"), &[]).unwrap();
         let second = log.tails[0] as usize;
-        log.append(2, 1, &recs(50, "b")).unwrap();
+        log.append(2, 1, &recs(50, "b"), &[]).unwrap();
         drop(log);
         let good = std::fs::read(&path).unwrap();
 

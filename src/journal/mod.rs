@@ -15,8 +15,8 @@
 //! after its intent is on disk, and an answer leaves the engine only after it is. Under load, one
 //! flush covers many calls; alone, a call pays one flush. Every second, or when the log is three
 //! quarters full, a *checkpoint* puts the log's records into the redb file (one two-phase
-//! transaction, the newest record per call only) and the log starts again; session records go
-//! to the file directly, after a checkpoint. The writer keeps running totals
+//! transaction, the newest record per call only) and the log starts again; forgetting a
+//! session goes to the file directly, after a checkpoint. The writer keeps running totals
 //! ([`Journal::flush_counts`]) beside its metrics, so a caller can see how many records each
 //! flush carried without a recorder.
 //!
@@ -1012,6 +1012,51 @@ mod tests {
         let third = Journal::open(&crashed, DEFAULT_RETENTION).unwrap();
         let found = third.lookup("s", &["a", "b"]).await.unwrap();
         assert!(found.iter().all(Option::is_some));
+    }
+
+    #[tokio::test]
+    async fn session_records_go_through_the_log_and_survive_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("j");
+        let j = Journal::open(&first, DEFAULT_RETENTION).unwrap();
+        j.write(vec![Write::Session {
+            id: "s".into(),
+            bytes: b"v1".to_vec(),
+        }])
+        .await
+        .unwrap();
+        // Updated (a tool revealed, say): the newest record is the one read back.
+        j.write(vec![
+            Write::Session {
+                id: "s".into(),
+                bytes: b"v2".to_vec(),
+            },
+            call("s", "a", record("bash", None)),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            j.sessions().unwrap(),
+            vec![("s".to_string(), b"v2".to_vec())]
+        );
+        let crashed = dir.path().join("crashed");
+        files_as_a_crash_leaves_them(&first, &crashed);
+        let again = Journal::open(&crashed, DEFAULT_RETENTION).unwrap();
+        assert_eq!(
+            again.sessions().unwrap(),
+            vec![("s".to_string(), b"v2".to_vec())]
+        );
+        assert!(again.lookup("s", &["a"]).await.unwrap()[0].is_some());
+        // Compaction checkpoints first: the record is in the file, once.
+        again.compact().unwrap();
+        assert_eq!(again.sessions().unwrap().len(), 1);
+        // Forgotten: gone from both.
+        again
+            .write(vec![Write::ForgetSession { id: "s".into() }])
+            .await
+            .unwrap();
+        assert!(again.sessions().unwrap().is_empty());
+        assert!(again.lookup("s", &["a"]).await.unwrap()[0].is_none());
     }
 
     #[tokio::test]
