@@ -31,7 +31,9 @@ would), so a session's ledger is one file whichever node ran its calls. The phas
                            0.3 s after the first line. Their retries through other nodes: each
                            first call that had started outcome_unknown, each second call run —
                            it never started. A paused X also had a copy sent to it directly: once
-                           continued it must answer that copy with the new owner's answer.
+                           continued it must answer that copy with the new owner's answer. A
+                           session X no longer owned at the fault (a NATS fault let its lease go,
+                           and another node took it and ran the call) is a finding, not judged.
                 and, on a thread of their own, overlapping them, NATS faults one at a time
                 (CLUSTER_FAULT_NATS): one server SIGKILLed and restarted after 1-3 s, or
                 SIGSTOPped for 1-4 s; the next waits until all three answer /healthz 200 (JetStream
@@ -914,6 +916,21 @@ def nats_faults(r, n, halt):
         nats_fault(r)
 
 
+def owner_at(node, session):
+    """The owner of `session` as `node` reports it (None without an answer within 1 s)."""
+    try:
+        status, text = request(node.base, "GET", f"/v1/sessions/{session.sid}", timeout=1.0)
+        return json.loads(text).get("node") if status == 200 else None
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+
+
+def nats_overlap(since):
+    """Whether a NATS fault was under way at some moment since `since`."""
+    with lock:
+        return any(e is None or e > since for _, e in nats_busy)
+
+
 def mid_call(victim, pause, r):
     """Sessions made on `victim`, two turns started through other nodes, `victim` killed (or
     paused past its lease) while their first calls run; their retries checked."""
@@ -966,6 +983,20 @@ def mid_call(victim, pause, r):
     # Which first calls had started at the fault (a line in started.txt, written before any
     # sleep); each is still running (4-5 s) if the fault comes within 3 s of the first line.
     started_at_fault = {t.turn_id: started_mark(t.session, t.ids[0]) for t in pending}
+    # The owner just before the fault: a node that cannot renew its lease (a NATS fault) lets
+    # its sessions go, and another node may have taken one and be running its call — then the
+    # fault does not interrupt it, and its retry is rightly answered from its own run.
+    moved = set()
+    for t in pending:
+        owner = owner_at(victim, t.session)
+        if owner != victim.name:
+            moved.add(t.turn_id)
+            if started_at_fault[t.turn_id]:
+                during = ("a NATS fault overlapped" if nats_overlap(waited)
+                          else "no NATS fault overlapped")
+                finding(f"{what}: {t.session.sid} was owned by {owner or 'no node that said'}, "
+                        f"not {victim.name}, at the fault ({during}): not judged")
+            started_at_fault[t.turn_id] = False
     if pause:
         victim.stopped = True
         signal_proc(victim.proc, signal.SIGSTOP)
@@ -978,7 +1009,8 @@ def mid_call(victim, pause, r):
         victim.kill()
         count("node kills")
         event(f"kill -9 node {victim.name} mid-call (targeted, owning {len(owned)} sessions)")
-    cut = {t.turn_id: not on_disk(t.session, t.ids[1]) for t in pending}   # c1 not started
+    cut = {t.turn_id: not on_disk(t.session, t.ids[1]) and t.turn_id not in moved
+           for t in pending}                                                  # c1 not started
     late = time.monotonic() - seen
     if late > 3.0:
         finding(f"{what}: the fault came {late:.1f} s after the first line (the first calls "
