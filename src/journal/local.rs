@@ -4,13 +4,19 @@
 //! **Who owns what.** [`Shared`] is what the engine's tasks and the writer thread both see: the
 //! open database (swapped out while it is reopened), the journal's health, the set of call keys
 //! the file and the log hold, the log's records not yet in the file, and the journal clock. Only
-//! the writer thread writes to the file and the log, swaps the database, changes the health, the
-//! key set and the log's records; it alone holds the log ([`Tail`]).
+//! the writer thread writes to the log, swaps the database, changes the health, the key set and
+//! adds to the log's records; it alone holds the log ([`Tail`]). The file is written by the
+//! writer and by the checkpoint it starts on a thread of its own — one at a time: the writer waits
+//! for the checkpoint in flight before it starts another or writes the file itself.
 //!
 //! **Flush and checkpoint.** A round's call records go to the log as one group (durable when
 //! `fdatasync` returns) and into `pending`, which reads look at before the file. A checkpoint
-//! writes `pending` into the file in one two-phase transaction, with the last group's sequence
-//! (`log_seq` in the `meta` table), then empties `pending` and lets the log start again. Opening
+//! (every second, or when the active half of the log is three quarters full) sets the active
+//! half's records aside (`pending.frozen`), lets the log go on in its other half, and writes them
+//! into the file on its own thread in one two-phase transaction, with the last group's sequence
+//! (`log_seq` in the `meta` table), then lets them go. A full checkpoint (before compaction,
+//! forgetting a session, closing, healing) waits for that one and writes the rest itself, and
+//! both halves start again. Opening
 //! puts into the file whatever the log holds past `log_seq`, so an acknowledged record is in
 //! one of the two at any moment. Session records travel the same way (read back merged with the
 //! file's); a round that forgets a session, or too large for a half of the log, is committed to

@@ -14,13 +14,18 @@
 //!          or — the key length's top bit set — a session record under the session's id)
 //! ```
 //!
+//! The groups fill one *half* of the log at a time: while the writer appends to one, a
+//! checkpoint puts the other's records into the redb file; the writer goes back to a half only
+//! once its records are there.
+//!
 //! Every flush writes its group and, right after it, an *end mark* (a group header with the next
 //! sequence and no payload), in one `pwrite`; the next flush writes over the end mark. Sequences
 //! never repeat: after a checkpoint the log is written from its start again, and what is left of
 //! the groups before it has lower sequences than the redb file's `log_seq` says were applied.
 //!
-//! **Reading it back** ([`Log::open`]): from the start, every group whose sequence is the next one
-//! expected, until an end mark or a group from before the last checkpoint. Anything else is
+//! **Reading it back** ([`Log::open`]): the half that goes on from the last checkpoint, then the
+//! other if it goes on from there; in each, from its start, every group whose sequence is the next
+//! one expected, until an end mark or a group from before the last checkpoint. Anything else is
 //! damage, refused with the file's name — with one exception: a flush torn by a crash. A write
 //! cut by a `kill -9` is a prefix of its group (its header is whole: groups are aligned, and a
 //! write is never cut inside its first 32 bytes) and has no end mark behind it; a group that was
