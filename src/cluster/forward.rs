@@ -9,9 +9,10 @@
 //! owner (dead or paused) is noticed after [`SILENCE`] instead of never.
 //!
 //! Wire form. Request payload: a 4-byte big-endian length, the head as JSON (`method`, `uri`,
-//! `headers`), then the body. Answer messages: one kind byte (`H` head, `D` data, `E` end,
-//! `P` ping), an 8-byte big-endian sequence number (H, D and E count from 0; a gap means a lost
-//! message and cuts the answer), then the data.
+//! `headers`), then the body. Answer messages ([`Frame`]s) say what they are in NATS headers:
+//! `Switchboard-Frame` (`head`, `data`, `end` or `ping`) and `Switchboard-Seq` (head, data and
+//! end count from 0; a gap means a lost message and cuts the answer); the payload is the head as
+//! JSON or the data.
 //!
 //! Nodes need to reach only NATS, never each other, and the client keeps its connection and its
 //! `Authorization` header: a redirect would need the clients to follow it, and common HTTP
@@ -82,12 +83,87 @@ fn headers_of(map: &axum::http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-fn frame(kind: u8, seq: u64, data: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(9 + data.len());
-    out.push(kind);
-    out.extend_from_slice(&seq.to_be_bytes());
-    out.extend_from_slice(data);
-    out.into()
+/// The header naming a relayed answer message's kind.
+const FRAME_HEADER: &str = "Switchboard-Frame";
+/// The header carrying a relayed answer message's sequence number.
+const SEQ_HEADER: &str = "Switchboard-Seq";
+
+/// What a relayed answer message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The answer's status and headers ([`AnswerHead`] as JSON), sequence 0.
+    Head,
+    /// A piece of the body, in order.
+    Data,
+    /// The body is complete.
+    End,
+    /// The owner is still working on the answer (no sequence).
+    Ping,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Head => "head",
+            Kind::Data => "data",
+            Kind::End => "end",
+            Kind::Ping => "ping",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Kind> {
+        [Kind::Head, Kind::Data, Kind::End, Kind::Ping]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+/// One message of a relayed answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Frame {
+    kind: Kind,
+    seq: u64,
+    data: Bytes,
+}
+
+impl Frame {
+    fn new(kind: Kind, seq: u64, data: impl Into<Bytes>) -> Frame {
+        Frame {
+            kind,
+            seq,
+            data: data.into(),
+        }
+    }
+
+    fn ping() -> Frame {
+        Frame::new(Kind::Ping, 0, Bytes::new())
+    }
+
+    fn headers(&self) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(FRAME_HEADER, self.kind.name());
+        headers.insert(SEQ_HEADER, self.seq.to_string().as_str());
+        headers
+    }
+
+    /// The frame `message` carries; `None` for a message that is none (it is ignored).
+    fn of(message: &async_nats::Message) -> Option<Frame> {
+        let headers = message.headers.as_ref()?;
+        let kind = Kind::parse(headers.get(FRAME_HEADER)?.as_str())?;
+        let seq = headers.get(SEQ_HEADER)?.as_str().parse().ok()?;
+        Some(Frame::new(kind, seq, message.payload.clone()))
+    }
+
+    /// Publishes it to `reply`.
+    async fn send(
+        self,
+        client: &async_nats::Client,
+        reply: &async_nats::Subject,
+    ) -> Result<(), async_nats::PublishError> {
+        client
+            .publish_with_headers(reply.clone(), self.headers(), self.data)
+            .await
+    }
 }
 
 /// Answers the requests relayed to node `node` with `handler` until `stop`; `Err` when it cannot
@@ -177,7 +253,7 @@ async fn answer(
                 tokio::select! {
                     r = &mut work => break r,
                     _ = ping.tick() => {
-                        let _ = client.publish(reply.clone(), frame(b'P', 0, &[])).await;
+                        let _ = Frame::ping().send(&client, &reply).await;
                     }
                 }
             }
@@ -200,8 +276,8 @@ async fn answer(
     };
     let head = serde_json::to_vec(&head).unwrap_or_default();
     let mut seq = 0u64;
-    if client
-        .publish(reply.clone(), frame(b'H', seq, &head))
+    if Frame::new(Kind::Head, seq, head)
+        .send(&client, &reply)
         .await
         .is_err()
     {
@@ -221,16 +297,19 @@ async fn answer(
                 }
             } => return,
             _ = ping.tick() => {
-                let _ = client.publish(reply.clone(), frame(b'P', 0, &[])).await;
+                let _ = Frame::ping().send(&client, &reply).await;
                 continue;
             }
         };
         match chunk {
             Some(Ok(bytes)) => {
-                for piece in bytes.chunks(CHUNK) {
+                let mut at = 0;
+                while at < bytes.len() {
+                    let piece = bytes.slice(at..(at + CHUNK).min(bytes.len()));
+                    at += piece.len();
                     seq += 1;
-                    if client
-                        .publish(reply.clone(), frame(b'D', seq, piece))
+                    if Frame::new(Kind::Data, seq, piece)
+                        .send(&client, &reply)
                         .await
                         .is_err()
                     {
@@ -243,7 +322,9 @@ async fn answer(
             None => break,
         }
     }
-    let _ = client.publish(reply, frame(b'E', seq + 1, &[])).await;
+    let _ = Frame::new(Kind::End, seq + 1, Bytes::new())
+        .send(&client, &reply)
+        .await;
 }
 
 /// Why a request could not be relayed: nothing was answered (safe to route again or refuse).
@@ -297,9 +378,13 @@ pub async fn forward(
             metrics.forward(ForwardOutcome::Unreachable);
             return Err(Unreachable::NoResponders);
         }
-        match message.payload.first() {
-            Some(b'H') if message.payload.len() >= 9 => {
-                break serde_json::from_slice::<AnswerHead>(&message.payload[9..])
+        match Frame::of(&message) {
+            Some(Frame {
+                kind: Kind::Head,
+                data,
+                ..
+            }) => {
+                break serde_json::from_slice::<AnswerHead>(&data)
                     .map_err(|e| Unreachable::Nats(format!("a bad answer head: {e}")))?;
             }
             _ => continue,
@@ -381,19 +466,17 @@ impl Relay {
                 self.done = true;
                 return cut("the owner of the session stopped answering");
             };
-            let p = &message.payload;
-            if p.len() < 9 || p[0] == b'P' {
+            let Some(frame) = Frame::of(&message) else {
                 continue;
-            }
-            let seq = u64::from_be_bytes(p[1..9].try_into().unwrap_or([0; 8]));
-            if matches!(p[0], b'D' | b'E') && seq != self.next {
+            };
+            if matches!(frame.kind, Kind::Data | Kind::End) && frame.seq != self.next {
                 self.done = true;
                 return cut("a relayed answer lost a message");
             }
-            match p[0] {
-                b'D' if self.events => {
+            match frame.kind {
+                Kind::Data if self.events => {
                     self.next += 1;
-                    self.partial.extend_from_slice(&p[9..]);
+                    self.partial.extend_from_slice(&frame.data);
                     // Whole events only: a cut never leaves the client half an event.
                     let Some(end) = self.partial.windows(2).rposition(|w| w == b"\n\n") else {
                         continue;
@@ -402,11 +485,11 @@ impl Relay {
                     let whole = std::mem::replace(&mut self.partial, rest);
                     return Some(Ok(Bytes::from(whole)));
                 }
-                b'D' => {
+                Kind::Data => {
                     self.next += 1;
-                    return Some(Ok(Bytes::copy_from_slice(&p[9..])));
+                    return Some(Ok(frame.data));
                 }
-                b'E' => {
+                Kind::End => {
                     self.done = true;
                     self.left.finished = true;
                     if !self.partial.is_empty() {
@@ -414,7 +497,7 @@ impl Relay {
                     }
                     return None;
                 }
-                _ => continue,
+                Kind::Head | Kind::Ping => continue,
             }
         }
     }
@@ -500,11 +583,57 @@ mod tests {
         );
     }
 
+    fn message(
+        headers: Option<async_nats::HeaderMap>,
+        payload: &'static [u8],
+    ) -> async_nats::Message {
+        async_nats::Message {
+            subject: "_INBOX.x".into(),
+            reply: None,
+            payload: Bytes::from_static(payload),
+            headers,
+            status: None,
+            description: None,
+            length: payload.len(),
+        }
+    }
+
     #[test]
-    fn answer_frames_carry_kind_and_sequence() {
-        let f = frame(b'D', 7, b"abc");
-        assert_eq!(f[0], b'D');
-        assert_eq!(u64::from_be_bytes(f[1..9].try_into().unwrap()), 7);
-        assert_eq!(&f[9..], b"abc");
+    fn answer_frames_carry_kind_and_sequence_in_headers() {
+        for kind in [Kind::Head, Kind::Data, Kind::End, Kind::Ping] {
+            let frame = Frame::new(kind, 7, Bytes::from_static(b"abc"));
+            let got = Frame::of(&message(Some(frame.headers()), b"abc"));
+            assert_eq!(got, Some(frame));
+        }
+        let headers = Frame::new(Kind::Data, 3, Bytes::new()).headers();
+        assert_eq!(headers.get(FRAME_HEADER).unwrap().as_str(), "data");
+        assert_eq!(headers.get(SEQ_HEADER).unwrap().as_str(), "3");
+    }
+
+    #[test]
+    fn a_message_that_is_no_frame_is_ignored() {
+        // The magic-byte frames of earlier versions, and headers that do not parse.
+        assert_eq!(Frame::of(&message(None, b"D\0\0\0\0\0\0\0\x01abc")), None);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(FRAME_HEADER, "data");
+        assert_eq!(
+            Frame::of(&message(Some(headers.clone()), b"")),
+            None,
+            "no sequence"
+        );
+        headers.insert(SEQ_HEADER, "x");
+        assert_eq!(
+            Frame::of(&message(Some(headers), b"")),
+            None,
+            "a sequence that is no number"
+        );
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(FRAME_HEADER, "other");
+        headers.insert(SEQ_HEADER, "1");
+        assert_eq!(
+            Frame::of(&message(Some(headers), b"")),
+            None,
+            "an unknown kind"
+        );
     }
 }

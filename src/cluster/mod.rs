@@ -36,6 +36,9 @@ use async_nats::jetstream::{self, kv};
 use clap::builder::TypedValueParser;
 use serde::{Deserialize, Serialize};
 
+use crate::journal::JournalError;
+use crate::journal::lease::{Lease, Leases};
+use crate::journal::replicated::{Claimed, Replicated};
 use crate::metrics::ClusterMetrics;
 
 /// Default `--lease-ttl`.
@@ -283,8 +286,10 @@ pub struct Cluster {
     ttl: Duration,
     replicas: usize,
     draining: AtomicBool,
-    /// Sessions owned here: id → (epoch, when its key was last known to name this node).
-    held: Mutex<HashMap<String, (u64, Instant)>>,
+    /// The leases of the sessions owned here (shared with the replicated journal).
+    leases: Arc<Leases>,
+    /// The replicated journal, once opened ([`Cluster::open_journal`]).
+    journal: std::sync::OnceLock<Arc<Replicated>>,
     /// Until when this node's heartbeat is known to stand (its last successful put + TTL).
     alive_until: Mutex<Option<Instant>>,
     /// When the current unbroken run of heartbeats began: a session last known to be owned
@@ -487,7 +492,8 @@ impl Cluster {
             ttl,
             replicas: args.cluster_replicas,
             draining: AtomicBool::new(false),
-            held: Mutex::new(HashMap::new()),
+            leases: Arc::new(Leases::new()),
+            journal: std::sync::OnceLock::new(),
             alive_until: Mutex::new(None),
             alive_since: Mutex::new(None),
             taking: Arc::new(Mutex::new(HashMap::new())),
@@ -541,11 +547,6 @@ impl Cluster {
         &self.client
     }
 
-    /// The JetStream context.
-    pub fn jetstream(&self) -> &jetstream::Context {
-        &self.js
-    }
-
     /// This node's id.
     pub fn node(&self) -> &str {
         &self.node
@@ -554,11 +555,6 @@ impl Cluster {
     /// The lease TTL.
     pub fn ttl(&self) -> Duration {
         self.ttl
-    }
-
-    /// Replicas of the buckets and the journal.
-    pub fn replicas(&self) -> usize {
-        self.replicas
     }
 
     /// The metrics of this node.
@@ -622,7 +618,7 @@ impl Cluster {
         }
         *until = Some(started + self.ttl);
         drop(until);
-        self.metrics.leases(lock(&self.held).len());
+        self.metrics.leases(self.leases.len());
         Ok(())
     }
 
@@ -710,9 +706,45 @@ impl Cluster {
         }
     }
 
-    /// The sessions this node holds now.
+    /// The sessions this node holds a lease on now.
     pub fn held(&self) -> Vec<String> {
-        lock(&self.held).keys().cloned().collect()
+        self.leases.ids()
+    }
+
+    /// Opens the cluster's replicated journal (over `--cluster-journal-shards` streams, records
+    /// kept for `retention`), writing under this node's leases; `on_fenced` is told each session
+    /// whose write was refused. Once per node.
+    pub async fn open_journal(
+        &self,
+        retention: Duration,
+        on_fenced: Box<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<Arc<Replicated>, ClusterError> {
+        let journal = Replicated::open(
+            self.js.clone(),
+            crate::journal::replicated::Streams {
+                name: crate::journal::replicated::STREAM,
+                shards: self.shards,
+                replicas: self.replicas,
+                retention,
+            },
+            &self.node,
+            Arc::clone(&self.leases),
+            on_fenced,
+        )
+        .await
+        .map_err(|e| ClusterError::with_source("cannot open the replicated journal", e))?;
+        let journal = Arc::new(journal);
+        self.journal
+            .set(Arc::clone(&journal))
+            .map_err(|_| ClusterError::new("the replicated journal is open already"))?;
+        Ok(journal)
+    }
+
+    /// The replicated journal ([`Cluster::open_journal`]).
+    fn journal(&self) -> Result<&Arc<Replicated>, ClusterError> {
+        self.journal
+            .get()
+            .ok_or_else(|| ClusterError::new("cluster mode without its replicated journal"))
     }
 
     /// Whether this node's own heartbeat is known to stand now.
@@ -724,25 +756,26 @@ impl Cluster {
     /// lapse (a pause), the session's key is read again, and a session taken by another node is
     /// let go (false). An error when the key cannot be read (nothing is let go then).
     pub async fn owns(&self, id: &str) -> Result<bool, ClusterError> {
-        let Some((epoch, verified)) = lock(&self.held).get(id).copied() else {
+        let Some(lease) = self.leases.get(id) else {
             return Ok(false);
         };
         let since = *lock(&self.alive_since);
-        if self.alive() && since.is_some_and(|s| verified >= s) {
+        if self.alive() && since.is_some_and(|s| lease.verified() >= s) {
             return Ok(true);
         }
         let checked = Instant::now();
         match self.owner(id).await {
             Ok(Some((owner, _)))
-                if owner.node == self.node && owner.boot == self.boot && owner.epoch == epoch =>
+                if owner.node == self.node
+                    && owner.boot == self.boot
+                    && owner.epoch == lease.epoch() =>
             {
-                if let Some(entry) = lock(&self.held).get_mut(id) {
-                    entry.1 = checked;
-                }
-                Ok(true)
+                lease.verify(checked);
+                Ok(!lease.lost())
             }
             Ok(_) => {
-                self.let_go(id);
+                self.leases.lose_lease(id, &lease);
+                self.metrics.leases(self.leases.len());
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -783,8 +816,9 @@ impl Cluster {
         }
     }
 
-    /// Records a session created here (epoch 1); false if the id is taken.
-    pub async fn register(&self, id: &str) -> Result<u64, ClusterError> {
+    /// Records a session created here: its key names this node at epoch 1, and its journal
+    /// starts under the lease granted for it. An error if the id is taken.
+    pub async fn register(&self, id: &str) -> Result<Arc<Lease>, ClusterError> {
         let owner = Owner {
             node: self.node.clone(),
             boot: self.boot.clone(),
@@ -811,18 +845,21 @@ impl Cluster {
         })
         .await;
         made?;
-        self.hold(id, 1);
-        Ok(1)
+        let journal = self.journal()?;
+        let lease = self.hold(id, 1);
+        journal.start(id, Arc::clone(&lease));
+        Ok(lease)
     }
 
-    /// Takes session `id` over from its dead owner `from` (the key at `revision`): its new
-    /// epoch, or `None` when another node was faster.
+    /// Takes session `id`'s key over from its dead owner `from` (the key at `revision`): the
+    /// lease granted at the new epoch, or `None` when another node was faster. The session is
+    /// this node's once its journal is claimed too ([`Cluster::claim`]).
     pub async fn take_over(
         &self,
         id: &str,
         from: &Owner,
         revision: u64,
-    ) -> Result<Option<u64>, ClusterError> {
+    ) -> Result<Option<Arc<Lease>>, ClusterError> {
         let owner = Owner {
             node: self.node.clone(),
             boot: self.boot.clone(),
@@ -846,27 +883,38 @@ impl Cluster {
         if !taken {
             return Ok(None);
         }
-        self.hold(id, owner.epoch);
-        Ok(Some(owner.epoch))
+        Ok(Some(self.hold(id, owner.epoch)))
     }
 
-    fn hold(&self, id: &str, epoch: u64) {
-        let n = {
-            let mut held = lock(&self.held);
-            held.insert(id.to_string(), (epoch, Instant::now()));
-            held.len()
-        };
-        self.metrics.leases(n);
+    /// Reads session `id`'s journal and claims it under `lease` (from [`Cluster::take_over`]):
+    /// the previous owner can write nothing more.
+    pub async fn claim(&self, id: &str, lease: Arc<Lease>) -> Result<Claimed, JournalError> {
+        let journal = self.journal().map_err(|e| JournalError::Io {
+            file: crate::journal::replicated::STREAM.into(),
+            detail: e.to_string(),
+            source: None,
+        })?;
+        journal.claim(id, lease).await
     }
 
-    /// Stops holding session `id` here (another node took it, or this node closed it).
+    /// The name of the replicated journal's (first) stream.
+    pub fn stream_name(&self) -> &str {
+        self.journal
+            .get()
+            .map_or(crate::journal::replicated::STREAM, |j| j.stream_name())
+    }
+
+    fn hold(&self, id: &str, epoch: u64) -> Arc<Lease> {
+        let lease = self.leases.grant(id, epoch);
+        self.metrics.leases(self.leases.len());
+        lease
+    }
+
+    /// Stops holding session `id` here (another node took it, or this node closed it): its
+    /// lease is lost, and the journal writes nothing more under it.
     pub fn let_go(&self, id: &str) {
-        let n = {
-            let mut held = lock(&self.held);
-            held.remove(id);
-            held.len()
-        };
-        self.metrics.leases(n);
+        self.leases.lose(id);
+        self.metrics.leases(self.leases.len());
     }
 
     /// Gives session `id` back after this node took it over at `epoch` and could not reopen it:

@@ -170,6 +170,8 @@ struct SessionInner {
     policy: Option<Arc<crate::policy::Policy>>,
     /// Every call it answered, for retries.
     answers: Answers,
+    /// In cluster mode, this node's lease on the session ([`Session::hold_lease`]).
+    lease: std::sync::OnceLock<Arc<crate::journal::lease::Lease>>,
 }
 
 /// The calls of a turn registered as running whose answers are not remembered yet (see
@@ -232,8 +234,17 @@ impl Session {
                 own,
                 policy,
                 answers,
+                lease: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// In cluster mode: the session is served under `lease` (granted when it was created here
+    /// or taken over). A turn that ends after the lease was lost (another node took the
+    /// session, or this node fenced itself) is answered [`EngineError::Moved`]: the new owner
+    /// answers its calls' copies. Set once; a later lease is ignored.
+    pub fn hold_lease(&self, lease: Arc<crate::journal::lease::Lease>) {
+        let _ = self.inner.lease.set(lease);
     }
 
     /// The registry view this session's turns are planned with: the engine's, plus its own tools.
@@ -447,11 +458,9 @@ impl Session {
                 }
             }
         }
-        // The answers were written as they came: if one was refused, another node owns the
-        // session now and answers for it.
-        if let Some(replicated) = journal.as_ref().and_then(|j| j.as_replicated())
-            && !replicated.holds(self.id())
-        {
+        // The answers were written as they came: if one was refused (the lease was lost with
+        // it), another node owns the session now and answers for it.
+        if self.inner.lease.get().is_some_and(|lease| lease.lost()) {
             answers.unfinished(&std::mem::take(&mut guard.ids), true);
             return Err(EngineError::Moved(self.id().to_string()));
         }

@@ -29,6 +29,7 @@
 //! ([`replicated`]): one subject per session, every write fenced by the session's last sequence.
 //! This file holds the embedded store and what both share.
 
+pub mod lease;
 mod local;
 mod log;
 pub mod replicated;
@@ -483,14 +484,6 @@ impl Journal {
     pub fn replicated(journal: Arc<replicated::Replicated>) -> Journal {
         Journal {
             backend: Backend::Replicated(journal),
-        }
-    }
-
-    /// The replicated store, in cluster mode.
-    pub fn as_replicated(&self) -> Option<&Arc<replicated::Replicated>> {
-        match &self.backend {
-            Backend::Local(_) => None,
-            Backend::Replicated(r) => Some(r),
         }
     }
 

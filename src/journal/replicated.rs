@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use serde::{Deserialize, Serialize};
 
+use super::lease::{Lease, Leases};
 use super::{CallRecord, FlushCounts, JournalError, Write, now_ms};
 use crate::metrics::JournalMetrics;
 
@@ -55,8 +56,6 @@ const PREFIX: &str = "sbj";
 const CLAIM_TRIES: usize = 5;
 /// How long a read or write is retried while the stream has no leader.
 const SETTLE: Duration = Duration::from_secs(8);
-/// How many moved sessions are remembered (for their refused writes to be told).
-const MOVED_KEPT: usize = 4096;
 /// How long opening the stream is retried at start-up.
 const OPEN_SETTLE: Duration = Duration::from_secs(30);
 /// The header of one part of a message published in parts: `k/n`.
@@ -91,12 +90,13 @@ struct Message {
 /// What this node knows of a session it owns.
 #[derive(Debug, Default)]
 struct State {
+    /// The highest epoch read on the session's subject (a claim must be above it).
     epoch: u64,
     /// Sequence of the last message on the session's subject (0: none).
     last_seq: u64,
     calls: HashMap<String, CallRecord>,
     record: Option<String>,
-    /// Refused once: nothing more is written.
+    /// Its lease was lost and a write was refused for it: told to `on_fenced` once.
     fenced: bool,
     /// When this node last published a snapshot of the session (`None`: never, so its oldest
     /// message may be near the age limit).
@@ -108,13 +108,26 @@ struct State {
 
 type Waiter = tokio::sync::oneshot::Sender<Result<(), JournalError>>;
 
-/// One owned session: its state, and the writes waiting for the next publish.
-#[derive(Debug, Default)]
+/// One owned session: its lease, its state, and the writes waiting for the next publish.
+#[derive(Debug)]
 struct Log {
+    /// Every write is made at this lease's epoch; none once it is lost.
+    lease: Arc<Lease>,
     state: Mutex<State>,
     pending: Mutex<Vec<(Vec<Entry>, Waiter)>>,
     /// Held while a publish is in flight.
     publishing: tokio::sync::Mutex<()>,
+}
+
+impl Log {
+    fn new(lease: Arc<Lease>, state: State) -> Log {
+        Log {
+            lease,
+            state: Mutex::new(state),
+            pending: Mutex::new(Vec::new()),
+            publishing: tokio::sync::Mutex::new(()),
+        }
+    }
 }
 
 /// What happened to the session a claim asked for.
@@ -139,10 +152,11 @@ pub struct Replicated {
     /// This run of the node (in every message id), and the number of its next write.
     run: String,
     writes: std::sync::atomic::AtomicU64,
+    /// The sessions this node wrote or claimed (those whose lease was lost go at the next
+    /// snapshot pass).
     logs: Mutex<HashMap<String, Arc<Log>>>,
-    /// Sessions let go because another node took them over: a later write of this node for
-    /// one of them is a refusal like one the stream makes (told to `on_fenced`).
-    moved: Mutex<std::collections::HashSet<String>>,
+    /// This node's leases (shared with the cluster): the journal writes only under a held one.
+    leases: Arc<Leases>,
     counts: Arc<Mutex<FlushCounts>>,
     metrics: JournalMetrics,
     closed: AtomicBool,
@@ -207,19 +221,35 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The streams a replicated journal is kept in.
+#[derive(Debug, Clone)]
+pub struct Streams<'a> {
+    /// The first stream's name (the others: `name_1`, …).
+    pub name: &'a str,
+    /// How many streams sessions are spread over.
+    pub shards: usize,
+    /// Replicas of each stream.
+    pub replicas: usize,
+    /// How long messages are kept.
+    pub retention: Duration,
+}
+
 impl Replicated {
-    /// Opens (creating if missing) the `shards` streams of the journal named `name` (`name`,
-    /// `name_1`, …), each with `replicas` replicas and messages kept for `retention`, for node
-    /// `node`; `on_fenced` is told each session whose write was refused.
+    /// Opens (creating if missing) the streams of the journal `streams` for node `node`, writing
+    /// under the node's `leases`; `on_fenced` is told each session whose write was refused.
     pub async fn open(
         js: jetstream::Context,
-        name: &str,
-        shards: usize,
-        replicas: usize,
-        retention: Duration,
+        streams: Streams<'_>,
         node: &str,
+        leases: Arc<Leases>,
         on_fenced: Box<dyn Fn(&str) + Send + Sync>,
     ) -> Result<Replicated, JournalError> {
+        let Streams {
+            name,
+            shards,
+            replicas,
+            retention,
+        } = streams;
         let mut streams = Vec::with_capacity(shards.max(1));
         for shard in 0..shards.max(1) {
             let stream_name = shard_stream(name, shard);
@@ -278,7 +308,7 @@ impl Replicated {
             run: format!("{:x}{:x}", now_ms(), std::process::id()),
             writes: std::sync::atomic::AtomicU64::new(0),
             logs: Mutex::new(HashMap::new()),
-            moved: Mutex::new(std::collections::HashSet::new()),
+            leases,
             counts: Arc::new(Mutex::new(FlushCounts::default())),
             metrics: JournalMetrics::new(),
             closed: AtomicBool::new(false),
@@ -324,51 +354,38 @@ impl Replicated {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// Whether this node holds session `id`'s journal (created or claimed here, not fenced).
-    pub fn holds(&self, id: &str) -> bool {
-        lock(&self.logs).contains_key(id)
+    /// The leases this journal writes under (shared with the cluster).
+    pub fn leases(&self) -> &Arc<Leases> {
+        &self.leases
     }
 
-    /// Starts the journal of a session created here at lease epoch `epoch` (its subject must be
+    /// Starts the journal of a session created here under `lease` (epoch 1; its subject must be
     /// empty: the first write is refused otherwise).
-    pub fn start(&self, id: &str, epoch: u64) {
-        let log = Log::default();
-        {
-            let mut state = lock(&log.state);
-            state.epoch = epoch;
-            state.snapshot_at = Some(Instant::now());
-            state.first = true;
-        }
-        lock(&self.logs).insert(id.to_string(), Arc::new(log));
+    pub fn start(&self, id: &str, lease: Arc<Lease>) {
+        let state = State {
+            epoch: lease.epoch(),
+            snapshot_at: Some(Instant::now()),
+            first: true,
+            ..State::default()
+        };
+        lock(&self.logs).insert(id.to_string(), Arc::new(Log::new(lease, state)));
     }
 
-    /// Lets go of session `id` here because another node owns it now (its records stay in the
-    /// stream for the new owner; a later write of this node for it is refused).
-    pub fn release(&self, id: &str) {
-        if lock(&self.logs).remove(id).is_some() {
-            let mut moved = lock(&self.moved);
-            if moved.len() >= MOVED_KEPT {
-                moved.clear();
-            }
-            moved.insert(id.to_string());
-        }
-    }
-
-    /// Gives up a claim of session `id` this node could not use (the session would not reopen
-    /// here): unlike [`Replicated::release`], no other node is known to own it.
-    pub fn abandon(&self, id: &str) {
-        lock(&self.logs).remove(id);
-    }
-
-    /// Reads session `id`'s records and takes it over at lease epoch `epoch`: writes a claim
-    /// message fenced on the last one read, so that the previous owner can write nothing more.
-    /// [`Claimed::Unknown`] when the journal holds no session of that id (never created, or
-    /// closed for good).
-    pub async fn claim(&self, id: &str, epoch: u64) -> Result<Claimed, JournalError> {
+    /// Reads session `id`'s records and takes it over under `lease` (granted at the session's
+    /// new epoch): writes a claim message fenced on the last one read, so that the previous
+    /// owner can write nothing more. [`Claimed::Unknown`] when the journal holds no session of
+    /// that id (never created, or closed for good).
+    pub async fn claim(&self, id: &str, lease: Arc<Lease>) -> Result<Claimed, JournalError> {
         if !valid_id(id) {
             return Ok(Claimed::Unknown);
         }
+        let epoch = lease.epoch();
         for _ in 0..CLAIM_TRIES {
+            if lease.lost() {
+                return Err(JournalError::Fenced {
+                    session: id.to_string(),
+                });
+            }
             let state = self.replay(id).await?;
             let Some(record) = state.record.clone() else {
                 return Ok(Claimed::Unknown);
@@ -388,16 +405,14 @@ impl Replicated {
             let mut seq = state.last_seq;
             match self.publish(id, &message, &mut seq).await {
                 Ok(_) => {
-                    let log = Log::default();
                     // Its older messages may be near the age limit: snapshot it soon.
-                    *lock(&log.state) = State {
+                    let state = State {
                         epoch,
                         last_seq: seq,
                         snapshot_at: None,
                         ..state
                     };
-                    lock(&self.logs).insert(id.to_string(), Arc::new(log));
-                    lock(&self.moved).remove(id);
+                    lock(&self.logs).insert(id.to_string(), Arc::new(Log::new(lease, state)));
                     return Ok(Claimed::Session(record.into_bytes()));
                 }
                 // The old owner wrote meanwhile: read again.
@@ -662,7 +677,11 @@ impl Replicated {
 
     /// The records of calls `ids` of session `id` (from memory).
     pub fn lookup(&self, session: &str, ids: &[&str]) -> Vec<Option<CallRecord>> {
-        let Some(log) = lock(&self.logs).get(session).cloned() else {
+        let Some(log) = lock(&self.logs)
+            .get(session)
+            .filter(|log| !log.lease.lost())
+            .cloned()
+        else {
             return vec![None; ids.len()];
         };
         let state = lock(&log.state);
@@ -720,12 +739,13 @@ impl Replicated {
             session: session.clone(),
         };
         let Some(log) = lock(&self.logs).get(&session).cloned() else {
-            if lock(&self.moved).remove(&session) {
-                tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
-                (self.on_fenced)(&session);
-            }
             return Err(fenced());
         };
+        if log.lease.lost() {
+            // Let go here (another node took it, or this node fenced itself): refused as the
+            // stream would refuse it.
+            return Err(self.refused(&session, &log, fenced()));
+        }
         let forget = entries.iter().any(|e| matches!(e, Entry::Forget));
         let (done, wait) = tokio::sync::oneshot::channel();
         lock(&log.pending).push((entries, done));
@@ -753,9 +773,11 @@ impl Replicated {
 
     /// One publish carrying `batch`; tells each waiter the outcome.
     async fn flush(&self, session: &str, log: &Log, batch: Vec<(Vec<Entry>, Waiter)>) {
-        let (epoch, mut last_seq, fenced, first) = {
+        let epoch = log.lease.epoch();
+        let fenced = log.lease.lost();
+        let (mut last_seq, first) = {
             let s = lock(&log.state);
-            (s.epoch, s.last_seq, s.fenced, s.first)
+            (s.last_seq, s.first)
         };
         let (entries, waiters): (Vec<Vec<Entry>>, Vec<Waiter>) = batch.into_iter().unzip();
         // A new session's first message begins its history.
@@ -803,27 +825,15 @@ impl Replicated {
         }
     }
 
-    /// `e`, after letting session `id` go when it is the stream's refusal (another node
-    /// claimed it).
+    /// `e`, after letting session `id`'s lease go when it is the stream's refusal (another
+    /// node claimed it) or the lease was lost already; the first refusal under a lease is told
+    /// to `on_fenced`, unless this node holds the session again under a newer lease (which an
+    /// old write's refusal must not tear down).
     fn refused(&self, session: &str, log: &Log, e: JournalError) -> JournalError {
         if matches!(e, JournalError::Fenced { .. }) {
+            self.leases.lose_lease(session, &log.lease);
             let first = !std::mem::replace(&mut lock(&log.state).fenced, true);
-            // Only this log: the node may have taken the session back since (a new log), which
-            // an old write's refusal must not tear down.
-            let current = {
-                let mut logs = lock(&self.logs);
-                let current = logs
-                    .get(session)
-                    .is_some_and(|l| std::ptr::eq(Arc::as_ptr(l), log));
-                if current {
-                    logs.remove(session);
-                }
-                current
-            };
-            // Let go of while this write was on its way (the node saw the new owner, or fenced
-            // itself): the refusal is the one a write after that would have met, counted once.
-            let released = !current && lock(&self.moved).remove(session);
-            if first && (current || released) {
+            if first && self.leases.get(session).is_none() {
                 tracing::warn!(session = %session, node = %self.node, "journal: refused, another node owns the session now");
                 (self.on_fenced)(session);
             }
@@ -847,7 +857,7 @@ impl Replicated {
         let cutoff = now_ms().saturating_sub(self.retention.as_millis() as u64);
         let (message, mut last_seq) = {
             let mut s = lock(&log.state);
-            let Some(record) = s.record.clone().filter(|_| !s.fenced) else {
+            let Some(record) = s.record.clone().filter(|_| !log.lease.lost()) else {
                 return Ok(false);
             };
             for call in s.calls.values_mut() {
@@ -866,7 +876,7 @@ impl Replicated {
             }));
             (
                 Message {
-                    epoch: s.epoch,
+                    epoch: log.lease.epoch(),
                     entries,
                 },
                 s.last_seq,
@@ -898,6 +908,9 @@ impl Replicated {
     /// retention (or that has none since this node took it); how many were written.
     pub async fn snapshot_due(&self) -> usize {
         let every = self.snapshot_every();
+        // Sessions whose lease was lost are another node's now (or closed): their records
+        // stay in the stream, not here.
+        lock(&self.logs).retain(|_, log| !log.lease.lost());
         let due: Vec<String> = lock(&self.logs)
             .iter()
             .filter(|(_, log)| {

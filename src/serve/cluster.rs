@@ -215,17 +215,11 @@ async fn decide(
     Err(ApiError::SessionMoved(id.to_string()))
 }
 
-/// Whether session `id` is served here now: open here, its journal still takes this node's
-/// writes (not fenced), and its key names this node. A key that cannot be read is
+/// Whether session `id` is served here now: open here, and this node holds its lease (not lost
+/// to a refused journal write, and its key names this node). A key that cannot be read is
 /// `cluster_unavailable` (the session is not let go for it).
 async fn served_here(app: &App, cluster: &Cluster, id: &str) -> Result<bool, ApiError> {
-    Ok(app.sessions.has(id)
-        && app
-            .engine
-            .journal()
-            .and_then(|j| j.as_replicated())
-            .is_some_and(|r| r.holds(id))
-        && bounded("reading the session's owner", cluster.owns(id)).await?)
+    Ok(app.sessions.has(id) && bounded("reading the session's owner", cluster.owns(id)).await?)
 }
 
 /// What came of taking a session over.
@@ -266,7 +260,7 @@ async fn take_over(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let Some(epoch) = bounded(
+    let Some(lease) = bounded(
         "taking the session over",
         cluster.take_over(id, owner, revision),
     )
@@ -274,15 +268,12 @@ async fn take_over(
     else {
         return Ok(Taken::Elsewhere);
     };
-    let Some(journal) = app.engine.journal().and_then(|j| j.as_replicated()) else {
-        return Err(ApiError::Internal(
-            "cluster mode without its journal".into(),
-        ));
-    };
-    let claimed = match tokio::time::timeout(NATS_WAIT, journal.claim(id, epoch)).await {
+    let epoch = lease.epoch();
+    let claimed = match tokio::time::timeout(NATS_WAIT, cluster.claim(id, Arc::clone(&lease))).await
+    {
         Ok(claimed) => claimed,
         Err(_) => Err(crate::journal::JournalError::Io {
-            file: journal.stream_name().into(),
+            file: cluster.stream_name().into(),
             detail: format!("no answer within {} s", NATS_WAIT.as_secs()),
             source: None,
         }),
@@ -293,9 +284,8 @@ async fn take_over(
                 cluster.metrics().failover();
             }
             tracing::info!(session = %id, from = %owner.node, epoch, "cluster: session taken over");
-            if let Err(e) = app.sessions.adopt(id, &bytes).await {
+            if let Err(e) = app.sessions.adopt(id, &bytes, lease).await {
                 tracing::warn!(session = %id, error = %e.message(), "cluster: a session taken over does not reopen here; released for another node");
-                journal.abandon(id);
                 cluster.release(id, epoch).await;
                 return Ok(Taken::Unopened(ApiError::Internal(format!(
                     "session {id} cannot be reopened on node {}: {}",

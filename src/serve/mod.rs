@@ -350,28 +350,17 @@ impl Server {
                 .await?;
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 fenced = Some(rx);
-                let journal = crate::journal::replicated::Replicated::open(
-                    cluster.jetstream().clone(),
-                    crate::journal::replicated::STREAM,
-                    config.cluster.cluster_journal_shards.max(1),
-                    cluster.replicas(),
-                    match config.cluster.cluster_retention {
-                        r if r.is_zero() => crate::journal::DEFAULT_RETENTION,
-                        r => r,
-                    },
-                    &node,
-                    Box::new(move |id: &str| {
-                        let _ = tx.send(id.to_string());
-                    }),
-                )
-                .await
-                .map_err(|e| {
-                    crate::cluster::ClusterError::with_source(
-                        "cannot open the replicated journal",
-                        e,
+                let journal = cluster
+                    .open_journal(
+                        match config.cluster.cluster_retention {
+                            r if r.is_zero() => crate::journal::DEFAULT_RETENTION,
+                            r => r,
+                        },
+                        Box::new(move |id: &str| {
+                            let _ = tx.send(id.to_string());
+                        }),
                     )
-                })?;
-                let journal = Arc::new(journal);
+                    .await?;
                 journal.spawn_snapshots();
                 builder = builder.journal_store(crate::journal::Journal::replicated(journal));
                 Some(Arc::new(cluster))

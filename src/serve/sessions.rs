@@ -588,11 +588,9 @@ impl SessionTable {
                 (Arc::clone(&session.share), session.share_size),
             );
         }
+        // Its lease is lost: the journal writes nothing more for it here.
         if let Some(cluster) = &self.cluster {
             cluster.let_go(id);
-        }
-        if let Some(r) = self.engine.journal().and_then(|j| j.as_replicated()) {
-            r.release(id);
         }
     }
 
@@ -610,10 +608,15 @@ impl SessionTable {
         busy
     }
 
-    /// Reopens session `id`, taken over from another node, from its journal record `bytes`.
-    /// A session whose workspace directory is missing here is kept as lost: its calls are
-    /// answered `workspace_lost`, and nothing runs in an empty directory in its place.
-    pub async fn adopt(&self, id: &str, bytes: &[u8]) -> Result<(), ApiError> {
+    /// Reopens session `id`, taken over from another node under `lease`, from its journal
+    /// record `bytes`. A session whose workspace directory is missing here is kept as lost: its
+    /// calls are answered `workspace_lost`, and nothing runs in an empty directory in its place.
+    pub async fn adopt(
+        &self,
+        id: &str,
+        bytes: &[u8],
+        lease: Arc<crate::journal::lease::Lease>,
+    ) -> Result<(), ApiError> {
         let p = serde_json::from_slice::<Persisted>(bytes).map_err(|e| {
             ApiError::Internal(format!(
                 "session {id}: its journal record does not decode: {e}"
@@ -634,6 +637,7 @@ impl SessionTable {
             .await?;
         let names: Vec<Arc<str>> = p.revealed.iter().map(|n| Arc::from(n.as_str())).collect();
         http.session.restore_revealed(&names);
+        http.session.hold_lease(lease);
         Ok(())
     }
 
@@ -705,14 +709,10 @@ impl SessionTable {
                 let _ = std::fs::remove_dir(&http.workspace);
             }
         };
-        // Cluster mode: the lease first (epoch 1), then the session's journal at that epoch.
+        // Cluster mode: the lease first (epoch 1), and the session's journal under it.
         if let Some(cluster) = &self.cluster {
             match cluster.register(&http.id).await {
-                Ok(epoch) => {
-                    if let Some(r) = self.engine.journal().and_then(|j| j.as_replicated()) {
-                        r.start(&http.id, epoch);
-                    }
-                }
+                Ok(lease) => http.session.hold_lease(lease),
                 Err(e) => {
                     let _ = lock(&self.sessions).remove(&http.id);
                     unmade();
