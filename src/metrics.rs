@@ -100,6 +100,12 @@ pub const JOURNAL_RECORDS_PER_FLUSH: &str = "switchboard_journal_records_per_flu
 pub const JOURNAL_FLUSH_SECONDS: &str = "switchboard_journal_flush_seconds";
 /// How long one journal checkpoint took (the log's records into the journal file).
 pub const JOURNAL_CHECKPOINT_SECONDS: &str = "switchboard_journal_checkpoint_seconds";
+/// Cluster mode: bytes of answered calls' records the node's journal keeps in memory (bounded
+/// per session and by `--cluster-journal-memory`).
+pub const JOURNAL_MEMORY_BYTES: &str = "switchboard_journal_memory_bytes";
+/// Cluster mode: reads of a session's records from the stream for calls the node let go of from
+/// memory.
+pub const JOURNAL_STREAM_READS_TOTAL: &str = "switchboard_journal_stream_reads_total";
 /// 1 while the call journal can record calls, 0 while it is failing (a full disk, its file
 /// removed).
 pub const JOURNAL_HEALTHY: &str = "switchboard_journal_healthy";
@@ -568,6 +574,39 @@ impl JournalMetrics {
         self.flushes.increment(1);
         self.records.record(records as f64);
         self.seconds.record(elapsed);
+    }
+}
+
+/// Handles of the cluster journal's memory metrics.
+#[derive(Debug, Clone)]
+pub struct ReplicatedMetrics {
+    memory: Gauge,
+    stream_reads: Counter,
+}
+
+impl ReplicatedMetrics {
+    /// Handles from the recorder installed now.
+    pub fn new() -> Self {
+        ReplicatedMetrics {
+            memory: gauge!(JOURNAL_MEMORY_BYTES),
+            stream_reads: zeroed(counter!(JOURNAL_STREAM_READS_TOTAL)),
+        }
+    }
+
+    /// The journal keeps `bytes` of answered records in memory now.
+    pub fn memory(&self, bytes: usize) {
+        self.memory.set(bytes as f64);
+    }
+
+    /// A session's records were read from the stream for calls let go of from memory.
+    pub fn stream_read(&self) {
+        self.stream_reads.increment(1);
+    }
+}
+
+impl Default for ReplicatedMetrics {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -32,6 +32,9 @@ use crate::metrics::{ClusterMetrics, ForwardOutcome};
 
 /// The header a relayed request carries at its owner (the node it came through).
 pub const FORWARDED_HEADER: HeaderName = HeaderName::from_static("switchboard-forwarded-by");
+/// The header of a relayed request's answer whose node does not (or no longer) serve the session
+/// (`session_moved`): the relaying node routes the request again, and drops the header.
+pub const MOVED_HEADER: HeaderName = HeaderName::from_static("switchboard-moved");
 /// How long a forwarding node waits without any message from the owner before it gives up.
 pub const SILENCE: Duration = Duration::from_secs(5);
 /// How often an owner says it is still working on an answer.

@@ -84,6 +84,11 @@ pub struct ClusterArgs {
     /// cluster must use the same number (a node with another refuses to start).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64).map(|n| n as usize), requires = "cluster")]
     pub cluster_journal_shards: usize,
+    /// MiB of answered calls' records this node's journal keeps in memory over all its sessions
+    /// (each session at most 1,024 answers and 8 MiB); older ones are read back from the
+    /// stream when a retry asks for them. 0 keeps none (every such retry reads the stream).
+    #[arg(long, value_name = "MIB", default_value_t = 256, requires = "cluster")]
+    pub cluster_journal_memory: usize,
     /// NATS credentials file (`.creds`: a user JWT and its NKey seed).
     #[arg(long, value_name = "FILE", requires = "cluster")]
     pub cluster_creds: Option<PathBuf>,
@@ -147,6 +152,9 @@ pub struct Load {
     /// At the session limit.
     pub full: bool,
 }
+
+/// How many recent routes a node keeps ([`Cluster::recent_route`]); all are dropped when full.
+const ROUTES_KEPT: usize = 16_384;
 
 /// Where a request for a session should go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,6 +291,8 @@ pub struct Cluster {
     token: String,
     /// Its `--cluster-journal-shards`.
     shards: usize,
+    /// Its `--cluster-journal-memory`, in bytes.
+    journal_memory: usize,
     ttl: Duration,
     replicas: usize,
     draining: AtomicBool,
@@ -290,6 +300,11 @@ pub struct Cluster {
     leases: Arc<Leases>,
     /// The replicated journal, once opened ([`Cluster::open_journal`]).
     journal: std::sync::OnceLock<Arc<Replicated>>,
+    /// Where requests for sessions other nodes own were relayed lately: session → (owner's
+    /// node, when read). A relay through it skips reading the owner's key and heartbeat; an
+    /// owner that no longer has the session says so (and the entry goes), one that is gone has
+    /// no responder (and the entry goes); entries older than the lease TTL are read again.
+    routes: Mutex<HashMap<String, (String, Instant)>>,
     /// Until when this node's heartbeat is known to stand (its last successful put + TTL).
     alive_until: Mutex<Option<Instant>>,
     /// When the current unbroken run of heartbeats began: a session last known to be owned
@@ -489,11 +504,13 @@ impl Cluster {
             http: http.to_string(),
             token: token.to_string(),
             shards: args.cluster_journal_shards.max(1),
+            journal_memory: args.cluster_journal_memory.saturating_mul(1 << 20),
             ttl,
             replicas: args.cluster_replicas,
             draining: AtomicBool::new(false),
             leases: Arc::new(Leases::new()),
             journal: std::sync::OnceLock::new(),
+            routes: Mutex::new(HashMap::new()),
             alive_until: Mutex::new(None),
             alive_since: Mutex::new(None),
             taking: Arc::new(Mutex::new(HashMap::new())),
@@ -732,7 +749,8 @@ impl Cluster {
             on_fenced,
         )
         .await
-        .map_err(|e| ClusterError::with_source("cannot open the replicated journal", e))?;
+        .map_err(|e| ClusterError::with_source("cannot open the replicated journal", e))?
+        .memory_budget(self.journal_memory);
         let journal = Arc::new(journal);
         self.journal
             .set(Arc::clone(&journal))
@@ -811,9 +829,37 @@ impl Cluster {
             return Ok(Route::Orphan(owner, revision));
         }
         match self.node_info(&owner.node).await? {
-            Some(info) if info.boot == owner.boot => Ok(Route::There(owner)),
+            Some(info) if info.boot == owner.boot => {
+                let mut routes = lock(&self.routes);
+                if routes.len() >= ROUTES_KEPT {
+                    routes.clear();
+                }
+                routes.insert(id.to_string(), (owner.node.clone(), Instant::now()));
+                Ok(Route::There(owner))
+            }
             _ => Ok(Route::Orphan(owner, revision)),
         }
+    }
+
+    /// The node a request for session `id` was relayed to lately (within the lease TTL), if
+    /// any: see [`Cluster::route`]. A relay through it that the node refuses as not its
+    /// session, or that finds no node listening, forgets it ([`Cluster::forget_route`]) and
+    /// routes again.
+    pub fn recent_route(&self, id: &str) -> Option<String> {
+        let mut routes = lock(&self.routes);
+        match routes.get(id) {
+            Some((node, at)) if at.elapsed() < self.ttl => Some(node.clone()),
+            Some(_) => {
+                routes.remove(id);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Forgets where session `id`'s requests were relayed ([`Cluster::recent_route`]).
+    pub fn forget_route(&self, id: &str) {
+        lock(&self.routes).remove(id);
     }
 
     /// Records a session created here: its key names this node at epoch 1, and its journal

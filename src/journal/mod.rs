@@ -565,7 +565,7 @@ impl Journal {
     ) -> Result<Vec<Option<CallRecord>>, JournalError> {
         let inner = match &self.backend {
             Backend::Local(inner) => inner,
-            Backend::Replicated(r) => return Ok(r.lookup(session, ids)),
+            Backend::Replicated(r) => return r.lookup(session, ids).await,
         };
         let keys: Vec<String> = ids.iter().map(|id| call_key(session, id)).collect();
         let held: Vec<usize> = (0..keys.len())

@@ -45,8 +45,8 @@ use async_nats::jetstream;
 use serde::{Deserialize, Serialize};
 
 use super::lease::{Lease, Leases};
-use super::{CallRecord, FlushCounts, JournalError, Write, now_ms};
-use crate::metrics::JournalMetrics;
+use super::{CallRecord, FlushCounts, JournalError, StoredBlock, Write, now_ms};
+use crate::metrics::{JournalMetrics, ReplicatedMetrics};
 
 /// Default stream name.
 pub const STREAM: &str = "SWITCHBOARD_JOURNAL";
@@ -87,6 +87,151 @@ struct Message {
     entries: Vec<Entry>,
 }
 
+/// Answered calls' records one session keeps in memory, at most (beyond, the oldest are read
+/// back from the stream when asked for).
+const SESSION_ANSWERS: usize = 1024;
+/// Bytes of answered calls' records one session keeps in memory, at most.
+const SESSION_BYTES: usize = 8 << 20;
+/// Bytes of answered records a node's journal keeps in memory by default (`--cluster-journal-memory`).
+pub const DEFAULT_MEMORY: usize = 256 << 20;
+/// What a record costs in memory beyond its strings (map entry, allocations), roughly.
+const RECORD_OVERHEAD: usize = 160;
+
+/// The memory a record of call `id` takes, roughly.
+fn record_bytes(id: &str, record: &CallRecord) -> usize {
+    let answer = record.answer.as_ref().map_or(0, |a| {
+        a.id.len()
+            + a.tool.len()
+            + a.content.len()
+            + a.error.as_ref().map_or(0, String::len)
+            + a.blocks.as_ref().map_or(0, |blocks| {
+                blocks
+                    .iter()
+                    .map(|b| match b {
+                        StoredBlock::Text(t) => t.len(),
+                        StoredBlock::Image(m, d) | StoredBlock::ToolReference(m, d) => {
+                            m.len() + d.len()
+                        }
+                    })
+                    .sum()
+            })
+    });
+    RECORD_OVERHEAD
+        + id.len()
+        + record.tool.len()
+        + record.digest.len()
+        + record.effect.len()
+        + answer
+}
+
+/// The 64-bit hash an id let go of is remembered by.
+fn id_hash(id: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::quality::FixedState::with_seed(0x1d5).build_hasher();
+    h.write(id.as_bytes());
+    h.finish()
+}
+
+/// A session's call records in memory: every intent, answers up to a bound (per session, and the
+/// node's [`Replicated::open`] budget over all sessions), and the hashes of the ids whose
+/// records were let go of — those are read from the stream when asked for.
+#[derive(Debug, Default)]
+struct Calls {
+    map: HashMap<String, CallRecord>,
+    /// How many records of `map` are answered (or tombstones), and their bytes.
+    answered: usize,
+    bytes: usize,
+    /// Ids (hashed) whose answered records are in the stream only.
+    evicted: std::collections::HashSet<u64>,
+}
+
+impl Calls {
+    fn get(&self, id: &str) -> Option<&CallRecord> {
+        self.map.get(id)
+    }
+
+    /// Whether call `id`'s record may be in the stream though not here.
+    fn let_go_of(&self, id: &str) -> bool {
+        !self.evicted.is_empty() && self.evicted.contains(&id_hash(id))
+    }
+
+    fn account(&mut self, id: &str, record: &CallRecord, add: bool) {
+        if record.answer.is_none() && record.dropped.is_none() {
+            return;
+        }
+        let bytes = record_bytes(id, record);
+        if add {
+            self.answered += 1;
+            self.bytes += bytes;
+        } else {
+            self.answered -= 1;
+            self.bytes -= bytes;
+        }
+    }
+
+    fn insert(&mut self, id: String, record: CallRecord) {
+        self.account(&id, &record, true);
+        if !self.evicted.is_empty() {
+            self.evicted.remove(&id_hash(&id));
+        }
+        if let Some(old) = self.map.insert(id.clone(), record) {
+            self.account(&id, &old, false);
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Calls::default();
+    }
+
+    /// Turns the answers older than `cutoff` (journal clock) into tombstones.
+    fn tombstone_older_than(&mut self, cutoff: u64) {
+        let old: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(_, r)| r.at_ms < cutoff && r.answer.is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in old {
+            if let Some(tomb) = self.map.get(&id).and_then(CallRecord::tombstone) {
+                self.insert(id, tomb);
+            }
+        }
+    }
+
+    /// Lets go of the oldest answered records until at most `answers` and `bytes` are left;
+    /// the bytes let go of.
+    fn shed(&mut self, answers: usize, bytes: usize) -> usize {
+        if self.answered <= answers && self.bytes <= bytes {
+            return 0;
+        }
+        let mut done: Vec<(u64, String)> = self
+            .map
+            .iter()
+            .filter(|(_, r)| r.answer.is_some() || r.dropped.is_some())
+            .map(|(id, r)| (r.at_ms, id.clone()))
+            .collect();
+        done.sort_unstable();
+        let before = self.bytes;
+        for (_, id) in done {
+            if self.answered <= answers && self.bytes <= bytes {
+                break;
+            }
+            if let Some(record) = self.map.remove(&id) {
+                self.account(&id, &record, false);
+                self.evicted.insert(id_hash(&id));
+            }
+        }
+        before - self.bytes
+    }
+
+    /// Holds the per-session bound, letting go down to three quarters of it when over.
+    fn bound(&mut self) {
+        if self.answered > SESSION_ANSWERS || self.bytes > SESSION_BYTES {
+            self.shed(SESSION_ANSWERS / 4 * 3, SESSION_BYTES / 4 * 3);
+        }
+    }
+}
+
 /// What this node knows of a session it owns.
 #[derive(Debug, Default)]
 struct State {
@@ -94,7 +239,7 @@ struct State {
     epoch: u64,
     /// Sequence of the last message on the session's subject (0: none).
     last_seq: u64,
-    calls: HashMap<String, CallRecord>,
+    calls: Calls,
     record: Option<String>,
     /// Its lease was lost and a write was refused for it: told to `on_fenced` once.
     fenced: bool,
@@ -157,6 +302,11 @@ pub struct Replicated {
     logs: Mutex<HashMap<String, Arc<Log>>>,
     /// This node's leases (shared with the cluster): the journal writes only under a held one.
     leases: Arc<Leases>,
+    /// Bytes of answered records all sessions may keep in memory ([`Replicated::memory_budget`]),
+    /// and about how many they keep (exact after each time the budget was exceeded).
+    memory_budget: usize,
+    memory: std::sync::atomic::AtomicUsize,
+    replicated_metrics: ReplicatedMetrics,
     counts: Arc<Mutex<FlushCounts>>,
     metrics: JournalMetrics,
     closed: AtomicBool,
@@ -309,6 +459,9 @@ impl Replicated {
             writes: std::sync::atomic::AtomicU64::new(0),
             logs: Mutex::new(HashMap::new()),
             leases,
+            memory_budget: DEFAULT_MEMORY,
+            memory: std::sync::atomic::AtomicUsize::new(0),
+            replicated_metrics: ReplicatedMetrics::new(),
             counts: Arc::new(Mutex::new(FlushCounts::default())),
             metrics: JournalMetrics::new(),
             closed: AtomicBool::new(false),
@@ -352,6 +505,14 @@ impl Replicated {
 
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+    }
+
+    /// The same journal, keeping at most `bytes` of answered calls' records in memory over all
+    /// the sessions it holds (each session at most 1,024 of them and 8 MiB); the others are
+    /// read back from the stream when a call's copy asks for them.
+    pub fn memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
+        self
     }
 
     /// The leases this journal writes under (shared with the cluster).
@@ -406,13 +567,16 @@ impl Replicated {
             match self.publish(id, &message, &mut seq).await {
                 Ok(_) => {
                     // Its older messages may be near the age limit: snapshot it soon.
-                    let state = State {
+                    let mut state = State {
                         epoch,
                         last_seq: seq,
                         snapshot_at: None,
                         ..state
                     };
+                    state.calls.bound();
+                    let bytes = state.calls.bytes;
                     lock(&self.logs).insert(id.to_string(), Arc::new(Log::new(lease, state)));
+                    self.grew(bytes as isize);
                     return Ok(Claimed::Session(record.into_bytes()));
                 }
                 // The old owner wrote meanwhile: read again.
@@ -675,17 +839,69 @@ impl Replicated {
         }
     }
 
-    /// The records of calls `ids` of session `id` (from memory).
-    pub fn lookup(&self, session: &str, ids: &[&str]) -> Vec<Option<CallRecord>> {
+    /// The records of calls `ids` of session `id`: from memory, or read from the stream for
+    /// those this node let go of from memory.
+    pub async fn lookup(
+        &self,
+        session: &str,
+        ids: &[&str],
+    ) -> Result<Vec<Option<CallRecord>>, JournalError> {
         let Some(log) = lock(&self.logs)
             .get(session)
             .filter(|log| !log.lease.lost())
             .cloned()
         else {
-            return vec![None; ids.len()];
+            return Ok(vec![None; ids.len()]);
         };
-        let state = lock(&log.state);
-        ids.iter().map(|id| state.calls.get(*id).cloned()).collect()
+        let (mut out, missing) = {
+            let state = lock(&log.state);
+            let out: Vec<Option<CallRecord>> =
+                ids.iter().map(|id| state.calls.get(id).cloned()).collect();
+            let missing: Vec<usize> = (0..ids.len())
+                .filter(|&i| out[i].is_none() && state.calls.let_go_of(ids[i]))
+                .collect();
+            (out, missing)
+        };
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        self.replicated_metrics.stream_read();
+        let stored = self.replay(session).await?;
+        for i in missing {
+            out[i] = stored.calls.get(ids[i]).cloned();
+        }
+        Ok(out)
+    }
+
+    /// Counts `bytes` more of answers in memory; over the node's budget, sessions let go of
+    /// their answered records (the oldest first within each) until the node is at three
+    /// quarters of it.
+    fn grew(&self, bytes: isize) {
+        let total = match self
+            .memory
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| {
+                Some(m.saturating_add_signed(bytes))
+            }) {
+            Ok(before) | Err(before) => before.saturating_add_signed(bytes),
+        };
+        if total <= self.memory_budget {
+            self.replicated_metrics.memory(total);
+            return;
+        }
+        let logs: Vec<Arc<Log>> = lock(&self.logs).values().cloned().collect();
+        let mut exact: usize = logs.iter().map(|l| lock(&l.state).calls.bytes).sum();
+        let target = self.memory_budget / 4 * 3;
+        for log in &logs {
+            if exact <= target {
+                break;
+            }
+            let mut s = lock(&log.state);
+            let over = exact - target;
+            let keep = s.calls.bytes.saturating_sub(over);
+            exact -= s.calls.shed(usize::MAX, keep);
+        }
+        self.memory.store(exact, Ordering::Release);
+        self.replicated_metrics.memory(exact);
     }
 
     /// Makes `writes` durable: one fenced publish per session, each carrying every write of that
@@ -800,22 +1016,28 @@ impl Replicated {
         };
         let outcome = match outcome {
             Ok(_) => {
-                let mut s = lock(&log.state);
-                s.first = false;
-                for entry in message.entries {
-                    match entry {
-                        Entry::Call { id, record } => {
-                            s.calls.insert(id, *record);
+                let grew = {
+                    let mut s = lock(&log.state);
+                    s.first = false;
+                    let before = s.calls.bytes;
+                    for entry in message.entries {
+                        match entry {
+                            Entry::Call { id, record } => {
+                                s.calls.insert(id, *record);
+                            }
+                            Entry::Session { record } => s.record = Some(record),
+                            // Closed for good: nothing is left to snapshot.
+                            Entry::Forget => {
+                                s.calls.clear();
+                                s.record = None;
+                            }
+                            Entry::Claim { .. } | Entry::Snapshot => {}
                         }
-                        Entry::Session { record } => s.record = Some(record),
-                        // Closed for good: nothing is left to snapshot.
-                        Entry::Forget => {
-                            s.calls.clear();
-                            s.record = None;
-                        }
-                        Entry::Claim { .. } | Entry::Snapshot => {}
                     }
-                }
+                    s.calls.bound();
+                    s.calls.bytes as isize - before as isize
+                };
+                self.grew(grew);
                 Ok(())
             }
             Err(e) => Err(self.refused(session, log, e)),
@@ -855,32 +1077,49 @@ impl Replicated {
         };
         let _publishing = log.publishing.lock().await;
         let cutoff = now_ms().saturating_sub(self.retention.as_millis() as u64);
-        let (message, mut last_seq) = {
+        // The records this node let go of from memory are in the stream: a snapshot holds them
+        // too, read while no write of this node can come between (the publish lock is held).
+        // Records let go of after that read (the node's budget, for another session's write)
+        // were published before it, so the read holds them.
+        let mut stored: Option<Calls> = None;
+        let (message, mut last_seq) = loop {
+            if stored.is_none() && !lock(&log.state).calls.evicted.is_empty() {
+                stored = Some(self.replay(id).await?.calls);
+            }
             let mut s = lock(&log.state);
+            if stored.is_none() && !s.calls.evicted.is_empty() {
+                continue;
+            }
             let Some(record) = s.record.clone().filter(|_| !log.lease.lost()) else {
                 return Ok(false);
             };
-            for call in s.calls.values_mut() {
-                if call.at_ms < cutoff
-                    && let Some(tomb) = call.tombstone()
-                {
-                    *call = tomb;
-                }
-            }
-            let mut entries = Vec::with_capacity(s.calls.len() + 2);
+            s.calls.tombstone_older_than(cutoff);
+            let mut entries = Vec::with_capacity(s.calls.map.len() + 2);
             entries.push(Entry::Snapshot);
             entries.push(Entry::Session { record });
-            entries.extend(s.calls.iter().map(|(id, record)| Entry::Call {
+            entries.extend(s.calls.map.iter().map(|(id, record)| Entry::Call {
                 id: id.clone(),
                 record: Box::new(record.clone()),
             }));
-            (
+            if let Some(stored) = stored.as_mut() {
+                stored.tombstone_older_than(cutoff);
+                entries.extend(
+                    std::mem::take(&mut stored.map)
+                        .into_iter()
+                        .filter(|(id, _)| !s.calls.map.contains_key(id) && s.calls.let_go_of(id))
+                        .map(|(id, record)| Entry::Call {
+                            id,
+                            record: Box::new(record),
+                        }),
+                );
+            }
+            break (
                 Message {
                     epoch: log.lease.epoch(),
                     entries,
                 },
                 s.last_seq,
-            )
+            );
         };
         let outcome = self.publish(id, &message, &mut last_seq).await;
         {
@@ -910,7 +1149,17 @@ impl Replicated {
         let every = self.snapshot_every();
         // Sessions whose lease was lost are another node's now (or closed): their records
         // stay in the stream, not here.
-        lock(&self.logs).retain(|_, log| !log.lease.lost());
+        let mut freed = 0;
+        lock(&self.logs).retain(|_, log| {
+            let keep = !log.lease.lost();
+            if !keep {
+                freed += lock(&log.state).calls.bytes;
+            }
+            keep
+        });
+        if freed > 0 {
+            self.grew(-(freed as isize));
+        }
         let due: Vec<String> = lock(&self.logs)
             .iter()
             .filter(|(_, log)| {
@@ -967,6 +1216,86 @@ fn parse_part(text: &str) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answered(at_ms: u64, content: &str) -> CallRecord {
+        CallRecord {
+            tool: "bash".into(),
+            digest: "d".repeat(64),
+            effect: "side_effect".into(),
+            at_ms,
+            answer: Some(crate::journal::StoredAnswer {
+                id: String::new(),
+                tool: "bash".into(),
+                content: content.into(),
+                blocks: None,
+                error: None,
+                queued_ns: 0,
+                run_ns: 0,
+                ran: true,
+            }),
+            dropped: None,
+        }
+    }
+
+    fn intent(at_ms: u64) -> CallRecord {
+        CallRecord {
+            answer: None,
+            ..answered(at_ms, "")
+        }
+    }
+
+    #[test]
+    fn a_sessions_records_in_memory_are_bounded_and_the_oldest_answers_go_first() {
+        let mut calls = Calls::default();
+        for i in 0..(SESSION_ANSWERS as u64 + 1) {
+            calls.insert(format!("c{i}"), intent(i));
+        }
+        assert_eq!(calls.answered, 0, "intents are not answers");
+        for i in 0..(SESSION_ANSWERS as u64 + 1) {
+            calls.insert(format!("c{i}"), answered(i, "x"));
+        }
+        assert_eq!(calls.answered, SESSION_ANSWERS + 1);
+        calls.bound();
+        assert_eq!(calls.answered, SESSION_ANSWERS / 4 * 3);
+        // The oldest went: in the stream only, and known to be there.
+        assert!(calls.get("c0").is_none());
+        assert!(calls.let_go_of("c0"));
+        assert!(calls.get(&format!("c{SESSION_ANSWERS}")).is_some());
+        assert!(!calls.let_go_of(&format!("c{SESSION_ANSWERS}")));
+        assert!(
+            !calls.let_go_of("never-seen"),
+            "a new call is not looked for in the stream"
+        );
+        // Bytes bound too: one large answer past 8 MiB lets the older ones go.
+        let mut calls = Calls::default();
+        calls.insert("small".into(), answered(1, "x"));
+        calls.insert("large".into(), answered(2, &"y".repeat(SESSION_BYTES)));
+        calls.bound();
+        assert!(calls.get("small").is_none() && calls.let_go_of("small"));
+        assert!(calls.bytes <= record_bytes("large", &answered(2, &"y".repeat(SESSION_BYTES))));
+    }
+
+    #[test]
+    fn records_in_memory_are_counted_as_they_change() {
+        let mut calls = Calls::default();
+        calls.insert("a".into(), intent(1));
+        assert_eq!((calls.answered, calls.bytes), (0, 0));
+        calls.insert("a".into(), answered(2, "hello"));
+        let one = record_bytes("a", &answered(2, "hello"));
+        assert_eq!((calls.answered, calls.bytes), (1, one));
+        calls.tombstone_older_than(3);
+        let tomb = answered(2, "hello").tombstone().unwrap();
+        assert_eq!((calls.answered, calls.bytes), (1, record_bytes("a", &tomb)));
+        assert!(calls.get("a").unwrap().answer.is_none());
+        assert_eq!(calls.shed(0, 0), record_bytes("a", &tomb));
+        assert_eq!((calls.answered, calls.bytes), (0, 0));
+        assert!(calls.let_go_of("a"));
+        // Written again (its id re-read from the stream and recorded anew): in memory again.
+        calls.insert("a".into(), answered(4, "again"));
+        assert!(!calls.let_go_of("a"));
+        calls.clear();
+        assert!(calls.map.is_empty() && calls.evicted.is_empty() && calls.bytes == 0);
+    }
 
     #[test]
     fn only_plain_ids_become_subjects() {

@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::app::{App, json_response};
 use super::errors::{ApiError, Moved};
-use crate::cluster::forward::{self, FORWARDED_HEADER, Unreachable};
+use crate::cluster::forward::{self, FORWARDED_HEADER, MOVED_HEADER, Unreachable};
 use crate::cluster::{Cluster, Route};
 
 /// How many times a request is routed before the node gives up (the owner changed under it each
@@ -68,7 +68,8 @@ fn session_of(path: &str) -> Option<&str> {
 /// What to do with a request for a session.
 enum Decision {
     Here,
-    There(String),
+    /// Relay it to this node (`true`: a route used lately, not read again from the buckets).
+    There(String, bool),
 }
 
 /// Middleware of the `/v1` routes in cluster mode.
@@ -89,23 +90,33 @@ pub async fn route(State(app): State<Arc<App>>, request: Request, next: Next) ->
         Ok(text) => axum::body::Bytes::from(text),
         Err(e) => return e.into_response(),
     };
+    // A relayed request the session's owner no longer serves says so to the relaying node,
+    // which routes it again.
+    let answer = |mut response: Response| {
+        if relayed && response.extensions().get::<Moved>().is_some() {
+            response
+                .headers_mut()
+                .insert(MOVED_HEADER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
+    };
     let mut last = None;
     for _ in 0..ROUTE_TRIES {
         let decision = match decide(&app, &cluster, &id, relayed).await {
             Ok(d) => d,
-            Err(e) => return e.into_response(),
+            Err(e) => return answer(e.into_response()),
         };
         match decision {
             Decision::Here => {
                 let request = Request::from_parts(parts.clone(), Body::from(body.clone()));
                 let response = next.clone().run(request).await;
                 if response.extensions().get::<Moved>().is_none() || relayed {
-                    return response;
+                    return answer(response);
                 }
                 // Taken over while the turn ran here: the new owner answers it.
                 last = Some(response);
             }
-            Decision::There(node) => {
+            Decision::There(node, recent) => {
                 match forward::forward(
                     cluster.client(),
                     &node,
@@ -115,11 +126,23 @@ pub async fn route(State(app): State<Arc<App>>, request: Request, next: Next) ->
                 )
                 .await
                 {
+                    Ok(mut response) if response.headers().contains_key(&MOVED_HEADER) => {
+                        // Not (or no longer) that node's session: routed again from its key.
+                        cluster.forget_route(&id);
+                        response.headers_mut().remove(&MOVED_HEADER);
+                        last = Some(response);
+                    }
                     Ok(response) => return response,
                     Err(Unreachable::TooLarge(limit)) => {
                         return ApiError::PayloadTooLarge(limit).into_response();
                     }
+                    Err(Unreachable::NoResponders) if recent => {
+                        // The node of a route used lately is gone: nothing was answered, so
+                        // the request is routed again from the session's key.
+                        cluster.forget_route(&id);
+                    }
                     Err(why) => {
+                        cluster.forget_route(&id);
                         return ApiError::NodeUnreachable(
                             format!("node {node}: {why:?}"),
                             cluster.ttl().as_secs().max(1),
@@ -160,6 +183,9 @@ async fn decide(
         // Its lease lapsed while this node was away, and another node took it.
         app.sessions.drop_local(id);
     }
+    if !relayed && let Some(node) = cluster.recent_route(id) {
+        return Ok(Decision::There(node, true));
+    }
     for _ in 0..ROUTE_TRIES {
         match bounded("reading the session's owner", cluster.route(id)).await? {
             Route::Unknown => return Ok(Decision::Here),
@@ -188,7 +214,7 @@ async fn decide(
                     // Relayed here, but another node owns it: the relaying node routes again.
                     return Err(ApiError::SessionMoved(id.to_string()));
                 }
-                return Ok(Decision::There(owner.node));
+                return Ok(Decision::There(owner.node, false));
             }
             Route::Orphan(owner, revision) => {
                 // A node without room does not take it over (its reopen would fail and leave the
@@ -197,7 +223,7 @@ async fn decide(
                     && let Some(target) =
                         bounded("reading the live nodes", cluster.placement(true)).await?
                 {
-                    return Ok(Decision::There(target.node));
+                    return Ok(Decision::There(target.node, false));
                 }
                 let _taking = cluster.taking_over(id).await;
                 if served_here(app, cluster, id).await? {
@@ -236,7 +262,7 @@ enum Taken {
 /// goes to another live node with room, which takes it over; `why` when there is none.
 async fn elsewhere(cluster: &Cluster, why: ApiError) -> Result<Decision, ApiError> {
     match bounded("reading the live nodes", cluster.placement(true)).await? {
-        Some(target) => Ok(Decision::There(target.node)),
+        Some(target) => Ok(Decision::There(target.node, false)),
         None => Err(why),
     }
 }

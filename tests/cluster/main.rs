@@ -1193,6 +1193,90 @@ async fn sigterm_hands_a_nodes_sessions_over_at_once_not_after_the_lease_ttl() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_relayed_to_an_owner_now_gone_follows_the_session_on_the_first_try() {
+    let Some(_) = nats::nats_or_skip() else {
+        return;
+    };
+    // A TTL longer than the test: a relaying node's memory of where it relayed lately stays
+    // valid throughout, so only its handling of a gone owner can send the turn on in time.
+    let nats = nats::NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let start = |name: &str| start_node_with(&nats.urls(), name, root.path(), "120s", "1");
+    let mut a = start("a");
+    let b = start("b");
+    let nc = start("c");
+    let c = client();
+    let (id, _) = session_on(&c, &a).await;
+    // Relayed through b to a: b remembers a as the session's node.
+    let first = bash_on(&c, &b, &id, "t1", "g1", "echo on a").await;
+    assert_eq!(results(&first)[0]["content"], "on a", "{}", first.text);
+    let _ = Command::new("kill")
+        .args(["-TERM", &a.pid().to_string()])
+        .status();
+    assert!(a.child.wait().unwrap().success(), "a clean exit");
+    // c takes the session over (a gave its lease up on the way out).
+    let second = bash_on(&c, &nc, &id, "t2", "g2", "echo on c").await;
+    assert_eq!(results(&second)[0]["content"], "on c", "{}", second.text);
+    assert_eq!(owner_seen_by(&c, &nc, &id).await, "c");
+    // Through b again: its route to a finds no node listening, and the turn goes on to c at
+    // once — answered on the first try, not refused as unreachable.
+    let third = bash_on(&c, &b, &id, "t3", "g3", "echo through b").await;
+    assert_eq!(results(&third)[0]["content"], "through b", "{}", third.text);
+    assert_eq!(owner_seen_by(&c, &b, &id).await, "c");
+    // And the call answered at a is still remembered through b.
+    let again = bash_on(&c, &b, &id, "t1", "g1", "echo on a").await;
+    assert_eq!(again.text, first.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_keeping_no_answers_in_memory_reads_them_back_from_the_stream() {
+    let Some((nats, root)) = nats_and_root() else {
+        return;
+    };
+    // Neither node keeps any answered call's record in its journal's memory.
+    let none = ["--cluster-journal-memory", "0"];
+    let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &none);
+    let b = start_node_args(&nats.urls(), "b", root.path(), TTL, "3", &none);
+    let c = client();
+    let (id, _) = session_on(&c, &a).await;
+    let small = bash_turn("g1", "echo $RANDOM$RANDOM$RANDOM");
+    let large = bash_turn(
+        "g2",
+        "echo $RANDOM$RANDOM; head -c 300000 /dev/zero | tr '\\0' x",
+    );
+    let first = dispatch_on(&c, &a, &id, "t1", &small).await;
+    let second = dispatch_on(&c, &a, &id, "t2", &large).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(second.status, 200, "{}", second.text);
+    assert!(
+        results(&second)[0]["content"]
+            .as_str()
+            .is_some_and(|t| t.len() > 10_000),
+        "a large answer: {}",
+        &second.text[..200.min(second.text.len())]
+    );
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    // b takes the session over and keeps none of its answers in memory either: the copies of
+    // the answered calls are answered from the stream, the same as before.
+    let again = dispatch_until_answered(&c, &[&b], &id, "t1", &small).await;
+    assert_eq!(again.text, first.text);
+    let again = dispatch_until_answered(&c, &[&b], &id, "t2", &large).await;
+    assert_eq!(again.text, second.text);
+    assert!(
+        metric(&c, &b, "switchboard_journal_stream_reads_total").await >= 2.0,
+        "read back from the stream"
+    );
+    assert_eq!(
+        metric(&c, &b, "switchboard_journal_memory_bytes").await,
+        0.0
+    );
+    // A new call is not taken for one let go of: it runs.
+    let third = bash_on(&c, &b, &id, "t3", "g3", "echo three").await;
+    assert_eq!(results(&third)[0]["content"], "three", "{}", third.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_node_leaves_an_orphaned_session_to_a_node_with_room() {
     let Some((nats, root)) = nats_and_root() else {
         return;
