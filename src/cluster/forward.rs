@@ -10,9 +10,11 @@
 //!
 //! Wire form. Request payload: a 4-byte big-endian length, the head as JSON (`method`, `uri`,
 //! `headers`), then the body. Answer messages ([`Frame`]s) say what they are in NATS headers:
-//! `Switchboard-Frame` (`head`, `data`, `end` or `ping`) and `Switchboard-Seq` (head, data and
-//! end count from 0; a gap means a lost message and cuts the answer); the payload is the head as
-//! JSON or the data.
+//! `Switchboard-Frame` (`head`, `data`, `end`, `whole` or `ping`) and `Switchboard-Seq` (head,
+//! data and end count from 0; a gap means a lost message and cuts the answer); the payload is the
+//! head as JSON or the data. An answer whose body is complete and small when it is ready (every
+//! answer but a stream of events) goes as one `whole` message: the head as JSON behind a 4-byte
+//! length, then the body.
 //!
 //! Nodes need to reach only NATS, never each other, and the client keeps its connection and its
 //! `Authorization` header: a redirect would need the clients to follow it, and common HTTP
@@ -100,6 +102,8 @@ enum Kind {
     Data,
     /// The body is complete.
     End,
+    /// A whole answer in one message: the head (JSON, behind a 4-byte length), then the body.
+    Whole,
     /// The owner is still working on the answer (no sequence).
     Ping,
 }
@@ -110,12 +114,13 @@ impl Kind {
             Kind::Head => "head",
             Kind::Data => "data",
             Kind::End => "end",
+            Kind::Whole => "whole",
             Kind::Ping => "ping",
         }
     }
 
     fn parse(name: &str) -> Option<Kind> {
-        [Kind::Head, Kind::Data, Kind::End, Kind::Ping]
+        [Kind::Head, Kind::Data, Kind::End, Kind::Whole, Kind::Ping]
             .into_iter()
             .find(|k| k.name() == name)
     }
@@ -270,6 +275,25 @@ async fn answer(
         }
     };
     let (parts, body) = response.into_parts();
+    // Complete and small already (not a stream): one message, and nothing to cancel.
+    if axum::body::HttpBody::size_hint(&body)
+        .exact()
+        .is_some_and(|n| n <= CHUNK as u64)
+    {
+        // A body that breaks off says nothing more (the forwarder gives up after its silence).
+        let Ok(bytes) = axum::body::to_bytes(body, CHUNK).await else {
+            return;
+        };
+        let head = AnswerHead {
+            status: parts.status.as_u16(),
+            headers: headers_of(&parts.headers),
+            control: None,
+        };
+        let _ = Frame::new(Kind::Whole, 0, encode_whole(&head, &bytes))
+            .send(&client, &reply)
+            .await;
+        return;
+    }
     let control = client.new_inbox();
     let mut left = client.subscribe(control.clone()).await.ok();
     let head = AnswerHead {
@@ -328,6 +352,43 @@ async fn answer(
     let _ = Frame::new(Kind::End, seq + 1, Bytes::new())
         .send(&client, &reply)
         .await;
+}
+
+/// A `whole` frame's payload: `head` as JSON behind a 4-byte length, then `body`.
+fn encode_whole(head: &AnswerHead, body: &[u8]) -> Bytes {
+    let head = serde_json::to_vec(head).unwrap_or_default();
+    let mut out = Vec::with_capacity(4 + head.len() + body.len());
+    out.extend_from_slice(&(head.len() as u32).to_be_bytes());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(body);
+    out.into()
+}
+
+/// The head and body of a `whole` frame's payload.
+fn decode_whole(payload: &Bytes) -> Result<(AnswerHead, Bytes), String> {
+    let len = payload
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("no head")?;
+    let head = payload.get(4..4 + len).ok_or("a short head")?;
+    let head: AnswerHead = serde_json::from_slice(head).map_err(|e| e.to_string())?;
+    Ok((head, payload.slice(4 + len..)))
+}
+
+/// The response a relayed answer's head describes, with `body`.
+fn response_of(head: &AnswerHead, body: Body) -> Result<Response<Body>, Unreachable> {
+    let mut builder = Response::builder().status(head.status);
+    for (name, value) in &head.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            builder = builder.header(n, v);
+        }
+    }
+    builder
+        .body(body)
+        .map_err(|e| Unreachable::Nats(e.to_string()))
 }
 
 /// Why a request could not be relayed: nothing was answered (safe to route again or refuse).
@@ -390,6 +451,16 @@ pub async fn forward(
                 break serde_json::from_slice::<AnswerHead>(&data)
                     .map_err(|e| Unreachable::Nats(format!("a bad answer head: {e}")))?;
             }
+            Some(Frame {
+                kind: Kind::Whole,
+                data,
+                ..
+            }) => {
+                let (head, body) = decode_whole(&data)
+                    .map_err(|e| Unreachable::Nats(format!("a bad answer: {e}")))?;
+                metrics.forward(ForwardOutcome::Ok);
+                return response_of(&head, Body::from(body));
+            }
             _ => continue,
         }
     };
@@ -399,15 +470,6 @@ pub async fn forward(
         control: head.control.clone(),
         finished: false,
     };
-    let mut builder = Response::builder().status(head.status);
-    for (name, value) in &head.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            builder = builder.header(n, v);
-        }
-    }
     let metrics = metrics.clone();
     let events = head.headers.iter().any(|(name, value)| {
         name.eq_ignore_ascii_case("content-type") && value.starts_with("text/event-stream")
@@ -427,9 +489,7 @@ pub async fn forward(
             Some((item, state))
         }
     });
-    builder
-        .body(Body::from_stream(body))
-        .map_err(|e| Unreachable::Nats(e.to_string()))
+    response_of(&head, Body::from_stream(body))
 }
 
 /// The forwarding side of one relayed answer, read as the client reads the body.
@@ -500,7 +560,7 @@ impl Relay {
                     }
                     return None;
                 }
-                Kind::Head | Kind::Ping => continue,
+                Kind::Head | Kind::Whole | Kind::Ping => continue,
             }
         }
     }
@@ -603,7 +663,7 @@ mod tests {
 
     #[test]
     fn answer_frames_carry_kind_and_sequence_in_headers() {
-        for kind in [Kind::Head, Kind::Data, Kind::End, Kind::Ping] {
+        for kind in [Kind::Head, Kind::Data, Kind::End, Kind::Whole, Kind::Ping] {
             let frame = Frame::new(kind, 7, Bytes::from_static(b"abc"));
             let got = Frame::of(&message(Some(frame.headers()), b"abc"));
             assert_eq!(got, Some(frame));
@@ -611,6 +671,25 @@ mod tests {
         let headers = Frame::new(Kind::Data, 3, Bytes::new()).headers();
         assert_eq!(headers.get(FRAME_HEADER).unwrap().as_str(), "data");
         assert_eq!(headers.get(SEQ_HEADER).unwrap().as_str(), "3");
+    }
+
+    #[test]
+    fn a_whole_answer_carries_its_head_and_body() {
+        let head = AnswerHead {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            control: None,
+        };
+        let payload = encode_whole(&head, b"{\"ok\": true}");
+        let (back, body) = decode_whole(&payload).unwrap();
+        assert_eq!(back.status, 201);
+        assert_eq!(back.headers, head.headers);
+        assert_eq!(&body[..], b"{\"ok\": true}");
+        let response = response_of(&back, Body::from(body)).unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        assert!(decode_whole(&Bytes::from_static(b"\x00\x00\x00\x09{}")).is_err());
+        assert!(decode_whole(&Bytes::from_static(b"\x00")).is_err());
     }
 
     #[test]

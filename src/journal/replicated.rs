@@ -95,7 +95,7 @@ const SESSION_BYTES: usize = 8 << 20;
 /// Bytes of answered records a node's journal keeps in memory by default (`--cluster-journal-memory`).
 pub const DEFAULT_MEMORY: usize = 256 << 20;
 /// What a record costs in memory beyond its strings (map entry, allocations), roughly.
-const RECORD_OVERHEAD: usize = 160;
+const RECORD_OVERHEAD: usize = 512;
 
 /// The memory a record of call `id` takes, roughly.
 fn record_bytes(id: &str, record: &CallRecord) -> usize {
