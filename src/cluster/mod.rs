@@ -172,12 +172,29 @@ pub enum Route {
 /// Why cluster mode cannot start or an operation failed: what failed and, when NATS, JetStream or
 /// the encoding said why, that error as its [`source`](std::error::Error::source). Its text is
 /// one line for a person: what failed, then the source's own text.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{what}{}", source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+#[derive(Debug, Clone)]
 pub struct ClusterError {
     what: String,
-    #[source]
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl std::fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.source {
+            Some(source) => write!(f, "{}: {source}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {
+    /// The error itself (a NATS or JSON error), not the `Arc` holding it: `downcast_ref` finds
+    /// it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl ClusterError {
@@ -1024,6 +1041,20 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_error_keeps_its_cause_for_downcast() {
+        let e = ClusterError::with_source(
+            "cannot read the session's owner",
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"),
+        );
+        assert_eq!(e.to_string(), "cannot read the session's owner: no answer");
+        let io = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the cause itself is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+        assert!(std::error::Error::source(&ClusterError::new("bad flag")).is_none());
+    }
 
     #[test]
     fn node_ids_are_plain_names() {

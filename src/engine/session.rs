@@ -727,7 +727,7 @@ impl Engine {
             Some((name, rules)) => match &self.inner.policy {
                 Some(policy) => Some(Arc::new(policy.narrowed(name, rules)?)),
                 None => {
-                    return Err(crate::policy::PolicyError(format!(
+                    return Err(crate::policy::PolicyError::new(format!(
                         "session policy {name}: the engine has no policy to narrow (give it one, \
                          e.g. Policy::allow_all())"
                     ))

@@ -133,7 +133,7 @@ fn id_hash(id: &str) -> u64 {
 }
 
 /// A session's call records in memory: every intent, answers up to a bound (per session, and the
-/// node's [`Replicated::open`] budget over all sessions), and the hashes of the ids whose
+/// node's [`Replicated::memory_budget`] over all sessions), and the hashes of the ids whose
 /// records were let go of — those are read from the stream when asked for.
 #[derive(Debug, Default)]
 struct Calls {
@@ -513,11 +513,6 @@ impl Replicated {
     pub fn memory_budget(mut self, bytes: usize) -> Self {
         self.memory_budget = bytes;
         self
-    }
-
-    /// The leases this journal writes under (shared with the cluster).
-    pub fn leases(&self) -> &Arc<Leases> {
-        &self.leases
     }
 
     /// Starts the journal of a session created here under `lease` (epoch 1; its subject must be

@@ -210,7 +210,7 @@ pub struct ExternalHooks {
 impl ExternalHooks {
     /// Parses the `hooks` object; the error names the entry at fault.
     pub fn from_json(hooks: &Value) -> Result<ExternalHooks, PolicyError> {
-        let err = |m: String| PolicyError(format!("hooks: {m}"));
+        let err = |m: String| PolicyError::new(format!("hooks: {m}"));
         let Some(obj) = hooks.as_object() else {
             return Err(err("must be an object".into()));
         };

@@ -123,7 +123,7 @@ impl Policy {
     /// keys of a Claude Code settings file are ignored).
     pub fn from_json(v: &Value) -> Result<Policy, PolicyError> {
         if !v.is_object() {
-            return Err(PolicyError("a policy file must hold a JSON object".into()));
+            return Err(PolicyError::new("a policy file must hold a JSON object"));
         }
         let rules = match v.get("permissions") {
             Some(p) => Rules::from_json(p)?,
@@ -138,11 +138,13 @@ impl Policy {
 
     /// Reads a policy file; the error names the file and the rule at fault.
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| PolicyError(format!("cannot read policy {}: {e}", path.display())))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| PolicyError(format!("policy {}: not JSON: {e}", path.display())))?;
-        Policy::from_json(&v).map_err(|e| PolicyError(format!("policy {}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            PolicyError::with_source(format!("cannot read policy {}", path.display()), e)
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            PolicyError::with_source(format!("policy {}: not JSON", path.display()), e)
+        })?;
+        Policy::from_json(&v).map_err(|e| e.within(&format!("policy {}", path.display())))
     }
 
     /// This policy, narrowed for one session by `rules` (named `name` in denials and audit
@@ -153,7 +155,7 @@ impl Policy {
     pub fn narrowed(&self, name: impl Into<Arc<str>>, rules: Rules) -> Result<Policy, PolicyError> {
         let name = name.into();
         if rules.has_ask() {
-            return Err(PolicyError(format!(
+            return Err(PolicyError::new(format!(
                 "session policy {name}: a session's rules may allow and deny, not ask (without \
                  \"default\" the default is ask: give \"default\": \"allow\" or \"deny\")"
             )));
@@ -913,6 +915,39 @@ fn slashed(p: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_file_that_cannot_be_used_names_it_and_keeps_the_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.json");
+        let e = Policy::load(&missing).unwrap_err();
+        assert_eq!(
+            e.what(),
+            format!("cannot read policy {}", missing.display())
+        );
+        let io = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the I/O error is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        assert!(e.to_string().starts_with(e.what()), "{e}");
+        let not_json = dir.path().join("p.json");
+        std::fs::write(&not_json, "{").unwrap();
+        let e = Policy::load(&not_json).unwrap_err();
+        assert!(
+            std::error::Error::source(&e)
+                .is_some_and(|s| s.downcast_ref::<serde_json::Error>().is_some())
+        );
+        std::fs::write(&not_json, r#"{"permissions": {"allow": ["Bash(("]}}"#).unwrap();
+        let e = Policy::load(&not_json).unwrap_err();
+        assert!(
+            e.what().starts_with(&format!(
+                "policy {}: permissions.allow: bad rule",
+                not_json.display()
+            )),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+    }
 
     fn p(s: &str) -> Resource {
         Resource::Path(std::path::PathBuf::from(s))

@@ -45,10 +45,68 @@ pub enum Action {
     Deny,
 }
 
-/// A rules file that cannot be used: the message names the rule.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PolicyError(pub String);
+/// A policy that cannot be used: what is wrong, naming the file and the rule or key at fault,
+/// and, when reading or parsing the file failed, that error as its
+/// [`source`](std::error::Error::source). Its text is one line for a person: what is wrong, then
+/// the source's own text.
+#[derive(Debug, Clone)]
+pub struct PolicyError {
+    what: String,
+    source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.source {
+            Some(source) => write!(f, "{}: {source}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {
+    /// The error itself (an `std::io::Error`, a `serde_json::Error`), not the `Arc` holding it:
+    /// `downcast_ref` finds it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl PolicyError {
+    /// What is wrong, with no underlying error.
+    pub(crate) fn new(what: impl Into<String>) -> Self {
+        PolicyError {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// What failed, and the error that says why.
+    pub(crate) fn with_source(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        PolicyError {
+            what: what.into(),
+            source: Some(std::sync::Arc::from(source.into())),
+        }
+    }
+
+    /// The same error, its text preceded by `context` (the file or hook it came from).
+    pub(crate) fn within(self, context: &str) -> Self {
+        PolicyError {
+            what: format!("{context}: {}", self.what),
+            source: self.source,
+        }
+    }
+
+    /// What is wrong, without its source.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
 
 /// One parsed rule.
 #[derive(Debug)]
@@ -408,11 +466,11 @@ impl Rules {
     /// Parses the `permissions` object; the error names the rule (or key) at fault.
     pub fn from_json(permissions: &Value) -> Result<Rules, PolicyError> {
         let Some(obj) = permissions.as_object() else {
-            return Err(PolicyError("\"permissions\" must be an object".into()));
+            return Err(PolicyError::new("\"permissions\" must be an object"));
         };
         for key in obj.keys() {
             if !["allow", "ask", "deny", "default"].contains(&key.as_str()) {
-                return Err(PolicyError(format!(
+                return Err(PolicyError::new(format!(
                     "unknown key \"permissions.{key}\" (expected allow, ask, deny, default)"
                 )));
             }
@@ -422,7 +480,7 @@ impl Rules {
                 return Ok(Vec::new());
             };
             let Some(items) = v.as_array() else {
-                return Err(PolicyError(format!(
+                return Err(PolicyError::new(format!(
                     "\"permissions.{key}\" must be an array of rule strings"
                 )));
             };
@@ -430,12 +488,12 @@ impl Rules {
                 .iter()
                 .map(|item| {
                     let Some(text) = item.as_str() else {
-                        return Err(PolicyError(format!(
+                        return Err(PolicyError::new(format!(
                             "permissions.{key}: {item} is not a rule string"
                         )));
                     };
                     Rule::parse(text).map_err(|e| {
-                        PolicyError(format!("permissions.{key}: bad rule \"{text}\": {e}"))
+                        PolicyError::new(format!("permissions.{key}: bad rule \"{text}\": {e}"))
                     })
                 })
                 .collect()
@@ -443,7 +501,7 @@ impl Rules {
         let default = match obj.get("default") {
             None => Action::Ask,
             Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-                PolicyError(format!(
+                PolicyError::new(format!(
                     "\"permissions.default\" is {v}; expected \"allow\", \"ask\" or \"deny\""
                 ))
             })?,

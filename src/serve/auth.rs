@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::errors::ServeError;
+use super::errors::{ServeError, TokenProblem};
 
 /// The environment variable the token is read from when `--token-file` is not given.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_TOKEN";
@@ -58,12 +58,10 @@ impl Auth {
     pub fn token(token: &str) -> Result<Auth, ServeError> {
         let token = token.trim();
         if token.is_empty() {
-            return Err(ServeError::Auth("the token is empty".into()));
+            return Err(TokenProblem::Empty.into());
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(ServeError::Auth(
-                "the token must be printable ASCII without spaces".into(),
-            ));
+            return Err(TokenProblem::NotPrintable.into());
         }
         Ok(Auth::Token(Arc::from(token.as_bytes())))
     }
@@ -151,6 +149,21 @@ mod tests {
             Auth::resolve(addr("[::1]:0"), None, None, true),
             Ok(Auth::Disabled)
         ));
+    }
+
+    #[test]
+    fn an_unusable_token_is_refused_with_a_typed_reason() {
+        assert!(matches!(
+            Auth::token("  "),
+            Err(ServeError::Auth(TokenProblem::Empty))
+        ));
+        let e = Auth::token("two words").unwrap_err();
+        assert!(matches!(e, ServeError::Auth(TokenProblem::NotPrintable)));
+        assert_eq!(
+            e.to_string(),
+            "the token must be printable ASCII without spaces"
+        );
+        assert!(Auth::token("s3cret-token").is_ok());
     }
 
     #[test]

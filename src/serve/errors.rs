@@ -80,14 +80,25 @@ pub enum ApiError {
 #[derive(Debug, Clone, Copy)]
 pub struct Moved;
 
+/// Why a bearer token is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenProblem {
+    /// Empty (or only white space).
+    #[error("the token is empty")]
+    Empty,
+    /// Holds a character that is not printable ASCII, or a space.
+    #[error("the token must be printable ASCII without spaces")]
+    NotPrintable,
+}
+
 /// Why the sidecar could not start, or stopped serving.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
-    /// The bearer token is not usable (empty, or not printable ASCII without spaces), or no
-    /// token was given.
-    #[error("{0}")]
-    Auth(String),
+    /// The bearer token is not usable.
+    #[error(transparent)]
+    Auth(#[from] TokenProblem),
     /// The workspace root cannot be created or resolved.
     #[error("cannot {action} the workspace root {}: {source}", path.display())]
     WorkspaceRoot {

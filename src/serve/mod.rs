@@ -54,7 +54,7 @@ use crate::metrics::HttpMetrics;
 use crate::tools::builtin_tools;
 use app::App;
 pub use auth::{Auth, TOKEN_ENV};
-pub use errors::ServeError;
+pub use errors::{ServeError, TokenProblem};
 pub use ready::ReadyArgs;
 pub use routes::{OPENAPI_JSON, RouteDef, route_table};
 use sessions::SessionTable;
