@@ -57,14 +57,10 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 pub const MIN_RETENTION: Duration = Duration::from_secs(60);
 
 /// Why the journal cannot be used.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum JournalError {
     /// The file exists and is not a readable journal.
-    #[error(
-        "the journal {file} is damaged ({detail}); move it aside to start with an empty journal \
-         (e.g. `mv {file} {file}.damaged`): the answers it holds are then forgotten"
-    )]
     Damaged {
         /// The journal file.
         file: PathBuf,
@@ -72,47 +68,84 @@ pub enum JournalError {
         detail: String,
     },
     /// Another process has the journal open.
-    #[error(
-        "the journal {file} is in use by another process (one engine per journal; waited 5 s \
-         for it to let go)"
-    )]
     InUse {
         /// The journal file.
         file: PathBuf,
     },
     /// Reading or writing failed (a full disk, an I/O error).
-    #[error("the journal {file}: {detail}")]
     Io {
         /// The journal file.
         file: PathBuf,
         /// What failed, with the cause's own text.
         detail: String,
         /// The cause (an I/O, store or NATS error), when there is one at hand: a journal that
-        /// failed earlier keeps only its description.
-        #[source]
+        /// failed earlier keeps only its description. [`std::error::Error::source`] gives the
+        /// cause itself (not this `Arc`), so `downcast_ref` finds it.
         source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// The retention asked for is shorter than [`MIN_RETENTION`].
-    #[error(
-        "a journal retention of {} is too short: the floor is {} (a client's retry can come \
-         minutes after the first copy)",
-        humantime::format_duration(*retention),
-        humantime::format_duration(MIN_RETENTION)
-    )]
     Retention {
         /// The retention asked for.
         retention: Duration,
     },
     /// The journal's writer has stopped (the engine is shutting down).
-    #[error("the journal is closed")]
     Closed,
     /// Another node owns the session now (cluster mode): its journal moved on past what this
     /// node wrote, so this node writes nothing more for it.
-    #[error("session {session} is owned by another node now; this node writes nothing more for it")]
     Fenced {
         /// The session id.
         session: String,
     },
+}
+
+impl std::fmt::Display for JournalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JournalError::Damaged { file, detail } => {
+                let file = file.display();
+                write!(
+                    f,
+                    "the journal {file} is damaged ({detail}); move it aside to start with an \
+                     empty journal (e.g. `mv {file} {file}.damaged`): the answers it holds are \
+                     then forgotten"
+                )
+            }
+            JournalError::InUse { file } => write!(
+                f,
+                "the journal {} is in use by another process (one engine per journal; waited 5 s \
+                 for it to let go)",
+                file.display()
+            ),
+            JournalError::Io { file, detail, .. } => {
+                write!(f, "the journal {}: {detail}", file.display())
+            }
+            JournalError::Retention { retention } => write!(
+                f,
+                "a journal retention of {} is too short: the floor is {} (a client's retry can \
+                 come minutes after the first copy)",
+                humantime::format_duration(*retention),
+                humantime::format_duration(MIN_RETENTION)
+            ),
+            JournalError::Closed => f.write_str("the journal is closed"),
+            JournalError::Fenced { session } => write!(
+                f,
+                "session {session} is owned by another node now; this node writes nothing more \
+                 for it"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for JournalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            JournalError::Io {
+                source: Some(source),
+                ..
+            } => Some(source.as_ref() as &(dyn std::error::Error + 'static)),
+            _ => None,
+        }
+    }
 }
 
 /// What running a call twice would do, as the journal records it (see [`crate::Effect`]).
@@ -697,6 +730,36 @@ mod tests {
             result
         );
         assert!(found[1].is_none());
+    }
+
+    #[test]
+    fn an_io_error_keeps_its_cause_for_downcast() {
+        let e = JournalError::Io {
+            file: "/j/journal.redb".into(),
+            detail: "a write failed: no space left".into(),
+            source: Some(std::sync::Arc::new(std::io::Error::from(
+                std::io::ErrorKind::StorageFull,
+            ))),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the journal /j/journal.redb: a write failed: no space left"
+        );
+        let io = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the cause itself is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
+        assert!(std::error::Error::source(&JournalError::Closed).is_none());
+        let damaged = JournalError::Damaged {
+            file: "/j/journal.redb".into(),
+            detail: "bad header".into(),
+        };
+        assert!(
+            damaged
+                .to_string()
+                .contains("(e.g. `mv /j/journal.redb /j/journal.redb.damaged`)"),
+            "{damaged}"
+        );
     }
 
     #[test]

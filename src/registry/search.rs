@@ -129,7 +129,7 @@ pub enum Query {
 
 impl Query {
     /// Parses the `query` argument. Only a `select:` without names is refused here; a bad
-    /// pattern is refused when it is compiled ([`Part::regex`]).
+    /// pattern is refused when it is compiled ([`pattern::compile`]).
     pub fn parse(query: &str) -> Result<Query, String> {
         let query = query.trim();
         if let Some(rest) = query.strip_prefix("select:") {
