@@ -378,6 +378,20 @@ pub const METRICS: &[MetricDef] = &[
         help: "Duration of one journal checkpoint: the write-ahead log's records put into the journal file (one two-phase commit), off the calls' path.",
     },
     MetricDef {
+        name: JOURNAL_MEMORY_BYTES,
+        kind: Kind::Gauge,
+        unit: Unit::Bytes,
+        labels: &[],
+        help: "Cluster mode: bytes of answered calls' records this node's journal keeps in memory (at most 1,024 answers and 8 MiB per session, and --cluster-journal-memory over all).",
+    },
+    MetricDef {
+        name: JOURNAL_STREAM_READS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Cluster mode: reads of a session's records from the stream for a retried call whose record this node had let go from memory.",
+    },
+    MetricDef {
         name: CLUSTER_LEASES_HELD,
         kind: Kind::Gauge,
         unit: Unit::Count,
