@@ -87,6 +87,7 @@ SERVE_OPTIONS: Dict[str, Tuple[str, str]] = {
     "lease_ttl": ("--lease-ttl", "duration"),
     "cluster_retention": ("--cluster-retention", "duration"),
     "cluster_journal_shards": ("--cluster-journal-shards", "value"),
+    "cluster_journal_memory": ("--cluster-journal-memory", "value"),
     "cluster_replicas": ("--cluster-replicas", "value"),
     "cluster_creds": ("--cluster-creds", "value"),
     "cluster_tls_ca": ("--cluster-tls-ca", "value"),

@@ -51,6 +51,7 @@ export interface ServeOptions {
   leaseTtl?: Duration;
   clusterRetention?: Duration;
   clusterJournalShards?: number;
+  clusterJournalMemory?: number;
   clusterReplicas?: number;
   clusterCreds?: string;
   clusterTlsCa?: string;
@@ -101,6 +102,7 @@ export const SERVE_OPTIONS: Readonly<Record<keyof ServeOptions, readonly [string
   leaseTtl: ["--lease-ttl", "duration"],
   clusterRetention: ["--cluster-retention", "duration"],
   clusterJournalShards: ["--cluster-journal-shards", "value"],
+  clusterJournalMemory: ["--cluster-journal-memory", "value"],
   clusterReplicas: ["--cluster-replicas", "value"],
   clusterCreds: ["--cluster-creds", "value"],
   clusterTlsCa: ["--cluster-tls-ca", "value"],
