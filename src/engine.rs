@@ -102,7 +102,8 @@ impl EngineBuilder {
         self
     }
 
-    /// How many answers each session keeps in memory for retries ([`Retention`]).
+    /// How many answers each session keeps in memory for retries, and how many bytes of them
+    /// all sessions keep at most ([`Retention`]).
     pub fn answer_retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
         self
@@ -276,7 +277,7 @@ impl EngineBuilder {
                 sessions_opened: AtomicU64::new(0),
                 mcp,
                 journal,
-                retention: self.retention,
+                answer_limits: Arc::new(answers::Limits::new(self.retention)),
                 run_tag: format!("{:x}", crate::journal::now_ms()),
             }),
         })
@@ -310,8 +311,8 @@ struct Inner {
     policy: Option<Arc<crate::policy::Policy>>,
     /// The durable call journal, if any.
     journal: Option<crate::journal::Journal>,
-    /// How many answers each session keeps in memory.
-    retention: Retention,
+    /// How many answers each session keeps in memory, and the count of all of them.
+    answer_limits: Arc<answers::Limits>,
     /// Tells this run's unnamed sessions from an earlier run's (in the journal).
     run_tag: String,
 }

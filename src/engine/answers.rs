@@ -54,6 +54,12 @@ pub struct Retention {
     pub answers: usize,
     /// At most this many bytes of answer content per session (default 8 MiB).
     pub bytes: usize,
+    /// At most about this many bytes of answers over all sessions of the engine (default
+    /// 512 MiB; each answer counts its content and 256 bytes): past it, a session that
+    /// remembers a new answer lets its oldest go, down to 16 answers. Without a journal, the
+    /// ids of answers let go are remembered as answered (a late retry is refused, never run);
+    /// with one, the journal answers for them.
+    pub engine_bytes: usize,
 }
 
 impl Default for Retention {
@@ -61,7 +67,44 @@ impl Default for Retention {
         Retention {
             answers: 1024,
             bytes: 8 << 20,
+            engine_bytes: 512 << 20,
         }
+    }
+}
+
+/// What one remembered answer costs in memory beyond its content (its entry, key and order
+/// slot), counted against [`Retention::engine_bytes`].
+pub(crate) const ANSWER_OVERHEAD: usize = 256;
+/// How many answers a session keeps while the engine is over its budget.
+pub(crate) const SHED_FLOOR: usize = 16;
+/// A session tells the engine-wide count of its answers' bytes once they moved by this much (so
+/// the count is not one more shared write per answer).
+const REPORT_EVERY: usize = 16 << 10;
+
+/// A session's limits, shared by every session of an engine: the retention, and the count of
+/// bytes all of them keep.
+#[derive(Debug, Default)]
+pub(crate) struct Limits {
+    retention: Retention,
+    used: AtomicUsize,
+}
+
+impl Limits {
+    pub(crate) fn new(retention: Retention) -> Self {
+        Limits {
+            retention,
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes of answers all sessions keep, as reported (each session's last
+    /// [`REPORT_EVERY`] may be missing).
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> bool {
+        self.used() > self.retention.engine_bytes
     }
 }
 
@@ -273,6 +316,9 @@ struct State {
     bytes: usize,
     /// The hashes of the ids of dropped answers (without a journal), made at the first.
     forgotten: Option<Box<Forgotten>>,
+    /// The bytes (content and overhead) of this session's answers last told to the engine's
+    /// count ([`Limits`]).
+    charged: usize,
 }
 
 /// The ids of dropped answers, as hashes, oldest first (at most [`FORGOTTEN_IDS`]).
@@ -288,7 +334,7 @@ pub(crate) struct Answers {
     session: Arc<str>,
     /// Made at the first call: a session that has answered nothing keeps nothing.
     state: Mutex<Option<Box<State>>>,
-    retention: Retention,
+    limits: Arc<Limits>,
     journal: Option<Journal>,
     /// Wakes the turns waiting for a running copy of their call (only when there are some).
     changed: tokio::sync::Notify,
@@ -382,11 +428,11 @@ pub(crate) fn outcome_unknown_of(id: &Arc<str>, name: &Arc<str>, why: &str) -> T
 }
 
 impl Answers {
-    pub(crate) fn new(session: Arc<str>, retention: Retention, journal: Option<Journal>) -> Self {
+    pub(crate) fn new(session: Arc<str>, limits: Arc<Limits>, journal: Option<Journal>) -> Self {
         Answers {
             session,
             state: Mutex::new(None),
-            retention,
+            limits,
             journal,
             changed: tokio::sync::Notify::new(),
             waiters: AtomicUsize::new(0),
@@ -555,8 +601,8 @@ impl Answers {
                         {
                             let kept = format!(
                                 "a session keeps its last {} answers, {} MiB",
-                                self.retention.answers,
-                                self.retention.bytes >> 20
+                                self.limits.retention.answers,
+                                self.limits.retention.bytes >> 20
                             );
                             return Plan::Answer(
                                 Box::new(no_longer_kept(call, &kept)),
@@ -831,8 +877,16 @@ impl State {
         }
         self.order.push_back(key.clone());
         self.bytes += size;
-        while self.order.len() > answers.retention.answers
-            || (self.bytes > answers.retention.bytes && self.order.len() > 1)
+        let retention = &answers.limits.retention;
+        // Over the engine's budget (as last reported): this session, which grows, pays.
+        let floor = if answers.limits.over() {
+            SHED_FLOOR
+        } else {
+            usize::MAX
+        };
+        while self.order.len() > retention.answers
+            || (self.bytes > retention.bytes && self.order.len() > 1)
+            || self.order.len() > floor
         {
             let Some(old) = self.order.pop_front() else {
                 break;
@@ -853,6 +907,39 @@ impl State {
                     }
                 }
             }
+        }
+        self.report(&answers.limits);
+    }
+
+    /// Tells the engine's count what this session's answers cost now, if it moved by
+    /// [`REPORT_EVERY`] since it last did.
+    fn report(&mut self, limits: &Limits) {
+        let cost = self.bytes + self.order.len() * ANSWER_OVERHEAD;
+        if cost.abs_diff(self.charged) < REPORT_EVERY {
+            return;
+        }
+        if cost > self.charged {
+            limits
+                .used
+                .fetch_add(cost - self.charged, Ordering::Relaxed);
+        } else {
+            limits
+                .used
+                .fetch_sub(self.charged - cost, Ordering::Relaxed);
+        }
+        self.charged = cost;
+    }
+}
+
+impl Drop for Answers {
+    /// A session's answers leave the engine's count with it.
+    fn drop(&mut self) {
+        let state = self
+            .state
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(state) = state.as_ref() {
+            self.limits.used.fetch_sub(state.charged, Ordering::Relaxed);
         }
     }
 }
@@ -916,7 +1003,7 @@ mod tests {
 
     #[test]
     fn a_session_that_answered_nothing_keeps_no_state() {
-        let answers = Answers::new(Arc::from("s"), Retention::default(), None);
+        let answers = Answers::new(Arc::from("s"), Arc::default(), None);
         assert!(answers.state.lock().unwrap().is_none());
         assert_eq!(answers.len(), 0);
         assert!(

@@ -222,7 +222,7 @@ impl Session {
         });
         let answers = Answers::new(
             Arc::from(scope.id()),
-            engine.inner.retention,
+            Arc::clone(&engine.inner.answer_limits),
             engine.inner.journal.clone(),
         );
         Session {

@@ -157,6 +157,57 @@ async fn sessions_do_not_share_answers_and_refused_turns_are_not_remembered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_share_the_engines_answer_budget_and_a_dropped_answer_is_never_run_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Room for about 100 answers of 1 KB over the whole engine.
+    let engine = Engine::builder()
+        .tool(counting("push", Effect::SideEffect, 0, &runs))
+        .sandbox(sandbox_off())
+        .answer_retention(Retention {
+            engine_bytes: 128 << 10,
+            ..Retention::default()
+        })
+        .build()
+        .unwrap();
+    let quiet = engine.session();
+    let busy = engine.session();
+    let text = "x".repeat(1000);
+    for i in 0..5 {
+        one(&quiet, &format!("q{i}"), "push", &text).await;
+    }
+    for i in 0..400 {
+        one(&busy, &format!("b{i}"), "push", &text).await;
+    }
+    // The session that grew let its oldest answers go; the quiet one kept all of its own.
+    assert!(
+        busy.answers_kept() < 150,
+        "kept {} answers past the engine's budget",
+        busy.answers_kept()
+    );
+    assert_eq!(quiet.answers_kept(), 5);
+    let before = runs.load(Ordering::SeqCst);
+    let late = one(&busy, "b0", "push", &text).await;
+    assert_eq!(late[0].error, Some(ErrorCode::InvalidArguments));
+    assert!(
+        late[0].content.contains("no longer kept"),
+        "{}",
+        late[0].content
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), before, "nothing ran again");
+    // The newest answer is still the same answer.
+    let again = one(&busy, "b399", "push", &text).await;
+    assert!(again[0].is_ok(), "{}", again[0].content);
+    assert_eq!(runs.load(Ordering::SeqCst), before);
+    // A session's answers leave the count with it: another session has room again.
+    drop(busy);
+    let fresh = engine.session();
+    for i in 0..90 {
+        one(&fresh, &format!("f{i}"), "push", &text).await;
+    }
+    assert_eq!(fresh.answers_kept(), 90);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_past_the_retention_is_refused_not_run_again() {
     let runs = Arc::new(AtomicUsize::new(0));
     let engine = Engine::builder()
@@ -165,6 +216,7 @@ async fn an_answer_past_the_retention_is_refused_not_run_again() {
         .answer_retention(Retention {
             answers: 2,
             bytes: 1 << 20,
+            ..Retention::default()
         })
         .build()
         .unwrap();
