@@ -55,7 +55,7 @@ pub struct Retention {
     /// At most this many bytes of answer content per session (default 8 MiB).
     pub bytes: usize,
     /// At most about this many bytes of answers over all sessions of the engine (default
-    /// 512 MiB; each answer counts its content and 256 bytes): past it, a session that
+    /// 512 MiB; each answer counts its content and 512 bytes): past it, a session that
     /// remembers a new answer lets its oldest go, down to 16 answers. Without a journal, the
     /// ids of answers let go are remembered as answered (a late retry is refused, never run);
     /// with one, the journal answers for them.
@@ -74,7 +74,7 @@ impl Default for Retention {
 
 /// What one remembered answer costs in memory beyond its content (its entry, key and order
 /// slot), counted against [`Retention::engine_bytes`].
-pub(crate) const ANSWER_OVERHEAD: usize = 256;
+pub(crate) const ANSWER_OVERHEAD: usize = 512;
 /// How many answers a session keeps while the engine is over its budget.
 pub(crate) const SHED_FLOOR: usize = 16;
 /// A session tells the engine-wide count of its answers' bytes once they moved by this much (so

@@ -159,12 +159,12 @@ async fn sessions_do_not_share_answers_and_refused_turns_are_not_remembered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_share_the_engines_answer_budget_and_a_dropped_answer_is_never_run_again() {
     let runs = Arc::new(AtomicUsize::new(0));
-    // Room for about 100 answers of 1 KB over the whole engine.
+    // Room for about 100 answers of 1 KB over the whole engine (each counts 1.5 KB).
     let engine = Engine::builder()
         .tool(counting("push", Effect::SideEffect, 0, &runs))
         .sandbox(sandbox_off())
         .answer_retention(Retention {
-            engine_bytes: 128 << 10,
+            engine_bytes: 160 << 10,
             ..Retention::default()
         })
         .build()
