@@ -5,7 +5,7 @@ One NATS server (JetStream, `sync_interval: always`, one replica) and one `switc
 --cluster ... --with-load-tools` node, both on 127.0.0.1 with free ports; then `switchboard load
 --target URL --sessions SESSIONS --turns TURNS --calls-per-turn 8 --tool noop` against it (every
 call's answer is one journal record the node keeps for its session), and the node's resident
-memory (VmRSS, and its peak VmHWM) and `switchboard_journal_memory_bytes` once the load is done.
+memory (VmRSS, and its peak VmHWM) and `switchboard_cluster_journal_memory_bytes` once the load is done.
 Extra arguments after `--` go to `serve` (for example `--cluster-journal-memory 0`).
 
 Usage: cluster_memory.py SWITCHBOARD NATS_SERVER [SESSIONS] [TURNS] [-- SERVE_ARGS...]
@@ -121,7 +121,7 @@ def main():
             "seconds": round(time.time() - started, 1),
             "node_rss_mib": round(status_kib(node.pid, "VmRSS") / 1024, 1),
             "node_peak_rss_mib": round(status_kib(node.pid, "VmHWM") / 1024, 1),
-            "journal_memory_mib": round(metric(base, "switchboard_journal_memory_bytes") / 2**20, 1),
+            "journal_memory_mib": round(metric(base, "switchboard_cluster_journal_memory_bytes") / 2**20, 1),
             "serve_args": serve_extra,
         }))
     finally:

@@ -102,10 +102,11 @@ pub const JOURNAL_FLUSH_SECONDS: &str = "switchboard_journal_flush_seconds";
 pub const JOURNAL_CHECKPOINT_SECONDS: &str = "switchboard_journal_checkpoint_seconds";
 /// Cluster mode: bytes of answered calls' records the node's journal keeps in memory (bounded
 /// per session and by `--cluster-journal-memory`).
-pub const JOURNAL_MEMORY_BYTES: &str = "switchboard_journal_memory_bytes";
+pub const CLUSTER_JOURNAL_MEMORY_BYTES: &str = "switchboard_cluster_journal_memory_bytes";
 /// Cluster mode: reads of a session's records from the stream for calls the node let go of from
 /// memory.
-pub const JOURNAL_STREAM_READS_TOTAL: &str = "switchboard_journal_stream_reads_total";
+pub const CLUSTER_JOURNAL_STREAM_READS_TOTAL: &str =
+    "switchboard_cluster_journal_stream_reads_total";
 /// 1 while the call journal can record calls, 0 while it is failing (a full disk, its file
 /// removed).
 pub const JOURNAL_HEALTHY: &str = "switchboard_journal_healthy";
@@ -378,14 +379,14 @@ pub const METRICS: &[MetricDef] = &[
         help: "Duration of one journal checkpoint: the write-ahead log's records put into the journal file (one two-phase commit), off the calls' path.",
     },
     MetricDef {
-        name: JOURNAL_MEMORY_BYTES,
+        name: CLUSTER_JOURNAL_MEMORY_BYTES,
         kind: Kind::Gauge,
         unit: Unit::Bytes,
         labels: &[],
         help: "Cluster mode: bytes of answered calls' records this node's journal keeps in memory (at most 1,024 answers and 8 MiB per session, and --cluster-journal-memory over all).",
     },
     MetricDef {
-        name: JOURNAL_STREAM_READS_TOTAL,
+        name: CLUSTER_JOURNAL_STREAM_READS_TOTAL,
         kind: Kind::Counter,
         unit: Unit::Count,
         labels: &[],
@@ -602,8 +603,8 @@ impl ReplicatedMetrics {
     /// Handles from the recorder installed now.
     pub fn new() -> Self {
         ReplicatedMetrics {
-            memory: gauge!(JOURNAL_MEMORY_BYTES),
-            stream_reads: zeroed(counter!(JOURNAL_STREAM_READS_TOTAL)),
+            memory: gauge!(CLUSTER_JOURNAL_MEMORY_BYTES),
+            stream_reads: zeroed(counter!(CLUSTER_JOURNAL_STREAM_READS_TOTAL)),
         }
     }
 

@@ -1264,11 +1264,11 @@ async fn a_node_keeping_no_answers_in_memory_reads_them_back_from_the_stream() {
     let again = dispatch_until_answered(&c, &[&b], &id, "t2", &large).await;
     assert_eq!(again.text, second.text);
     assert!(
-        metric(&c, &b, "switchboard_journal_stream_reads_total").await >= 2.0,
+        metric(&c, &b, "switchboard_cluster_journal_stream_reads_total").await >= 2.0,
         "read back from the stream"
     );
     assert_eq!(
-        metric(&c, &b, "switchboard_journal_memory_bytes").await,
+        metric(&c, &b, "switchboard_cluster_journal_memory_bytes").await,
         0.0
     );
     // A new call is not taken for one let go of: it runs.
