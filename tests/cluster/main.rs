@@ -1361,23 +1361,37 @@ async fn a_journal_sharded_over_three_streams_keeps_every_session_across_a_failo
     let mut a = start_node_args(&nats.urls(), "a", root.path(), TTL, "3", &sharded);
     let b = start_node_args(&nats.urls(), "b", root.path(), TTL, "3", &sharded);
     let c = client();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url(0)).await.unwrap());
+    let names = [
+        "SWITCHBOARD_JOURNAL",
+        "SWITCHBOARD_JOURNAL_1",
+        "SWITCHBOARD_JOURNAL_2",
+    ];
+    // How many messages each stream holds.
+    let held = || async {
+        let mut counts = Vec::new();
+        for name in names {
+            let mut stream = js.get_stream(name).await.unwrap();
+            counts.push(stream.info().await.unwrap().state.messages);
+        }
+        counts
+    };
+    // Sessions (their ids are random) until every stream holds some: nine at least, at most 40
+    // (all 40 in two of three streams: a chance of 3 × (2/3)^40, about 3e-7).
     let mut sessions = Vec::new();
-    for i in 0..9 {
+    for i in 0..40 {
         let (id, ws) = session_on(&c, &a).await;
         let command = format!("echo {i} >> log; echo {i}");
         let answer = bash_on(&c, &a, &id, "t1", "x1", &command).await;
         sessions.push((id, ws, command, answer));
+        if i >= 8 && held().await.iter().all(|&n| n > 0) {
+            break;
+        }
     }
     // Every stream holds some of them: each has its own leader.
-    let js = async_nats::jetstream::new(async_nats::connect(nats.url(0)).await.unwrap());
-    for name in [
-        "SWITCHBOARD_JOURNAL",
-        "SWITCHBOARD_JOURNAL_1",
-        "SWITCHBOARD_JOURNAL_2",
-    ] {
-        let mut stream = js.get_stream(name).await.unwrap();
-        let info = stream.info().await.unwrap();
-        assert!(info.state.messages > 0, "{name} holds nothing");
+    let counts = held().await;
+    for (name, n) in names.iter().zip(&counts) {
+        assert!(*n > 0, "{name} holds nothing ({} sessions)", sessions.len());
     }
     let _ = a.child.kill();
     let _ = a.child.wait();
