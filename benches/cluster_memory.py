@@ -18,30 +18,13 @@ temporary directory.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(check, bound, what):
-    deadline = time.time() + bound
-    while time.time() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{what} not ready within {bound} s")
+from cluster_shards import free_port, wait_for  # the same directory
 
 
 def status_kib(pid, field):

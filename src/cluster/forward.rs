@@ -214,22 +214,34 @@ fn encode_request(parts: &axum::http::request::Parts, body: &[u8]) -> Result<Vec
         headers: headers_of(&parts.headers),
     };
     let head = serde_json::to_vec(&head).map_err(|e| e.to_string())?;
-    let mut payload = Vec::with_capacity(4 + head.len() + body.len());
-    payload.extend_from_slice(&(head.len() as u32).to_be_bytes());
-    payload.extend_from_slice(&head);
-    payload.extend_from_slice(body);
-    Ok(payload)
+    Ok(with_head(&head, body))
 }
 
-/// The request a relayed message carries, marked as relayed.
-fn decode_request(payload: &[u8]) -> Result<Request<Body>, String> {
+/// A payload of a head (JSON) behind its 4-byte big-endian length, then a body: a relayed
+/// request, and a `whole` answer.
+fn with_head(head: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(4 + head.len() + body.len());
+    payload.extend_from_slice(&(head.len() as u32).to_be_bytes());
+    payload.extend_from_slice(head);
+    payload.extend_from_slice(body);
+    payload
+}
+
+/// The head and the body of a payload made by [`with_head`].
+fn split_head(payload: &[u8]) -> Result<(&[u8], &[u8]), String> {
     let len = payload
         .get(..4)
         .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
         .ok_or("no head")?;
     let head = payload.get(4..4 + len).ok_or("a short head")?;
+    Ok((head, &payload[4 + len..]))
+}
+
+/// The request a relayed message carries, marked as relayed.
+fn decode_request(payload: &[u8]) -> Result<Request<Body>, String> {
+    let (head, body) = split_head(payload)?;
     let head: Head = serde_json::from_slice(head).map_err(|e| e.to_string())?;
-    let body = Bytes::copy_from_slice(&payload[4 + len..]);
+    let body = Bytes::copy_from_slice(body);
     let mut builder = Request::builder()
         .method(head.method.as_str())
         .uri(head.uri.as_str());
@@ -357,22 +369,14 @@ async fn answer(
 /// A `whole` frame's payload: `head` as JSON behind a 4-byte length, then `body`.
 fn encode_whole(head: &AnswerHead, body: &[u8]) -> Bytes {
     let head = serde_json::to_vec(head).unwrap_or_default();
-    let mut out = Vec::with_capacity(4 + head.len() + body.len());
-    out.extend_from_slice(&(head.len() as u32).to_be_bytes());
-    out.extend_from_slice(&head);
-    out.extend_from_slice(body);
-    out.into()
+    with_head(&head, body).into()
 }
 
 /// The head and body of a `whole` frame's payload.
 fn decode_whole(payload: &Bytes) -> Result<(AnswerHead, Bytes), String> {
-    let len = payload
-        .get(..4)
-        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .ok_or("no head")?;
-    let head = payload.get(4..4 + len).ok_or("a short head")?;
+    let (head, body) = split_head(payload)?;
     let head: AnswerHead = serde_json::from_slice(head).map_err(|e| e.to_string())?;
-    Ok((head, payload.slice(4 + len..)))
+    Ok((head, payload.slice(payload.len() - body.len()..)))
 }
 
 /// The response a relayed answer's head describes, with `body`.

@@ -251,6 +251,23 @@ struct State {
     first: bool,
 }
 
+impl State {
+    /// What one entry of a message changes, the same when a message is written here and when it
+    /// is read back: a call's record, the session's record, or a fresh start (`forget`: closed
+    /// for good; `snapshot`: the entries after it hold everything).
+    fn apply(&mut self, entry: Entry) {
+        match entry {
+            Entry::Call { id, record } => self.calls.insert(id, *record),
+            Entry::Session { record } => self.record = Some(record),
+            Entry::Forget | Entry::Snapshot => {
+                self.calls.clear();
+                self.record = None;
+            }
+            Entry::Claim { .. } => {}
+        }
+    }
+}
+
 type Waiter = tokio::sync::oneshot::Sender<Result<(), JournalError>>;
 
 /// One owned session: its lease, its state, and the writes waiting for the next publish.
@@ -684,22 +701,8 @@ impl Replicated {
                 whole = matches!(decoded.entries.first(), Some(Entry::Snapshot));
             }
             for entry in decoded.entries {
-                match entry {
-                    Entry::Call { id, record } => {
-                        state.calls.insert(id, *record);
-                    }
-                    Entry::Session { record } => state.record = Some(record),
-                    Entry::Forget => {
-                        state.calls.clear();
-                        state.record = None;
-                    }
-                    Entry::Snapshot => {
-                        state.calls.clear();
-                        state.record = None;
-                        whole = true;
-                    }
-                    Entry::Claim { .. } => {}
-                }
+                whole |= matches!(entry, Entry::Snapshot);
+                state.apply(entry);
             }
         }
         if read_any && !whole && state.record.is_some() {
@@ -1016,18 +1019,7 @@ impl Replicated {
                     s.first = false;
                     let before = s.calls.bytes;
                     for entry in message.entries {
-                        match entry {
-                            Entry::Call { id, record } => {
-                                s.calls.insert(id, *record);
-                            }
-                            Entry::Session { record } => s.record = Some(record),
-                            // Closed for good: nothing is left to snapshot.
-                            Entry::Forget => {
-                                s.calls.clear();
-                                s.record = None;
-                            }
-                            Entry::Claim { .. } | Entry::Snapshot => {}
-                        }
+                        s.apply(entry);
                     }
                     s.calls.bound();
                     s.calls.bytes as isize - before as isize
