@@ -261,6 +261,11 @@ impl SessionScope {
         &self.id
     }
 
+    /// The session's id, shared.
+    pub(crate) fn shared_id(&self) -> &Arc<str> {
+        &self.id
+    }
+
     /// The workspace, if the session has one.
     pub fn workspace(&self) -> Option<&Workspace> {
         self.workspace.as_ref()

@@ -47,7 +47,8 @@ use temp_files::{LiveTemp, TEMP_MARK, remove_stale_temps};
 /// The directory the file tools are confined to: its canonical path and a capability handle on it.
 #[derive(Clone, Debug)]
 pub struct Workspace {
-    root: PathBuf,
+    /// Shared: every session of an engine clones its workspace.
+    root: Arc<Path>,
     dir: Arc<Dir>,
     /// Whether `read_file`/`edit_file` may open files with more than one name (see
     /// [`Workspace::allow_hard_links`]).
@@ -67,7 +68,7 @@ impl Workspace {
         }
         let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())?;
         Ok(Workspace {
-            root,
+            root: Arc::from(root),
             dir: Arc::new(dir),
             hard_links: false,
         })

@@ -165,7 +165,8 @@ struct SessionInner {
     scheduler: ActorRef<Scheduler>,
     scope: Arc<SessionScope>,
     cancel: CancellationToken,
-    own: Option<OwnTools>,
+    /// Boxed: most sessions have none (8 bytes, not 40).
+    own: Option<Box<OwnTools>>,
     /// The engine's policy, or the session's narrowing of it.
     policy: Option<Arc<crate::policy::Policy>>,
     /// Every call it answered, for retries.
@@ -215,13 +216,15 @@ impl Session {
         own: Vec<Arc<RegisteredTool>>,
         policy: Option<Arc<crate::policy::Policy>>,
     ) -> Self {
-        let own = (!own.is_empty()).then(|| OwnTools {
-            part: Snapshot::index(&own),
-            tools: own,
-            view: ArcSwapOption::empty(),
+        let own = (!own.is_empty()).then(|| {
+            Box::new(OwnTools {
+                part: Snapshot::index(&own),
+                tools: own,
+                view: ArcSwapOption::empty(),
+            })
         });
         let answers = Answers::new(
-            Arc::from(scope.id()),
+            Arc::clone(scope.shared_id()),
             Arc::clone(&engine.inner.answer_limits),
             engine.inner.journal.clone(),
         );

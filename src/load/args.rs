@@ -89,7 +89,8 @@ pub struct LoadArgs {
     #[arg(long, group = "rounds_mode", requires = "journal",
           conflicts_with_all = ["idle", "baseline", "target", "faults", "mcp_call"])]
     pub compare_journal: bool,
-    /// Hold --sessions idle sessions (each warmed with one turn) and report memory per session.
+    /// Hold --sessions idle sessions and report the memory of each (answer memory empty) and of
+    /// one kept answer.
     #[arg(long, conflicts_with_all = ["turns", "baseline"])]
     pub idle: bool,
     /// Run the engine under this permission policy (rules and hooks; ask is deny); with
