@@ -30,6 +30,7 @@ use tokio::process::Command;
 use super::Sandbox;
 use super::cgroup::{CallCgroup, CgroupParents};
 use super::exec::SUBCOMMAND;
+use super::policy::CallPolicy;
 use super::probe::{find_trampoline, probe_landlock};
 
 /// The variable that marks every process of a tree that has no cgroup: a token unique to it.
@@ -91,13 +92,17 @@ impl Containment {
         let cgroup = self.cgroups.create_tree();
         let mut cmd = match &self.trampoline {
             Some(trampoline) => {
+                // The outer stage's part of a call's policy: the engine's pid and the cgroups.
+                let policy = CallPolicy {
+                    parent: Some(std::process::id() as i32),
+                    cgroups: cgroup.iter().flat_map(CallCgroup::task_files).collect(),
+                    ..CallPolicy::default()
+                };
                 let mut cmd = Command::new(trampoline);
-                cmd.args([SUBCOMMAND, "--contain", "--parent"])
-                    .arg(std::process::id().to_string());
-                for procs in cgroup.iter().flat_map(CallCgroup::task_files) {
-                    cmd.arg("--cgroup").arg(procs);
-                }
-                cmd.arg("--").arg(program);
+                cmd.args([SUBCOMMAND, "--contain"])
+                    .args(policy.args())
+                    .arg("--")
+                    .arg(program);
                 cmd
             }
             None => Command::new(program),

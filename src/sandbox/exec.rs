@@ -69,6 +69,7 @@ use std::process::{Command, ExitCode};
 use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions, getpid, getppid, setrlimit};
 
 use super::landlock_rules;
+use super::policy::CallPolicy;
 
 /// The subcommand name.
 pub const SUBCOMMAND: &str = "sandbox-exec";
@@ -100,27 +101,18 @@ pub fn run_if_requested() -> Option<ExitCode> {
 pub fn exec_main(args: Vec<OsString>) -> ExitCode {
     // Nothing the engine's process inherited passes on to the command.
     crate::process_guard::close_inherited_fds();
-    ExitCode::from(run_args(args, None))
+    ExitCode::from(run_args(args))
 }
 
 /// The trampoline given its arguments: its exit code, after one failure line on stderr when it
-/// could not confine the command. `forked`: this process is a call the spawner forked — the
-/// command's environment is the one sent, the parent whose death ends the call is the spawner
-/// (whatever `--parent` says), and it may have been given a network namespace to join.
-pub(super) fn run_args(args: Vec<OsString>, forked: Option<super::spawner::Forked>) -> u8 {
-    let plan = Plan::parse(args).map(|mut plan| {
-        if let Some(forked) = forked {
-            plan.env = Some(forked.env);
-            plan.parent = Some(forked.spawner);
-            plan.netns = forked.netns;
-            plan.pid_ns_made = forked.pid_ns;
-            plan.spawner_pidfd = forked.spawner_pidfd;
-            plan.bounding_set_empty = forked.bounding_set_empty;
-            plan.in_own_session = true;
-        }
-        plan
-    });
-    match plan.and_then(run) {
+/// could not confine the command.
+pub(super) fn run_args(args: Vec<OsString>) -> u8 {
+    finish(Plan::parse(args).and_then(run))
+}
+
+/// The trampoline's exit code for how it ended.
+fn finish(ran: Result<u8, String>) -> u8 {
+    match ran {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{FAILURE_PREFIX} {e}");
@@ -163,32 +155,8 @@ struct Plan {
     private_mounts: bool,
     /// The inner stage mounts the fresh `/proc` itself (the outer stage made the namespaces).
     mount_proc: bool,
-    best_effort: bool,
-    /// `--mode off`: only the namespaces and their init (no mounts hidden, no Landlock, no
-    /// capabilities dropped) — how an unconfined call gets its PID namespace cheaply.
-    unconfined: bool,
-    workspace_writable: bool,
-    workspace: Option<PathBuf>,
-    tmp: Option<PathBuf>,
-    /// Size of the `TMPDIR` tmpfs (with private mounts).
-    tmp_size: Option<u64>,
-    /// The engine's file for the init's report.
-    status: Option<PathBuf>,
-    /// More paths to keep visible and readable.
-    read: Vec<PathBuf>,
-    /// Root-only system files to cover (a root engine's calls).
-    hide: Vec<PathBuf>,
-    landlock_tcp: bool,
-    parent: Option<i32>,
-    cgroups: Vec<PathBuf>,
-    nproc: Option<u64>,
-    address_space: Option<u64>,
-    fsize: Option<u64>,
-    cpu: Option<u64>,
-    unshare: Option<PathBuf>,
-    ns_flags: Vec<OsString>,
-    /// Everything that the inner stage needs again (re-passed by the outer stage).
-    inner_args: Vec<OsString>,
+    /// How the call is confined: the options the engine gave ([`CallPolicy`]).
+    policy: CallPolicy,
     program: Vec<OsString>,
 }
 
@@ -239,19 +207,13 @@ impl Plan {
         command
     }
 
+    /// The trampoline's command line: its stages' flags, the call's policy, then the program
+    /// after `--`.
     fn parse(args: Vec<OsString>) -> Result<Plan, String> {
         let mut plan = Plan::default();
         let mut it = args.into_iter();
         while let Some(arg) = it.next() {
             let flag = arg.to_string_lossy().into_owned();
-            let value = |it: &mut std::vec::IntoIter<OsString>| {
-                it.next().ok_or_else(|| format!("{flag} needs a value"))
-            };
-            let number = |v: OsString| {
-                v.to_string_lossy()
-                    .parse::<u64>()
-                    .map_err(|_| format!("{flag}: not a number: {v:?}"))
-            };
             match flag.as_str() {
                 "--" => {
                     plan.program = it.collect();
@@ -263,64 +225,34 @@ impl Plan {
                 "--inner" => plan.inner = true,
                 "--private-mounts" => plan.private_mounts = true,
                 "--mount-proc" => plan.mount_proc = true,
-                "--mode" => {
-                    let mode = value(&mut it)?;
-                    plan.inner_args.extend([arg, mode.clone()]);
-                    let mode = mode
-                        .to_string_lossy()
-                        .parse::<super::SandboxMode>()
-                        .map_err(|e| e.to_string())?;
-                    plan.best_effort = mode == super::SandboxMode::BestEffort;
-                    plan.unconfined = !mode.confines();
-                    plan.workspace_writable = mode.workspace_writable();
-                }
-                "--workspace" | "--tmp" => {
-                    let v = value(&mut it)?;
-                    plan.inner_args.extend([arg.clone(), v.clone()]);
-                    if flag == "--tmp" {
-                        plan.tmp = Some(v.into());
-                    } else {
-                        plan.workspace = Some(v.into());
+                other => {
+                    if !plan.policy.read_option(other, &mut it)? {
+                        return Err(format!("unknown option {other}"));
                     }
                 }
-                "--tmp-size" => {
-                    let v = value(&mut it)?;
-                    plan.inner_args.extend([arg.clone(), v.clone()]);
-                    plan.tmp_size = Some(number(v)?);
-                }
-                "--status" => {
-                    let v = value(&mut it)?;
-                    plan.inner_args.extend([arg.clone(), v.clone()]);
-                    plan.status = Some(v.into());
-                }
-                "--read" | "--hide" => {
-                    let v = value(&mut it)?;
-                    plan.inner_args.extend([arg.clone(), v.clone()]);
-                    if flag == "--read" {
-                        plan.read.push(v.into());
-                    } else {
-                        plan.hide.push(v.into());
-                    }
-                }
-                "--landlock-tcp" => {
-                    plan.landlock_tcp = true;
-                    plan.inner_args.push(arg);
-                }
-                "--parent" => plan.parent = Some(number(value(&mut it)?)? as i32),
-                "--cgroup" => plan.cgroups.push(value(&mut it)?.into()),
-                "--nproc" => plan.nproc = Some(number(value(&mut it)?)?),
-                "--as" => plan.address_space = Some(number(value(&mut it)?)?),
-                "--fsize" => plan.fsize = Some(number(value(&mut it)?)?),
-                "--cpu" => plan.cpu = Some(number(value(&mut it)?)?),
-                "--unshare" => plan.unshare = Some(value(&mut it)?.into()),
-                "--ns-flag" => plan.ns_flags.push(value(&mut it)?),
-                other => return Err(format!("unknown option {other}")),
             }
         }
         if !plan.probe && !plan.spawner && plan.program.is_empty() {
             return Err("no command after --".into());
         }
         Ok(plan)
+    }
+
+    /// A call the spawner forked: its policy, read once by the spawner, and its program.
+    fn forked(policy: CallPolicy, program: Vec<OsString>, forked: super::spawner::Forked) -> Plan {
+        let mut plan = Plan {
+            policy,
+            program,
+            ..Plan::default()
+        };
+        plan.env = Some(forked.env);
+        plan.policy.parent = Some(forked.spawner);
+        plan.netns = forked.netns;
+        plan.pid_ns_made = forked.pid_ns;
+        plan.spawner_pidfd = forked.spawner_pidfd;
+        plan.bounding_set_empty = forked.bounding_set_empty;
+        plan.in_own_session = true;
+        plan
     }
 }
 
@@ -330,9 +262,14 @@ fn run(mut plan: Plan) -> Result<u8, String> {
         return Ok(0);
     }
     if plan.spawner {
-        return match super::spawner::serve(plan.parent)? {
+        // A call it forks runs here, in the child: the command's environment is the one sent,
+        // the parent whose death ends the call is the spawner, and it may have been given a
+        // network namespace to join.
+        return match super::spawner::serve(plan.policy.parent)? {
             super::spawner::Served::Done => Ok(0),
-            super::spawner::Served::Call(args, forked) => Ok(run_args(args, Some(forked))),
+            super::spawner::Served::Call(policy, program, forked) => {
+                Ok(finish(run(Plan::forked(policy, program, forked))))
+            }
         };
     }
     if plan.contain {
@@ -350,12 +287,12 @@ fn run(mut plan: Plan) -> Result<u8, String> {
             super::spawner::own_session();
         }
         outer(&plan)?;
-        if let Some(unshare) = &plan.unshare {
+        if let Some(unshare) = &plan.policy.unshare {
             let me = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
             // The namespaces made here (a user namespace mapping this user to root included,
             // where one is needed: not root), then this process forked as their init: no
             // program start besides the command's. Where the kernel refuses, `unshare` tries.
-            if let Some(mut flags) = namespace_flags(&plan.ns_flags) {
+            if let Some(mut flags) = namespace_flags(&plan.policy.ns_flags) {
                 if plan.pid_ns_made {
                     flags.remove(rustix::thread::UnshareFlags::NEWPID);
                 }
@@ -372,13 +309,13 @@ fn run(mut plan: Plan) -> Result<u8, String> {
             }
             let err = plan
                 .command(unshare)
-                .args(&plan.ns_flags)
+                .args(&plan.policy.ns_flags)
                 .arg("--")
                 .arg(me)
                 .arg(SUBCOMMAND)
                 .arg("--inner")
                 .arg("--private-mounts")
-                .args(&plan.inner_args)
+                .args(plan.policy.inner_args())
                 .arg("--")
                 .args(&plan.program)
                 .exec();
@@ -395,7 +332,7 @@ fn run_inner(plan: Plan) -> Result<u8, String> {
     let mut command = plan.command(plan.path_of(&plan.program[0]));
     command.arg0(&plan.program[0]).args(&plan.program[1..]);
     if plan.inner && getpid().is_init() {
-        return init(command, status, plan.tmp.as_deref());
+        return init(command, status, plan.policy.tmp.as_deref());
     }
     let err = command.exec();
     Err(format!("cannot run {:?}: {err}", plan.program[0]))
@@ -500,7 +437,7 @@ fn run_init(me: &Path, mut plan: Plan) -> Result<u8, String> {
                 .arg("--inner")
                 .arg("--private-mounts")
                 .arg("--mount-proc")
-                .args(&plan.inner_args)
+                .args(plan.policy.inner_args())
                 .arg("--")
                 .args(&plan.program)
                 .spawn()
@@ -571,6 +508,7 @@ fn full(dir: &Path) -> bool {
 
 /// Stage 1: parent-death signal, cgroups, rlimits.
 fn outer(plan: &Plan) -> Result<(), String> {
+    let policy = &plan.policy;
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
     // The engine may have died between starting us and the line above. In a PID namespace of
@@ -578,6 +516,7 @@ fn outer(plan: &Plan) -> Result<(), String> {
     let gone = match &plan.spawner_pidfd {
         Some(pidfd) if plan.pid_ns_made => super::spawner::readable_now(pidfd),
         _ => plan
+            .policy
             .parent
             .is_some_and(|parent| getppid() != Pid::from_raw(parent)),
     };
@@ -585,21 +524,21 @@ fn outer(plan: &Plan) -> Result<(), String> {
         return Err("the engine is gone".into());
     }
     // `0` is the writing thread (a `tasks` file) or process (`cgroup.procs`): this one.
-    for procs in &plan.cgroups {
+    for procs in &policy.cgroups {
         std::fs::write(procs, "0")
             .map_err(|e| format!("cannot join cgroup {}: {e}", procs.display()))?;
     }
     let limits = [
-        (Resource::Fsize, plan.fsize, "file size"),
-        (Resource::Nproc, plan.nproc, "process"),
-        (Resource::As, plan.address_space, "address space"),
+        (Resource::Fsize, policy.fsize, "file size"),
+        (Resource::Nproc, policy.nproc, "process"),
+        (Resource::As, policy.address_space, "address space"),
     ];
     for (resource, limit, what) in limits {
         if let Some(n) = limit {
             set_limit(resource, n, n, what)?;
         }
     }
-    if let Some(secs) = plan.cpu {
+    if let Some(secs) = policy.cpu {
         // SIGXCPU at the soft limit, SIGKILL a second later.
         set_limit(Resource::Cpu, secs, secs.saturating_add(1), "CPU time")?;
     }
@@ -620,6 +559,7 @@ fn set_limit(resource: Resource, soft: u64, hard: u64, what: &str) -> Result<(),
 /// Stage 2: the status file opened (before the mounts hide it), the mounts, Landlock, then no
 /// capabilities (`--mode off`: the status file only). Returns the status file for the init.
 fn inner(plan: &Plan) -> Result<Option<File>, String> {
+    let policy = &plan.policy;
     if plan.mount_proc {
         // Started by the outer stage itself (not by `unshare`): die with it, and mount the
         // namespace's own `/proc` as `unshare --mount-proc` would.
@@ -630,7 +570,7 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
             .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
         super::mounts::mount_proc()?;
     }
-    let status = match &plan.status {
+    let status = match &policy.status {
         Some(path) => Some(
             std::fs::OpenOptions::new()
                 .append(true)
@@ -639,39 +579,39 @@ fn inner(plan: &Plan) -> Result<Option<File>, String> {
         ),
         None => None,
     };
-    if plan.unconfined {
+    if policy.unconfined() {
         return Ok(status);
     }
-    let (Some(workspace), Some(tmp)) = (&plan.workspace, &plan.tmp) else {
+    let (Some(workspace), Some(tmp)) = (&policy.workspace, &policy.tmp) else {
         return Err("--workspace and --tmp are required".into());
     };
     if plan.private_mounts {
         let mut keep: Vec<&Path> = vec![workspace];
-        keep.extend(plan.read.iter().map(PathBuf::as_path));
+        keep.extend(policy.read.iter().map(PathBuf::as_path));
         let scratch = super::mounts::Scratch {
             path: tmp,
-            size: plan.tmp_size,
+            size: policy.tmp_size,
         };
         let hidden = super::mounts::hide_host_dirs(&keep, &scratch, plan.mount_proc)
-            .and_then(|()| super::mounts::hide_secrets(&plan.hide));
+            .and_then(|()| super::mounts::hide_secrets(&policy.hide));
         match hidden {
             Ok(()) => {}
-            Err(_) if plan.best_effort => {}
+            Err(_) if policy.best_effort() => {}
             Err(e) => return Err(e),
         }
     }
     match landlock_rules::restrict_self(
         workspace,
-        plan.workspace_writable,
+        policy.workspace_writable(),
         tmp,
-        &plan.read,
-        plan.landlock_tcp,
+        &policy.read,
+        policy.landlock_tcp,
     ) {
         Ok(_) => {}
-        Err(_) if plan.best_effort => {}
+        Err(_) if policy.best_effort() => {}
         Err(e) => return Err(e),
     }
-    drop_capabilities(plan.best_effort, plan.bounding_set_empty)?;
+    drop_capabilities(policy.best_effort(), plan.bounding_set_empty)?;
     Ok(status)
 }
 
@@ -760,9 +700,9 @@ mod tests {
             "true",
         ]))
         .unwrap();
-        assert!(!plan.workspace_writable);
+        assert!(!plan.policy.workspace_writable());
         assert_eq!(
-            plan.inner_args,
+            plan.policy.inner_args(),
             os(&[
                 "--mode",
                 "read-only",
@@ -777,7 +717,7 @@ mod tests {
             ])
         );
         assert_eq!(plan.program, os(&["bash", "-c", "true"]));
-        assert_eq!(plan.ns_flags, os(&["--net"]));
+        assert_eq!(plan.policy.ns_flags, os(&["--net"]));
         assert!(Plan::parse(os(&["--mode", "bogus", "--", "x"])).is_err());
         assert!(Plan::parse(os(&["--mode", "off"])).is_err());
     }

@@ -24,6 +24,7 @@ use tokio::process::Command;
 use super::Sandbox;
 use super::exec::{FAILURE_PREFIX, REPORT_SIGNAL, REPORT_TMP_FULL, SUBCOMMAND, TRAMPOLINE_FAILED};
 use super::mode::{SandboxLimits, human_bytes};
+use super::policy::{CallCommand, CallPolicy};
 use super::slots::{Slot, Slots};
 use super::spawned::{Running, SpawnerSlot};
 
@@ -35,7 +36,8 @@ const SIGXFSZ: i32 = 25;
 #[derive(Debug)]
 pub struct CallSandbox {
     trampoline: PathBuf,
-    args: Vec<OsString>,
+    /// How the call is confined (its namespaces are added by [`CallSandbox::command`]).
+    policy: CallPolicy,
     /// Namespaces beside the launcher's: `--net` without network, and those of
     /// [`super::probe::CALL_NAMESPACES`] the kernel has.
     ns_flags: Vec<String>,
@@ -94,40 +96,24 @@ impl CallSandbox {
         let slot = sandbox.slots.take(&status.cgroups, &limits)?;
         let (tmp, status_file, cgroup) = (slot.tmp.clone(), slot.status.clone(), slot.cgroup());
         let cpu_seconds = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
-        let mut args: Vec<OsString> = vec![
-            SUBCOMMAND.into(),
-            "--mode".into(),
-            config.mode.as_str().into(),
-            "--workspace".into(),
-            workspace.into(),
-            "--tmp".into(),
-            tmp.clone().into(),
-            "--tmp-size".into(),
-            limits.max_tmp_size.to_string().into(),
-            "--status".into(),
-            status_file.clone().into(),
-            "--parent".into(),
-            std::process::id().to_string().into(),
-            "--fsize".into(),
-            limits.max_file_size.to_string().into(),
-            "--cpu".into(),
-            cpu_seconds.max(1).to_string().into(),
-        ];
-        for path in &config.read_paths {
-            args.extend(["--read".into(), path.into()]);
-        }
-        for path in super::mounts::root_secrets() {
-            args.extend(["--hide".into(), path.into()]);
-        }
-        for procs in cgroup.task_files() {
-            args.extend(["--cgroup".into(), procs.into()]);
-        }
-        if !cgroup.limits_processes() {
-            args.extend(["--nproc".into(), limits.max_processes.to_string().into()]);
-        }
-        if !cgroup.limits_memory() {
-            args.extend(["--as".into(), limits.max_memory.to_string().into()]);
-        }
+        let policy = CallPolicy {
+            mode: Some(config.mode),
+            workspace: Some(workspace.into()),
+            tmp: Some(tmp.clone()),
+            tmp_size: Some(limits.max_tmp_size),
+            status: Some(status_file.clone()),
+            read: config.read_paths.clone(),
+            hide: super::mounts::root_secrets().to_vec(),
+            landlock_tcp: !config.allow_network && !status.network_namespace,
+            parent: Some(std::process::id() as i32),
+            cgroups: cgroup.task_files(),
+            nproc: (!cgroup.limits_processes()).then_some(limits.max_processes),
+            address_space: (!cgroup.limits_memory()).then_some(limits.max_memory),
+            fsize: Some(limits.max_file_size),
+            cpu: Some(cpu_seconds.max(1)),
+            unshare: None,
+            ns_flags: Vec::new(),
+        };
         let mut ns_flags: Vec<String> = status
             .namespaces
             .iter()
@@ -136,12 +122,9 @@ impl CallSandbox {
         if !config.allow_network && status.network_namespace {
             ns_flags.push("--net".into());
         }
-        if !config.allow_network && !status.network_namespace {
-            args.push("--landlock-tcp".into());
-        }
         Ok(CallSandbox {
             trampoline,
-            args,
+            policy,
             ns_flags,
             slot: Some(slot),
             slots: Some(Arc::clone(&sandbox.slots)),
@@ -168,18 +151,15 @@ impl CallSandbox {
             .prefix("switchboard-call-")
             .tempfile()?
             .into_temp_path();
-        let args: Vec<OsString> = vec![
-            SUBCOMMAND.into(),
-            "--mode".into(),
-            super::SandboxMode::Off.as_str().into(),
-            "--status".into(),
-            status_file.as_os_str().into(),
-            "--parent".into(),
-            std::process::id().to_string().into(),
-        ];
+        let policy = CallPolicy {
+            mode: Some(super::SandboxMode::Off),
+            status: Some(status_file.to_path_buf()),
+            parent: Some(std::process::id() as i32),
+            ..CallPolicy::default()
+        };
         Ok(CallSandbox {
             trampoline,
-            args,
+            policy,
             ns_flags: Vec::new(),
             tmp: PathBuf::new(),
             status: status_file.to_path_buf(),
@@ -212,32 +192,41 @@ impl CallSandbox {
     /// `ns_flags` (plus `--net` without network, and the IPC, UTS and cgroup namespaces the
     /// kernel has) when `unshare` is given — `ns_flags` must start a PID namespace (`--pid
     /// --fork`): the trampoline is its init — else confines itself and execs `program` directly.
-    pub fn command(&self, unshare: Option<(&Path, &[&str])>, program: &[OsString]) -> Command {
-        let mut cmd = Command::new(&self.trampoline);
-        cmd.args(&self.args);
+    /// Set the command's environment, directory and stdio on [`CallCommand::command_mut`], then
+    /// start it with [`CallSandbox::spawn`].
+    pub fn command(&self, unshare: Option<(&Path, &[&str])>, program: &[OsString]) -> CallCommand {
+        let mut policy = self.policy.clone();
         if let Some((path, flags)) = unshare {
-            cmd.arg("--unshare").arg(path);
+            policy.unshare = Some(path.to_path_buf());
             let own = self.ns_flags.iter().map(String::as_str);
-            for flag in flags.iter().copied().chain(own) {
-                cmd.args(["--ns-flag", flag]);
-            }
+            policy.ns_flags = flags
+                .iter()
+                .copied()
+                .chain(own)
+                .map(OsString::from)
+                .collect();
         }
-        cmd.arg("--").args(program);
-        cmd
+        let mut command = Command::new(&self.trampoline);
+        command
+            .arg(SUBCOMMAND)
+            .args(policy.args())
+            .arg("--")
+            .args(program);
+        CallCommand::new(policy, program.to_vec(), command)
     }
 
-    /// Starts `cmd` (made by [`CallSandbox::command`], with its environment and directory set):
+    /// Starts `call` (made by [`CallSandbox::command`], with its environment and directory set):
     /// forked by the engine's spawner when it serves — no program start for the trampoline —
     /// else as a child of this process. Either way stdin is `/dev/null`, stdout and stderr are
     /// pipes, the process leads a session (and so a process group) of its own without a
-    /// controlling terminal, and is killed if dropped before it ended; `cmd`'s own stdio and
-    /// kill-on-drop settings count only for the child, which makes its session itself (so `cmd`
-    /// must not make it a group leader: no `process_group(0)`).
-    pub async fn spawn(&self, mut cmd: Command) -> std::io::Result<Running> {
-        if let Some(spawned) = self.spawner.spawn(&self.trampoline, &cmd).await {
+    /// controlling terminal, and is killed if dropped before it ended; the command's own stdio
+    /// and kill-on-drop settings count only for the child, which makes its session itself (so
+    /// it must not make it a group leader: no `process_group(0)`).
+    pub async fn spawn(&self, call: CallCommand) -> std::io::Result<Running> {
+        if let Some(spawned) = self.spawner.spawn(&self.trampoline, &call).await {
             return Ok(Running::Spawned(spawned));
         }
-        cmd.spawn().map(Running::Child)
+        call.into_command().spawn().map(Running::Child)
     }
 
     /// The signal that killed the command's shell, if one did: its own wait status without

@@ -36,6 +36,7 @@ mod landlock_rules;
 mod launch;
 mod mode;
 mod mounts;
+mod policy;
 // The engine process's own hardening, and the process groups of calls: foundation modules
 // (`src/process_guard.rs`, `src/process_tree.rs`) that the sandbox builds on, nested here for
 // embedders.
@@ -61,6 +62,7 @@ pub(crate) use mode::human_bytes;
 pub(crate) use mode::parse_bytes;
 pub use mode::{SandboxConfig, SandboxError, SandboxLimits, SandboxMode};
 pub use mounts::HIDDEN as HIDDEN_DIRS;
+pub use policy::CallCommand;
 pub use probe::{SandboxStatus, find_trampoline, this_binary_is_the_trampoline};
 pub use spawned::{OutputPipe, Running, Spawned};
 

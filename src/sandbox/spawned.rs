@@ -2,8 +2,8 @@
 //! prepared), started with the first call that needs it and again after it died, and a call
 //! started through it ([`Spawned`]), which the engine reads and waits for as for a child.
 //!
-//! A call's trampoline command ([`super::CallSandbox::command`]) is sent as it is — its
-//! arguments, its environment, its directory — with a `/dev/null` stdin and the write ends of
+//! A call's command ([`super::CallSandbox::command`]) is sent as it is — its policy and program,
+//! its environment, its directory — with a `/dev/null` stdin and the write ends of
 //! two fresh pipes; the spawner forks it and answers with its pid, then its wait status. Where
 //! the spawner cannot serve (it would not start, it died, no async runtime), the call starts
 //! its trampoline as a child of the engine instead, as before: same confinement, one program
@@ -33,6 +33,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::exec::SUBCOMMAND;
+use super::policy::CallCommand;
 use super::spawner::{
     EXITED, FAILED, READY, REPLY_LEN, Request, STARTED, decode_reply, send_with_fds,
 };
@@ -78,13 +79,13 @@ struct Conn {
 }
 
 impl SpawnerSlot {
-    /// Starts `cmd` — a trampoline command of `trampoline` ([`super::CallSandbox::command`]) —
+    /// Starts `call` — a trampoline command of `trampoline` ([`super::CallSandbox::command`]) —
     /// through the spawner. `None` when the spawner cannot serve: the caller starts it itself.
-    pub(super) async fn spawn(&self, trampoline: &Path, cmd: &Command) -> Option<Spawned> {
+    pub(super) async fn spawn(&self, trampoline: &Path, call: &CallCommand) -> Option<Spawned> {
         if self.disabled.load(Ordering::Relaxed) || tokio::runtime::Handle::try_current().is_err() {
             return None;
         }
-        let request = request_of(cmd)?;
+        let request = request_of(call)?;
         let conn = self.conn(trampoline).await?;
         match conn.run(request).await {
             Ok(spawned) => Some(spawned),
@@ -128,21 +129,19 @@ impl SpawnerSlot {
     }
 }
 
-/// The request of a trampoline command: its arguments after `sandbox-exec`, its environment
-/// (set whole: the bash tool clears the engine's), its directory (else the engine's).
-fn request_of(cmd: &Command) -> Option<Request> {
-    let cmd = cmd.as_std();
-    let mut args = cmd.get_args();
-    if args.next() != Some(std::ffi::OsStr::new(SUBCOMMAND)) {
-        return None;
-    }
+/// The request of a call's command: its policy and program as they are (no command line read
+/// back), its environment (set whole: the bash tool clears the engine's), its directory (else
+/// the engine's).
+fn request_of(call: &CallCommand) -> Option<Request> {
+    let cmd = call.command().as_std();
     let cwd: OsString = match cmd.get_current_dir() {
         Some(dir) => dir.into(),
         None => std::env::current_dir().ok()?.into(),
     };
     Some(Request {
         id: 0,
-        args: args.map(OsString::from).collect(),
+        policy: call.policy.clone(),
+        program: call.program.clone(),
         env: cmd
             .get_envs()
             .filter_map(|(name, value)| Some((name.into(), value?.into())))

@@ -3,9 +3,10 @@
 //! start besides its command's shell (see `docs/sandbox.md`, "What it costs").
 //!
 //! Its stdin is one end of a Unix stream socket pair whose other end the engine keeps
-//! ([`super::spawned`]). For each call the engine sends one [`Request`] — the trampoline's
-//! arguments, exactly as it would have started it with them, the command's whole environment and
-//! its working directory — with the call's stdin, stdout and stderr attached (`SCM_RIGHTS`). The
+//! ([`super::spawned`]). For each call the engine sends one [`Request`] — the call's policy
+//! ([`CallPolicy`], read once here: the child runs under that same value), the command, its whole
+//! environment and its working directory — with the call's stdin, stdout and stderr attached
+//! (`SCM_RIGHTS`). The
 //! spawner forks (it is single-threaded: [`super::fork`]); the child first leads a session of its
 //! own — a process group too, and no controlling terminal ([`own_session`]; the spawner answers
 //! the pid only once it does) — takes those descriptors as 0, 1 and 2, enters the directory and
@@ -40,6 +41,8 @@ use rustix::event::{PollFd, PollFlags, poll};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
 use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions, getpid, getppid, pidfd_open};
 
+use super::policy::CallPolicy;
+
 /// The flag that makes the trampoline a spawner.
 pub(super) const FLAG: &str = "--spawner";
 /// Descriptors sent with each request: the call's stdin, stdout and stderr.
@@ -62,8 +65,10 @@ pub(super) const REPLY_LEN: usize = 13;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Request {
     pub id: u64,
-    /// The trampoline's arguments after `sandbox-exec`.
-    pub args: Vec<OsString>,
+    /// How the call is confined.
+    pub policy: CallPolicy,
+    /// The program and its arguments.
+    pub program: Vec<OsString>,
     /// The command's whole environment.
     pub env: Vec<(OsString, OsString)>,
     /// The directory the command starts in.
@@ -71,7 +76,9 @@ pub(super) struct Request {
 }
 
 impl Request {
-    /// The request as sent: a little-endian u32 length, then the body.
+    /// The request as sent: a little-endian u32 length, then the body: the id, the policy (as
+    /// the trampoline's options, [`CallPolicy::args`]), the program, the environment and the
+    /// directory — each list a count, each string a length and its bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::with_capacity(256);
         body.extend_from_slice(&self.id.to_le_bytes());
@@ -79,9 +86,11 @@ impl Request {
             body.extend_from_slice(&(s.len() as u32).to_le_bytes());
             body.extend_from_slice(s.as_bytes());
         };
-        body.extend_from_slice(&(self.args.len() as u32).to_le_bytes());
-        for arg in &self.args {
-            string(&mut body, arg);
+        for list in [self.policy.args(), self.program.clone()] {
+            body.extend_from_slice(&(list.len() as u32).to_le_bytes());
+            for arg in &list {
+                string(&mut body, arg);
+            }
         }
         body.extend_from_slice(&(self.env.len() as u32).to_le_bytes());
         for (name, value) in &self.env {
@@ -99,11 +108,8 @@ impl Request {
     pub fn decode(body: &[u8]) -> Result<Request, String> {
         let mut body = Cursor(body);
         let id = u64::from_le_bytes(body.take(8)?.try_into().expect("8 bytes"));
-        let n = body.count()?;
-        let mut args = Vec::with_capacity(n.min(1024));
-        for _ in 0..n {
-            args.push(body.string()?);
-        }
+        let policy = CallPolicy::parse(body.strings()?)?;
+        let program = body.strings()?;
         let n = body.count()?;
         let mut env = Vec::with_capacity(n.min(1024));
         for _ in 0..n {
@@ -114,7 +120,13 @@ impl Request {
         if !body.0.is_empty() {
             return Err("a request has bytes after its end".into());
         }
-        Ok(Request { id, args, env, cwd })
+        Ok(Request {
+            id,
+            policy,
+            program,
+            env,
+            cwd,
+        })
     }
 }
 
@@ -134,6 +146,15 @@ impl<'a> Cursor<'a> {
     fn count(&mut self) -> Result<usize, String> {
         let bytes = self.take(4)?.try_into().expect("4 bytes");
         Ok(u32::from_le_bytes(bytes) as usize)
+    }
+
+    fn strings(&mut self) -> Result<Vec<OsString>, String> {
+        let n = self.count()?;
+        let mut list = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            list.push(self.string()?);
+        }
+        Ok(list)
     }
 
     fn string(&mut self) -> Result<OsString, String> {
@@ -244,7 +265,7 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
                 stdio.len()
             ));
         }
-        let confined = confines(&request.args);
+        let confined = request.policy.confines();
         if confined && bounding_set == BoundingSet::Full {
             // Once for all calls rather than in each (about 40 system calls, 50 µs): the
             // spawner keeps its own capabilities, its calls inherit the empty set.
@@ -276,8 +297,8 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
                     continue;
                 }
             };
-        let netns = spare.take_for(&request.args);
-        let made_pid_ns = pid_ns.enter_new(&request.args);
+        let netns = spare.take_for(&request.policy);
+        let made_pid_ns = pid_ns.enter_new(&request.policy);
         let forked = super::fork::fork();
         if made_pid_ns && !matches!(forked, Ok(super::fork::Forked::Child)) {
             pid_ns.leave()?;
@@ -337,7 +358,8 @@ pub(super) fn serve(parent: Option<i32>) -> Result<Served, String> {
     rustix::process::chdir(request.cwd.as_os_str())
         .map_err(|e| format!("cannot enter {:?}: {e}", request.cwd))?;
     Ok(Served::Call(
-        request.args,
+        request.policy,
+        request.program,
         Forked {
             env: request.env,
             spawner: me.as_raw_nonzero().get(),
@@ -373,12 +395,16 @@ fn wait_for_eof(fd: &OwnedFd) {
 }
 
 /// How [`serve`] returned.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per process, by the spawner and by each call it forks"
+)]
 pub(super) enum Served {
     /// The engine closed its end: the spawner is done.
     Done,
     /// In a child it forked, with the call's stdio and directory in place: the trampoline is to
-    /// run with these arguments, in this context.
-    Call(Vec<OsString>, Forked),
+    /// run this program under this policy, in this context.
+    Call(CallPolicy, Vec<OsString>, Forked),
 }
 
 /// What a call forked by the spawner has that a trampoline the engine started has not.
@@ -410,16 +436,6 @@ enum BoundingSet {
     Empty,
     /// Emptying failed part of the way: each call empties its own, as without the spawner.
     Touched,
-}
-
-/// True when a call's options confine it: its `--mode` is one that confines (the trampoline
-/// reads it the same way).
-fn confines(args: &[OsString]) -> bool {
-    option_values(args, "--mode").any(|mode| {
-        mode.to_string_lossy()
-            .parse::<super::SandboxMode>()
-            .is_ok_and(super::SandboxMode::confines)
-    })
 }
 
 /// The network namespaces ready for the calls that ask for one: made while the spawner had
@@ -476,10 +492,10 @@ impl Spare {
         Ok(())
     }
 
-    /// One that is ready, for a call whose arguments ask for a network namespace of its own
-    /// (and no user namespace, inside which a namespace of the spawner's could not be joined).
-    fn take_for(&mut self, args: &[OsString]) -> Option<OwnedFd> {
-        if asks_for(args, "--net") && !asks_for(args, "--user") {
+    /// One that is ready, for a call that asks for a network namespace of its own (and no user
+    /// namespace, inside which a namespace of the spawner's could not be joined).
+    fn take_for(&mut self, policy: &CallPolicy) -> Option<OwnedFd> {
+        if policy.asks_for("--net") && !policy.asks_for("--user") {
             self.free.pop()
         } else {
             None
@@ -518,16 +534,15 @@ impl PidNamespaces {
         PidNamespaces { home, me }
     }
 
-    /// Makes the next child pid 1 of a fresh PID namespace when the call's arguments ask for
-    /// one (and no user namespace, which must come first). True when it did.
+    /// Makes the next child pid 1 of a fresh PID namespace when the call asks for one (and no
+    /// user namespace, which must come first). True when it did.
     #[allow(deprecated)]
-    fn enter_new(&self, args: &[OsString]) -> bool {
+    fn enter_new(&self, policy: &CallPolicy) -> bool {
         use rustix::thread::UnshareFlags;
         // As in `exec::own_namespaces`: sound in a single-threaded process, without `FILES`.
         self.home.is_some()
-            && options(args).any(|a| a == "--unshare")
-            && asks_for(args, "--pid")
-            && !asks_for(args, "--user")
+            && policy.asks_for("--pid")
+            && !policy.asks_for("--user")
             && rustix::thread::unshare(UnshareFlags::NEWPID).is_ok()
     }
 
@@ -543,31 +558,6 @@ impl PidNamespaces {
     fn into_pidfd(self) -> Option<OwnedFd> {
         self.me
     }
-}
-
-/// The trampoline's options in a call's arguments: those before `--` (what follows is the
-/// command, whose words may look like anything).
-fn options(args: &[OsString]) -> impl Iterator<Item = &OsString> {
-    args.iter().take_while(|a| *a != "--")
-}
-
-/// The values a call's options give `option` (`--mode <value>`, `--ns-flag <value>`…).
-fn option_values<'a>(
-    args: &'a [OsString],
-    option: &'a str,
-) -> impl Iterator<Item = &'a OsString> + 'a {
-    let options: Vec<&OsString> = options(args).collect();
-    let values: Vec<&OsString> = options
-        .windows(2)
-        .filter(|w| *w[0] == option)
-        .map(|w| w[1])
-        .collect();
-    values.into_iter()
-}
-
-/// True when a call's options ask for the namespace `--ns-flag <flag>` names.
-fn asks_for(args: &[OsString], flag: &str) -> bool {
-    option_values(args, "--ns-flag").any(|v| v == flag)
 }
 
 fn open_netns() -> rustix::io::Result<OwnedFd> {
@@ -671,15 +661,22 @@ pub(super) fn send_with_fds(
 mod tests {
     use super::*;
 
+    fn policy(mode: super::super::SandboxMode) -> CallPolicy {
+        CallPolicy {
+            mode: Some(mode),
+            status: Some("/s".into()),
+            unshare: Some("/usr/bin/unshare".into()),
+            ns_flags: vec!["--pid".into(), "--fork".into(), "--net".into()],
+            ..CallPolicy::default()
+        }
+    }
+
     #[test]
     fn a_request_reads_back_as_it_was_written_and_a_torn_one_is_refused() {
         let request = Request {
             id: 7,
-            args: vec![
-                "--mode".into(),
-                "off".into(),
-                OsString::from_vec(vec![0xff, b'x']),
-            ],
+            policy: policy(super::super::SandboxMode::Off),
+            program: vec!["bash".into(), OsString::from_vec(vec![0xff, b'x'])],
             env: vec![
                 ("PATH".into(), "/usr/bin".into()),
                 ("EMPTY".into(), "".into()),
@@ -701,38 +698,68 @@ mod tests {
     }
 
     #[test]
-    fn only_the_trampolines_options_ask_for_namespaces_never_the_commands_words() {
-        let args: Vec<OsString> = ["--unshare", "/usr/bin/unshare", "--ns-flag", "--pid"]
+    fn only_the_policy_asks_for_namespaces_never_the_commands_words() {
+        let request = Request {
+            id: 1,
+            policy: policy(super::super::SandboxMode::ReadOnly),
+            program: [
+                "bash",
+                "--unshare",
+                "/bin/x",
+                "--ns-flag",
+                "--user",
+                "--mode",
+                "off",
+            ]
             .into_iter()
-            .chain(["--ns-flag", "--net", "--", "bash", "--ns-flag", "--user"])
             .map(OsString::from)
-            .collect();
-        assert!(asks_for(&args, "--pid") && asks_for(&args, "--net"));
+            .collect(),
+            env: Vec::new(),
+            cwd: "/".into(),
+        };
+        let got = Request::decode(&request.encode()[4..]).unwrap();
+        assert!(got.policy.asks_for("--pid") && got.policy.asks_for("--net"));
         assert!(
-            !asks_for(&args, "--user"),
+            !got.policy.asks_for("--user"),
             "a word of the command is no option"
         );
-        let command_only: Vec<OsString> =
-            ["--mode", "off", "--", "--unshare", "--ns-flag", "--pid"]
-                .into_iter()
-                .map(OsString::from)
-                .collect();
-        assert!(!asks_for(&command_only, "--pid"));
-        assert_eq!(options(&command_only).count(), 2);
+        assert!(
+            got.policy.confines(),
+            "the command's `--mode off` is a word"
+        );
+        let off = Request {
+            policy: policy(super::super::SandboxMode::Off),
+            ..request
+        };
+        assert!(
+            !Request::decode(&off.encode()[4..])
+                .unwrap()
+                .policy
+                .confines()
+        );
     }
 
     #[test]
-    fn only_a_mode_among_the_options_other_than_off_confines() {
-        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
-        assert!(confines(&args(&[
-            "--mode",
-            "workspace-write",
-            "--",
-            "true"
-        ])));
-        assert!(confines(&args(&["--mode", "read-only", "--", "true"])));
-        assert!(!confines(&args(&["--mode", "off", "--", "true"])));
-        assert!(!confines(&args(&["--", "--mode", "read-only"])));
+    fn a_request_whose_policy_does_not_read_is_refused() {
+        let mut request = Request {
+            id: 1,
+            policy: CallPolicy::default(),
+            program: vec!["true".into()],
+            env: Vec::new(),
+            cwd: "/".into(),
+        }
+        .encode();
+        // The policy's list: one option the trampoline does not know.
+        let at = 4 + 8;
+        let bogus = b"--bogus";
+        let mut body = request.split_off(at);
+        body.splice(0..4, 1u32.to_le_bytes());
+        let mut option = (bogus.len() as u32).to_le_bytes().to_vec();
+        option.extend_from_slice(bogus);
+        body.splice(4..4, option);
+        request.extend_from_slice(&body);
+        let err = Request::decode(&request[4..]).unwrap_err();
+        assert!(err.contains("--bogus"), "{err}");
     }
 
     #[test]
@@ -741,7 +768,8 @@ mod tests {
         let (read, write) = rustix::pipe::pipe().unwrap();
         let request = Request {
             id: 1,
-            args: vec!["x".into()],
+            policy: CallPolicy::default(),
+            program: vec!["x".into()],
             env: Vec::new(),
             cwd: "/".into(),
         };

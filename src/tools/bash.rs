@@ -85,7 +85,7 @@ pub use crate::process_tree::{Isolation, Launcher, probe_launcher};
 mod exit;
 mod redirect;
 use crate::protocol::ErrorCode;
-use crate::sandbox::{CallSandbox, Running};
+use crate::sandbox::{CallCommand, CallSandbox, Running};
 use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
 use exit::{death_signal, killed_by};
@@ -233,7 +233,7 @@ impl Bash {
             (Launcher::Namespaces { .. }, None) => tempfile::NamedTempFile::new().ok(),
             _ => None,
         };
-        let mut cmd = shell(
+        let cmd = shell(
             root,
             command,
             &ctx,
@@ -244,9 +244,9 @@ impl Bash {
         );
         // Through the engine's spawner when the call has a trampoline (one program start
         // fewer), else as a child of this process.
-        let mut child = match &sandbox {
-            Some(sandbox) => sandbox.spawn(cmd).await,
-            None => cmd.spawn().map(Running::Child),
+        let mut child = match cmd {
+            Shell::Sandboxed(sandbox, call) => sandbox.spawn(call).await,
+            Shell::Plain(mut cmd) => cmd.spawn().map(Running::Child),
         }
         .map_err(|e| ToolError::execution(format!("failed to start bash: {e}")))?;
         // The first process leads the call's session, so its pid is the group id.
@@ -372,17 +372,36 @@ fn timeout_arg(args: &Value) -> Result<Duration, ToolError> {
     }
 }
 
+/// One call's shell: confined by its call's sandbox, or a plain command.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per call, made and started once; both variants carry a command"
+)]
+enum Shell<'a> {
+    Sandboxed(&'a CallSandbox, CallCommand),
+    Plain(Command),
+}
+
+impl Shell<'_> {
+    fn command_mut(&mut self) -> &mut Command {
+        match self {
+            Shell::Sandboxed(_, call) => call.command_mut(),
+            Shell::Plain(cmd) => cmd,
+        }
+    }
+}
+
 /// The command line for one call, with the rebuilt environment and the settings described in the
 /// module docs; `launcher` with the `setsid` it starts an unsandboxed command through.
-fn shell(
+fn shell<'a>(
     root: &Path,
     command: &str,
     ctx: &ToolContext,
     token: Option<&str>,
     (launcher, setsid): (&Launcher, Option<&Path>),
-    sandbox: Option<&CallSandbox>,
+    sandbox: Option<&'a CallSandbox>,
     notice: Option<&Path>,
-) -> Command {
+) -> Shell<'a> {
     let mut program: Vec<OsString> = match (launcher, sandbox) {
         // Unconfined: an init shell runs the command's shell. Sandboxed, the trampoline is the
         // namespace's init itself.
@@ -397,7 +416,7 @@ fn shell(
         _ => vec!["bash".into()],
     };
     program.extend(["-c".into(), command.into()]);
-    let mut cmd = match sandbox {
+    let mut shell = match sandbox {
         // The trampoline confines itself, then execs `unshare` (if any), then bash.
         Some(sandbox) => {
             let unshare = match launcher {
@@ -406,11 +425,12 @@ fn shell(
                 }
                 Launcher::Direct => None,
             };
-            sandbox.command(unshare, &program)
+            Shell::Sandboxed(sandbox, sandbox.command(unshare, &program))
         }
-        None => launcher.command_in_session(&program, setsid),
+        None => Shell::Plain(launcher.command_in_session(&program, setsid)),
     };
-    crate::process_env::inherit_tool_env(&mut cmd);
+    let cmd = shell.command_mut();
+    crate::process_env::inherit_tool_env(cmd);
     if let Some(sandbox) = sandbox.filter(|s| s.confines()) {
         cmd.env("TMPDIR", sandbox.tmp());
     }
@@ -418,7 +438,7 @@ fn shell(
         .env("PWD", root)
         .env(CALL_ID_VAR, &*ctx.call_id)
         .env(IDEMPOTENCY_KEY_VAR, ctx.idempotency_key());
-    Launcher::mark(&mut cmd, token);
+    Launcher::mark(cmd, token);
     // No `process_group(0)`: the first process makes a session of its own (the trampoline
     // first thing, else `setsid`), which a group leader cannot.
     cmd.current_dir(root)
@@ -426,7 +446,7 @@ fn shell(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    cmd
+    shell
 }
 
 /// `120s`, or `0.3s` for a fraction, rounded to a tenth; under 50 ms, `7ms`.
