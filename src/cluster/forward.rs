@@ -1,7 +1,9 @@
 //! Relaying an HTTP request to the node that owns its session, over NATS request-reply.
 //!
 //! Every node listens on `switchboard.forward.<node>`. A node that receives a request for a
-//! session another node owns publishes it there with a fresh inbox as the reply subject, and
+//! session another node owns publishes it there with an inbox of its own as the reply subject
+//! (one subscription per node for all its relays, [`Relays`]: no subscription made and removed
+//! per relayed request, whose interest every NATS server of the cluster would learn), and
 //! the owner answers it through its own HTTP stack (token check included) and streams the
 //! answer back to the inbox as it is produced: a head (status and headers), the body's chunks
 //! in order, then an end mark. A streamed turn's Server-Sent Events are relayed chunk by chunk,
@@ -29,7 +31,12 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+use std::collections::HashMap;
+
+use tokio::sync::mpsc;
+
 use super::ClusterError;
+use crate::locks::lock;
 use crate::metrics::{ClusterMetrics, ForwardOutcome};
 
 /// The header a relayed request carries at its owner (the node it came through).
@@ -408,28 +415,124 @@ pub enum Unreachable {
     Nats(String),
 }
 
+/// Answer messages a relay may have waiting before it reads them; more are dropped (the relay
+/// then sees a gap in the sequence and cuts the answer, as a slow NATS subscriber would).
+const RELAY_BACKLOG: usize = 8192;
+
+/// The answers of every request this node relays: one subscription to `<prefix>.*`, each
+/// relayed request answered at `<prefix>.<n>` and its messages handed to it by `n`.
+pub struct Relays {
+    client: async_nats::Client,
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+    waiting: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>>,
+    /// Ends the task that hands the messages out, with the last handle.
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl std::fmt::Debug for Relays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relays")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relays {
+    /// Subscribes to this node's relay inbox and starts handing its messages out.
+    pub async fn start(client: async_nats::Client) -> Result<Relays, ClusterError> {
+        let prefix = client.new_inbox();
+        let mut answers = client
+            .subscribe(format!("{prefix}.*"))
+            .await
+            .map_err(|e| super::err("cannot listen for relayed answers", e))?;
+        let waiting: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>> =
+            Arc::default();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (handed, stopped) = (Arc::clone(&waiting), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    m = answers.next() => match m { Some(m) => m, None => break },
+                    () = stopped.cancelled() => break,
+                };
+                let Some(n) = message
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                let relay = lock(&handed).get(&n).cloned();
+                if let Some(relay) = relay {
+                    // Full: dropped, and the relay cuts its answer at the gap.
+                    let _ = relay.try_send(message);
+                }
+            }
+        });
+        Ok(Relays {
+            client,
+            prefix,
+            next: std::sync::atomic::AtomicU64::new(0),
+            waiting,
+            _stop: stop.drop_guard(),
+        })
+    }
+
+    /// A fresh inbox for one relayed request, and its messages; forgotten when dropped.
+    fn open(&self) -> Inbox {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (sender, answers) = mpsc::channel(RELAY_BACKLOG);
+        lock(&self.waiting).insert(n, sender);
+        Inbox {
+            subject: format!("{}.{n}", self.prefix),
+            answers,
+            n,
+            waiting: Arc::clone(&self.waiting),
+        }
+    }
+}
+
+/// One relayed request's inbox ([`Relays::open`]).
+struct Inbox {
+    subject: String,
+    answers: mpsc::Receiver<async_nats::Message>,
+    n: u64,
+    waiting: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>>,
+}
+
+impl Inbox {
+    async fn next(&mut self) -> Option<async_nats::Message> {
+        self.answers.recv().await
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        lock(&self.waiting).remove(&self.n);
+    }
+}
+
 /// Relays a request (its head and whole body) to node `node` and returns the owner's answer,
 /// whose body streams as the owner sends it (cut, as an error, if the owner goes silent or a
 /// message is lost).
 pub async fn forward(
-    client: &async_nats::Client,
+    relays: &Relays,
     node: &str,
     parts: &axum::http::request::Parts,
     body: Bytes,
     metrics: &ClusterMetrics,
 ) -> Result<Response<Body>, Unreachable> {
+    let client = &relays.client;
     let payload = encode_request(parts, &body).map_err(Unreachable::Nats)?;
     let limit = client.server_info().max_payload;
     if payload.len() > limit {
         return Err(Unreachable::TooLarge(limit));
     }
-    let inbox = client.new_inbox();
-    let mut answers = client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| Unreachable::Nats(e.to_string()))?;
+    let mut answers = relays.open();
     client
-        .publish_with_reply(subject(node), inbox, payload.into())
+        .publish_with_reply(subject(node), answers.subject.clone(), payload.into())
         .await
         .map_err(|e| Unreachable::Nats(e.to_string()))?;
     // The head, skipping pings.
@@ -439,7 +542,7 @@ pub async fn forward(
                 metrics.forward(ForwardOutcome::Unreachable);
                 return Err(Unreachable::Silent);
             }
-            Ok(None) => return Err(Unreachable::Nats("the subscription ended".into())),
+            Ok(None) => return Err(Unreachable::Nats("the relay inbox closed".into())),
             Ok(Some(m)) => m,
         };
         if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
@@ -498,7 +601,7 @@ pub async fn forward(
 
 /// The forwarding side of one relayed answer, read as the client reads the body.
 struct Relay {
-    answers: async_nats::Subscriber,
+    answers: Inbox,
     /// The sequence number the next data or end message must carry.
     next: u64,
     done: bool,

@@ -332,6 +332,8 @@ pub struct Cluster {
     /// turn, a relayed and a local one) never take it over twice at once.
     taking: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     metrics: ClusterMetrics,
+    /// The inbox of the requests this node relays to others.
+    relays: forward::Relays,
 }
 
 /// Held while this node takes a session over ([`Cluster::taking_over`]).
@@ -509,6 +511,7 @@ impl Cluster {
         let nodes_stream = stream_of(NODES_BUCKET).await?;
         let owners_stream = stream_of(SESSIONS_BUCKET).await?;
         let boot = format!("{:x}{:x}", crate::journal::now_ms(), std::process::id());
+        let relays = forward::Relays::start(client.clone()).await?;
         let cluster = Cluster {
             client,
             js,
@@ -532,6 +535,7 @@ impl Cluster {
             alive_since: Mutex::new(None),
             taking: Arc::new(Mutex::new(HashMap::new())),
             metrics: ClusterMetrics::new(node),
+            relays,
         };
         // A live node of the same id would share forwards and leases: refuse.
         if let Some(other) = cluster.node_info(node).await?
@@ -579,6 +583,11 @@ impl Cluster {
     /// The NATS client.
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// The inbox of the requests this node relays ([`forward::forward`]).
+    pub fn relays(&self) -> &forward::Relays {
+        &self.relays
     }
 
     /// This node's id.

@@ -118,7 +118,7 @@ pub async fn route(State(app): State<Arc<App>>, request: Request, next: Next) ->
             }
             Decision::There(node, recent) => {
                 match forward::forward(
-                    cluster.client(),
+                    cluster.relays(),
                     &node,
                     &parts,
                     body.clone(),
@@ -400,7 +400,7 @@ async fn place(app: &App, cluster: &Cluster, request: Request, next: Next) -> Re
         Err(e) => return e.into_response(),
     };
     match forward::forward(
-        cluster.client(),
+        cluster.relays(),
         &target.node,
         &parts,
         body,
