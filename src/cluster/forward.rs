@@ -22,6 +22,7 @@
 //! `Authorization` header: a redirect would need the clients to follow it, and common HTTP
 //! clients drop `Authorization` on a redirect to another host.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,9 +31,6 @@ use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-
-use std::collections::HashMap;
-
 use tokio::sync::mpsc;
 
 use super::ClusterError;
@@ -419,13 +417,16 @@ pub enum Unreachable {
 /// then sees a gap in the sequence and cuts the answer, as a slow NATS subscriber would).
 const RELAY_BACKLOG: usize = 8192;
 
+/// The relays waiting for answers, by the last token of their inbox.
+type Waiting = Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>>;
+
 /// The answers of every request this node relays: one subscription to `<prefix>.*`, each
 /// relayed request answered at `<prefix>.<n>` and its messages handed to it by `n`.
 pub struct Relays {
     client: async_nats::Client,
     prefix: String,
     next: std::sync::atomic::AtomicU64,
-    waiting: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>>,
+    waiting: Waiting,
     /// Ends the task that hands the messages out, with the last handle.
     _stop: tokio_util::sync::DropGuard,
 }
@@ -446,8 +447,7 @@ impl Relays {
             .subscribe(format!("{prefix}.*"))
             .await
             .map_err(|e| super::err("cannot listen for relayed answers", e))?;
-        let waiting: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>> =
-            Arc::default();
+        let waiting: Waiting = Arc::default();
         let stop = tokio_util::sync::CancellationToken::new();
         let (handed, stopped) = (Arc::clone(&waiting), stop.clone());
         tokio::spawn(async move {
@@ -499,7 +499,7 @@ struct Inbox {
     subject: String,
     answers: mpsc::Receiver<async_nats::Message>,
     n: u64,
-    waiting: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Message>>>>,
+    waiting: Waiting,
 }
 
 impl Inbox {
