@@ -40,24 +40,31 @@ def wait_for(check, bound, what):
     raise SystemExit(f"{what} not ready within {bound} s")
 
 
-def run(switchboard, nats_bin, shards, tmp):
+def nats_cluster(nats_bin, tmp, procs):
+    """Starts 3 clustered NATS servers (JetStream, `sync_interval: always`) on free loopback
+    ports, their files in `tmp`, each process added to `procs`; returns their client URLs once
+    every one is healthy."""
     ports = [(free_port(), free_port(), free_port()) for _ in range(3)]
+    for i, (client, route, monitor) in enumerate(ports):
+        conf = os.path.join(tmp, f"n{i}.conf")
+        routes = "".join(f"    nats-route://127.0.0.1:{p[1]}\n" for p in ports)
+        with open(conf, "w") as f:
+            f.write(f"server_name: n{i}\nlisten: 127.0.0.1:{client}\nhttp: 127.0.0.1:{monitor}\n"
+                    f"jetstream {{\n  store_dir: {json.dumps(os.path.join(tmp, f'js{i}'))}\n"
+                    f"  sync_interval: always\n}}\n"
+                    f"cluster {{\n  name: sb\n  listen: 127.0.0.1:{route}\n  routes: [\n{routes}  ]\n}}\n")
+        log = open(os.path.join(tmp, f"n{i}.log"), "w")
+        procs.append(subprocess.Popen([nats_bin, "-c", conf], stdout=log, stderr=log))
+    for _, _, monitor in ports:
+        wait_for(lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{monitor}/healthz", timeout=1).status == 200, 30, "nats")
+    return [f"nats://127.0.0.1:{c}" for c, _, _ in ports]
+
+
+def run(switchboard, nats_bin, shards, tmp):
     procs = []
     try:
-        for i, (client, route, monitor) in enumerate(ports):
-            conf = os.path.join(tmp, f"n{i}.conf")
-            routes = "".join(f"    nats-route://127.0.0.1:{p[1]}\n" for p in ports)
-            with open(conf, "w") as f:
-                f.write(f"server_name: n{i}\nlisten: 127.0.0.1:{client}\nhttp: 127.0.0.1:{monitor}\n"
-                        f"jetstream {{\n  store_dir: {json.dumps(os.path.join(tmp, f'js{i}'))}\n"
-                        f"  sync_interval: always\n}}\n"
-                        f"cluster {{\n  name: sb\n  listen: 127.0.0.1:{route}\n  routes: [\n{routes}  ]\n}}\n")
-            log = open(os.path.join(tmp, f"n{i}.log"), "w")
-            procs.append(subprocess.Popen([nats_bin, "-c", conf], stdout=log, stderr=log))
-        for _, _, monitor in ports:
-            wait_for(lambda: urllib.request.urlopen(
-                f"http://127.0.0.1:{monitor}/healthz", timeout=1).status == 200, 30, "nats")
-        urls = ",".join(f"nats://127.0.0.1:{c}" for c, _, _ in ports)
+        urls = ",".join(nats_cluster(nats_bin, tmp, procs))
         token = os.path.join(tmp, "token")
         with open(token, "w") as f:
             f.write("bench-token\n")
