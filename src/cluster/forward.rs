@@ -7,8 +7,8 @@
 //! the owner answers it through its own HTTP stack (token check included) and streams the
 //! answer back to the inbox as it is produced: a head (status and headers), the body's chunks
 //! in order, then an end mark. A streamed turn's Server-Sent Events are relayed chunk by chunk,
-//! in order. While its answer is not done, the owner sends a ping every second, so a silent
-//! owner (dead or paused) is noticed after [`SILENCE`] instead of never.
+//! in order. While its answer is not done, the owner sends a ping every `PING_EVERY` (250 ms), so a
+//! silent owner (dead or paused) is noticed after [`SILENCE`] instead of never.
 //!
 //! Wire form. Request payload: a 4-byte big-endian length, the head as JSON (`method`, `uri`,
 //! `headers`), then the body. Answer messages ([`Frame`]s) say what they are in NATS headers:
@@ -42,10 +42,13 @@ pub const FORWARDED_HEADER: HeaderName = HeaderName::from_static("switchboard-fo
 /// The header of a relayed request's answer whose node does not (or no longer) serve the session
 /// (`session_moved`): the relaying node routes the request again, and drops the header.
 pub const MOVED_HEADER: HeaderName = HeaderName::from_static("switchboard-moved");
-/// How long a forwarding node waits without any message from the owner before it gives up.
-pub const SILENCE: Duration = Duration::from_secs(5);
+/// How long a forwarding node waits without any message from the owner before it gives up: six
+/// pings missed. An owner that died mid-answer is noticed this soon (a client with a 3 s timeout
+/// would otherwise give up first), before its heartbeat has even expired; an owner that is only
+/// slow is asked again by the client's retry, which joins the running turn.
+pub const SILENCE: Duration = Duration::from_millis(1500);
 /// How often an owner says it is still working on an answer.
-const PING_EVERY: Duration = Duration::from_secs(1);
+const PING_EVERY: Duration = Duration::from_millis(250);
 /// Largest data chunk in one answer message (under NATS's default 1 MiB payload limit).
 const CHUNK: usize = 256 * 1024;
 
@@ -271,7 +274,7 @@ async fn answer(
     let response = match decode_request(payload) {
         Ok(request) => {
             let mut work = handler(request);
-            // The first ping after a second (an interval's immediate first tick still waits for
+            // The first ping after one period (an interval's immediate first tick still waits for
             // the timer's next millisecond: 1 ms on every relayed request).
             let mut ping = pinger();
             loop {
