@@ -17,14 +17,13 @@ temporary directory.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-from cluster_shards import free_port, wait_for  # the same directory
+from cluster_shards import end, free_port, wait_for  # the same directory
 
 
 def status_kib(pid, field):
@@ -108,10 +107,7 @@ def main():
             "serve_args": serve_extra,
         }))
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        end(procs, tmp)
 
 
 if __name__ == "__main__":

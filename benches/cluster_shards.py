@@ -40,6 +40,16 @@ def wait_for(check, bound, what):
     raise SystemExit(f"{what} not ready within {bound} s")
 
 
+def end(procs, tmp=None):
+    """Kills and reaps the processes a run started (by their own handles), then removes its
+    temporary directory, if given."""
+    for p in procs:
+        p.kill()
+        p.wait()
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def nats_cluster(nats_bin, tmp, procs):
     """Starts 3 clustered NATS servers (JetStream, `sync_interval: always`) on free loopback
     ports, their files in `tmp`, each process added to `procs`; returns their client URLs once
@@ -94,9 +104,7 @@ def run(switchboard, nats_bin, shards, tmp):
             raise SystemExit(f"load failed: {out.stderr[-2000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        end(procs)
 
 
 def main():

@@ -16,12 +16,11 @@ target/nats-floor of the repository).
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 
-from cluster_shards import nats_cluster  # the same directory
+from cluster_shards import end, nats_cluster  # the same directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,10 +45,7 @@ def main():
         if out.returncode != 0:
             raise SystemExit(f"nats-floor failed: {out.stderr[-2000:]}")
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        end(procs, tmp)
 
 
 if __name__ == "__main__":
