@@ -425,6 +425,7 @@ type Waiting = Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<async_nats::Messag
 
 /// The answers of every request this node relays: one subscription to `<prefix>.*`, each
 /// relayed request answered at `<prefix>.<n>` and its messages handed to it by `n`.
+#[derive(Debug)]
 pub struct Relays {
     client: async_nats::Client,
     prefix: String,
@@ -432,14 +433,6 @@ pub struct Relays {
     waiting: Waiting,
     /// Ends the task that hands the messages out, with the last handle.
     _stop: tokio_util::sync::DropGuard,
-}
-
-impl std::fmt::Debug for Relays {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Relays")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Relays {

@@ -1,8 +1,9 @@
 //! A [`Session`]: one agent conversation's handle on the engine — its own cancellation and its
 //! [`SessionScope`] (id and workspace) that every call of the session sees in its
-//! [`crate::ToolContext`]. It has no actor of its own, which keeps an idle session to a few hundred
-//! bytes: a turn is planned on the task that dispatches it, runs there when every handler is
-//! inline, and otherwise goes to one of the engine's shared schedulers — the same one for the
+//! [`crate::ToolContext`]. It has no actor of its own, which keeps an idle session under a
+//! kilobyte (about 450 bytes on the heap; its answers for retries come on top): a turn is
+//! planned on the task that dispatches it, runs there when every handler is inline, and
+//! otherwise goes to one of the engine's shared schedulers — the same one for the
 //! session's whole life (picked round robin when it opens).
 //!
 //! Turns of one session are planned in the order they are dispatched; a turn that must wait runs
