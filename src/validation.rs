@@ -13,9 +13,12 @@ use jsonschema::Validator;
 use serde_json::Value;
 
 mod bounds;
+pub use bounds::Budget;
+// The bounds themselves: for `testing`'s callers and this crate's tests.
+#[cfg(any(test, feature = "testing"))]
 pub use bounds::{
-    Budget, MAX_CATALOG_PATTERNS, MAX_PATTERN_BYTES, PATTERN_BACKTRACK_LIMIT,
-    PATTERN_COMPILED_BYTES, PATTERN_DFA_BYTES,
+    MAX_CATALOG_PATTERNS, MAX_PATTERN_BYTES, PATTERN_BACKTRACK_LIMIT, PATTERN_COMPILED_BYTES,
+    PATTERN_DFA_BYTES,
 };
 
 /// How many schema violations a detail lists before it says "and N more".
@@ -23,6 +26,7 @@ const MAX_REPORTED: usize = 8;
 
 /// Compiles a tool's input schema as a catalog of its own (`compile_in` with a fresh catalog
 /// budget: see the module's bounds).
+#[cfg(any(test, feature = "testing"))]
 pub fn compile(schema: &Value) -> Result<Validator, String> {
     compile_in(schema, &mut Budget::catalog())
 }

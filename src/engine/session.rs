@@ -103,12 +103,14 @@ pub(crate) struct PreparedSession {
 
 impl PreparedSession {
     /// Its id (see [`SessionOptions::id`]).
+    #[cfg(feature = "cli")]
     pub(crate) fn id(mut self, id: String) -> Self {
         self.id = Some(id);
         self
     }
 
     /// The workspace its built-in tools are confined to.
+    #[cfg(feature = "cli")]
     pub(crate) fn workspace(mut self, workspace: Workspace) -> Self {
         self.workspace = Some(workspace);
         self

@@ -21,13 +21,6 @@ pub enum WorkloadSet {
     /// The sidecar's cost: the in-process engine versus the same turns over HTTP to a server
     /// started in this process, for one-call turns and 64 sessions × 8 no-op calls.
     Serve,
-    /// `tool_search`: top-1 and top-5 recall over the benchmark catalog and queries
-    /// (--search-catalog, --search-queries), and p50/p99 per search over 10,000 tools.
-    ToolSearch,
-    /// What a sandboxed command costs: a bare fork-exec of `bash -c true` from this process,
-    /// then the engine's `bash true` with the sandbox off, workspace-write and read-only, at 1
-    /// and 16 sessions; p50/p99 per call and calls/s, one JSON line per row.
-    Sandbox,
 }
 
 /// Flags of `switchboard load`.
@@ -146,14 +139,6 @@ pub struct LoadArgs {
     /// The arguments of every --mcp-call call (a JSON object; default `{}`).
     #[arg(long, value_name = "JSON", requires = "mcp_call")]
     pub mcp_args: Option<String>,
-    /// With --workload-set tool-search: the catalog of tool definitions (default:
-    /// benches/tool_search/catalog.json).
-    #[arg(long, value_name = "FILE")]
-    pub search_catalog: Option<PathBuf>,
-    /// With --workload-set tool-search: the queries, one JSON object a line (default:
-    /// benches/tool_search/queries.jsonl).
-    #[arg(long, value_name = "FILE")]
-    pub search_queries: Option<PathBuf>,
     /// Metrics.
     #[command(flatten)]
     pub telemetry: TelemetryArgs,

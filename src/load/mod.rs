@@ -17,9 +17,9 @@
 //! rounds, and reports the cost (see `compare.rs`); `--journal DIR` runs the engine with a
 //! durable call journal, and `--compare-journal` runs the workload with and without it,
 //! alternating rounds, and reports the cost, the journal's flushes and the latency of a lone
-//! one-call turn (see `compare_journal.rs`, `journal_dir.rs`); `--workload-set tool-search` measures
-//! `tool_search`'s recall and latency (see `search_set.rs`); `--workload-set sandbox` measures a
-//! sandboxed `bash true` against a bare process start (see `sandbox_set.rs`). The four A/B
+//! one-call turn (see `compare_journal.rs`, `journal_dir.rs`). The studies of our own parts
+//! that serve no user at run time (`tool_search`'s recall, a sandboxed command's cost) live in
+//! the unpublished `benches/studies` crate. The four A/B
 //! comparisons (`--compare-metrics`, `--compare-journal`, the peers and serve sets) alternate
 //! their sides and keep each side's best round through one driver (see `ab.rs`). Bad flags exit 2.
 //! Metrics flags work as for `dispatch`: the recorder is installed before any engine is built.
@@ -39,8 +39,6 @@ mod numbers;
 mod peers;
 mod report;
 mod rss;
-mod sandbox_set;
-mod search_set;
 mod serve_set;
 mod stats;
 mod svg;
@@ -91,10 +89,6 @@ pub async fn run(args: LoadArgs) -> ExitCode {
         mcp::run(&args, name).await
     } else if args.workload_set == Some(WorkloadSet::Serve) {
         run_serve_set(&args).await
-    } else if args.workload_set == Some(WorkloadSet::ToolSearch) {
-        run_search_set(&args).await
-    } else if args.workload_set == Some(WorkloadSet::Sandbox) {
-        run_sandbox_set(&args).await
     } else if args.workload_set.is_some() {
         run_peers(&args).await
     } else if args.idle {
@@ -231,31 +225,6 @@ async fn run_serve_set(args: &LoadArgs) -> ExitCode {
         Err(e) => return fail(1, &e),
     };
     finish_set(args, &lines, violations, "serve.jsonl")
-}
-
-async fn run_sandbox_set(args: &LoadArgs) -> ExitCode {
-    let bounds = sandbox_set::Bounds {
-        calls: args.turns,
-        duration: args.duration.unwrap_or(sandbox_set::DEFAULT_DURATION),
-        max_time: args.max_time,
-    };
-    let lines = match sandbox_set::run(bounds, !args.quiet).await {
-        Ok(lines) => lines,
-        Err(e) => return fail(1, &e),
-    };
-    finish_set(args, &lines, 0, "sandbox.jsonl")
-}
-
-async fn run_search_set(args: &LoadArgs) -> ExitCode {
-    let (catalog, queries) = search_set::paths(&args.search_catalog, &args.search_queries);
-    let lines = match search_set::run(&catalog, &queries, args.max_time).await {
-        Ok(lines) => lines,
-        Err(e) => return fail(1, &e),
-    };
-    for line in &lines {
-        crate::command::out(&format!("{line}\n"));
-    }
-    finish_set(args, &lines, 0, "tool_search.jsonl")
 }
 
 /// The server of `--target`, with its token (`--token-file`, else `SWITCHBOARD_TOKEN`).

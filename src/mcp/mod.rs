@@ -40,6 +40,7 @@ use futures::future::join_all;
 use kameo::prelude::ActorRef;
 
 pub use config::{ConfigError, ListLimits, McpConfig, ServerSpec, Transport, valid_server_name};
+pub use names::registry_names;
 pub use server_conn::{Server, ServerState, ServerStatus, ToolEntry};
 pub use tools::IDEMPOTENCY_META_KEY;
 

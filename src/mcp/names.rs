@@ -77,9 +77,12 @@ fn suffixed(plain: &str, raw: &str, salt: u32) -> String {
     format!("{}_{:08x}", &plain[..keep], hash as u32)
 }
 
-/// The registry name of each of `server`'s tools, in the order given (see the module docs):
-/// every `Some` is distinct; `None` for a raw name listed before (or, in theory, one for which
-/// no free name was found).
+/// The registry name of each of `server`'s tools, in the order given — the names a model sees
+/// and permission rules match: `mcp__<server>__<tool>` with every character of the tool's name
+/// outside `[A-Za-z0-9_-]` replaced by `_`, and an 8-hex-digit hash of the raw name in place of
+/// the end when that is longer than 64 characters or collides with another tool of the server
+/// (the full rule is in `docs/mcp.md`). Every `Some` is distinct; `None` for a raw name listed
+/// before (or, in theory, one for which no free name was found).
 pub fn registry_names(server: &str, raw_tools: &[&str]) -> Vec<Option<String>> {
     let pre = prefix(server);
     let plain: Vec<String> = raw_tools

@@ -223,48 +223,6 @@ fn sleep_cpu_and_mixed_tools_and_a_timed_run() {
     assert_eq!(u(&doc["violations"]), 0);
 }
 
-/// `--workload-set sandbox`: a bare start, then `off`, `workspace-write` and `read-only`, at 1 and
-/// 16 sessions, each a JSON line with its latencies and rate; every call succeeded (the run
-/// fails otherwise). Skipped where the default sandbox cannot be enforced.
-#[test]
-fn the_sandbox_set_prints_a_row_per_mode_and_session_count() {
-    let out = load(&["--workload-set", "sandbox", "--turns", "3", "--quiet"]);
-    if out.code != Some(0) && out.stderr.contains("workspace-write:") {
-        if std::env::var("SWITCHBOARD_REQUIRE_SANDBOX").as_deref() == Ok("1") {
-            panic!("the sandbox set needs the sandbox here: {}", out.stderr);
-        }
-        println!("SKIPPED: {}", out.stderr);
-        return;
-    }
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    let rows: Vec<Value> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON document per line"))
-        .collect();
-    let keys: Vec<(String, u64)> = rows
-        .iter()
-        .map(|r| (r["mode"].as_str().unwrap().to_string(), u(&r["sessions"])))
-        .collect();
-    let mut expected = Vec::new();
-    for sessions in [1, 16] {
-        for mode in ["bare", "off", "workspace-write", "read-only"] {
-            expected.push((mode.to_string(), sessions));
-        }
-    }
-    assert_eq!(keys, expected);
-    for row in &rows {
-        assert_eq!(u(&row["calls"]), 3 * u(&row["sessions"]), "{row}");
-        let (p50, p99) = (
-            row["p50_ms"].as_f64().unwrap(),
-            row["p99_ms"].as_f64().unwrap(),
-        );
-        assert!(p50 > 0.0 && p99 >= p50, "{row}");
-        assert!(u(&row["calls_per_s"]) > 0, "{row}");
-    }
-    assert_eq!(rows[0]["vs_bare"], 1.0);
-}
-
 #[test]
 fn the_peers_set_prints_eight_lines_with_their_ratios() {
     let out = load(&[

@@ -13,4 +13,3 @@ mod flags_named_exist;
 mod load_command;
 mod observability_cli;
 mod signals_answer_every_call;
-mod tool_search_recall;

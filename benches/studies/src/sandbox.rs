@@ -1,4 +1,4 @@
-//! `--workload-set sandbox`: what a sandboxed command costs, against what a process start costs,
+//! `studies sandbox`: what a sandboxed command costs, against what a process start costs,
 //! measured in one run.
 //!
 //! Rows, each at 1 and at 16 concurrent sessions (every session a task that runs one call after
@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::stats::{Percentiles, histogram, round_to, round2};
-use crate::engine::Engine;
-use crate::sandbox::{SandboxConfig, SandboxMode};
-use crate::tools::builtin_tools;
-use crate::{ToolCall, Workspace};
+use switchboard::sandbox::{SandboxConfig, SandboxMode};
+use switchboard::tools::builtin_tools;
+use switchboard::{Engine, Session, ToolCall, Workspace};
+
+use crate::samples::{Samples, round};
 
 /// The session counts of every mode.
 pub const SESSIONS: [usize; 2] = [1, 16];
@@ -70,7 +70,7 @@ const MODES: [Mode; 4] = [
 struct Row {
     calls: u64,
     elapsed: Duration,
-    latencies: hdrhistogram::Histogram<u64>,
+    latencies: Samples,
 }
 
 /// Runs every row; returns the printed JSON lines.
@@ -80,14 +80,13 @@ pub async fn run(bounds: Bounds, progress: bool) -> Result<Vec<String>, String> 
         let mut bare_p50 = None;
         for mode in MODES {
             if progress {
-                crate::command::say(&format!(
-                    "load: sandbox: {} at {sessions} session(s)…",
+                eprintln!(
+                    "studies: sandbox: {} at {sessions} session(s)…",
                     mode.name()
-                ));
+                );
             }
-            let row = run_row(mode, sessions, bounds).await?;
-            let p = Percentiles::of(&row.latencies);
-            let p50_ms = p.p50 / 1000.0;
+            let mut row = run_row(mode, sessions, bounds).await?;
+            let p50_ms = row.latencies.us(0.5) / 1000.0;
             if mode == Mode::Bare {
                 bare_p50 = Some(p50_ms);
             }
@@ -97,15 +96,14 @@ pub async fn run(bounds: Bounds, progress: bool) -> Result<Vec<String>, String> 
                 "mode": mode.name(),
                 "sessions": sessions,
                 "calls": row.calls,
-                "p50_ms": round_to(p50_ms, 3),
-                "p99_ms": round_to(p.p99 / 1000.0, 3),
+                "p50_ms": round(p50_ms, 3),
+                "p99_ms": round(row.latencies.us(0.99) / 1000.0, 3),
                 "calls_per_s": per_s.round() as u64,
                 "vs_bare": bare_p50
                     .filter(|b| *b > 0.0)
-                    .map(|b| round2(p50_ms / b)),
+                    .map(|b| round(p50_ms / b, 2)),
             })
             .to_string();
-            crate::command::out(&format!("{line}\n"));
             lines.push(line);
         }
     }
@@ -130,7 +128,7 @@ async fn run_row(mode: Mode, sessions: usize, bounds: Bounds) -> Result<Row, Str
             Some(engine)
         }
     };
-    let sessions: Vec<Option<crate::Session>> = (0..sessions)
+    let sessions: Vec<Option<Session>> = (0..sessions)
         .map(|_| engine.as_ref().map(Engine::session))
         .collect();
     // One call per session first (the first spawn, the page cache), not measured.
@@ -157,12 +155,12 @@ async fn run_row(mode: Mode, sessions: usize, bounds: Bounds) -> Result<Row, Str
         .map(|(s, session)| {
             let limit = bounds.calls;
             tokio::spawn(async move {
-                let mut latencies = histogram();
+                let mut latencies = Samples::default();
                 let mut n = 0u64;
                 while limit.is_none_or(|l| n < l) && Instant::now() < stop_at {
                     let t = Instant::now();
                     one_call(session.as_ref(), &format!("s{s}-{n}")).await?;
-                    let _ = latencies.record(t.elapsed().as_nanos().max(1) as u64);
+                    latencies.record(t.elapsed());
                     n += 1;
                 }
                 Ok::<_, String>((n, latencies))
@@ -172,14 +170,12 @@ async fn run_row(mode: Mode, sessions: usize, bounds: Bounds) -> Result<Row, Str
     let mut row = Row {
         calls: 0,
         elapsed: Duration::ZERO,
-        latencies: histogram(),
+        latencies: Samples::default(),
     };
     for task in tasks {
         let (n, h) = task.await.map_err(|e| e.to_string())??;
         row.calls += n;
-        row.latencies
-            .add(&h)
-            .map_err(|e| format!("cannot merge latencies: {e}"))?;
+        row.latencies.extend(h);
     }
     row.elapsed = started.elapsed();
     if let Some(engine) = engine {
@@ -189,7 +185,7 @@ async fn run_row(mode: Mode, sessions: usize, bounds: Bounds) -> Result<Row, Str
 }
 
 /// One `true`: through the engine's `bash` in `session`, or a bare fork-exec without one.
-async fn one_call(session: Option<&crate::Session>, id: &str) -> Result<(), String> {
+async fn one_call(session: Option<&Session>, id: &str) -> Result<(), String> {
     let Some(session) = session else {
         return bare_call().await;
     };

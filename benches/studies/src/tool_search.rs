@@ -1,13 +1,13 @@
-//! `--workload-set tool-search`: how well and how fast `tool_search` finds deferred tools.
+//! `studies tool-search`: how well and how fast `tool_search` finds deferred tools.
 //!
-//! * **Recall** — the benchmark catalog (`--search-catalog`, real tool definitions: the
+//! * **Recall** — the benchmark catalog (`--catalog`, real tool definitions: the
 //!   `tools/list` of real MCP servers, padded with other real definitions) registered as
-//!   deferred tools of one engine, and every query of `--search-queries` (natural-language
+//!   deferred tools of one engine, and every query of `--queries` (natural-language
 //!   requests, each with the tools a person would expect) sent as a `tool_search` call with
 //!   `max_results` 5: top-1 is the share of queries whose first result is an expected tool,
 //!   top-5 the share with an expected tool among the five, MRR the mean of 1/rank of the first
 //!   expected tool (0 when none is among the five). Reported per set: **tuning** (the queries
-//!   of `--search-queries` whose [`split`] is even: the only ones the ranking may be tuned on),
+//!   of `--queries` whose [`split`] is even: the only ones the ranking may be tuned on),
 //!   **held-out benchmark** (the others), **held-out tasks** (`tasks.jsonl` beside the queries:
 //!   queries written as user tasks, never used for tuning) and **held-out** (both).
 //! * **Latency** — the same catalog repeated to 10,000 tools (each copy renamed), and
@@ -19,24 +19,19 @@
 //!   occurs), and keyword searches of one session while another runs those patterns
 //!   back to back (what a costly pattern does to other sessions).
 //!
-//! One JSON line each; the files are read from the current directory by default (the
-//! repository's `benches/tool_search/`).
+//! One JSON line each; the files are the repository's `benches/tool_search/` by default.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::stats::{Percentiles, histogram, round_to};
-use crate::engine::{Engine, Session};
-use crate::protocol::{Block, ToolCall};
-use crate::tool::{Defer, Handler, ToolSpec};
+use switchboard::protocol::Block;
+use switchboard::{Defer, Engine, Handler, Session, ToolCall, ToolSpec};
 
-/// Default `--search-catalog`.
-pub const DEFAULT_CATALOG: &str = "benches/tool_search/catalog.json";
-/// Default `--search-queries`.
-pub const DEFAULT_QUERIES: &str = "benches/tool_search/queries.jsonl";
+use crate::samples::{Samples, round};
+
 /// The held-out task queries, read from beside the queries when the file exists.
 pub const TASKS_FILE: &str = "tasks.jsonl";
 /// `regex:` patterns built to be costly over the latency catalog: long counted repetitions of
@@ -112,9 +107,9 @@ impl Recall {
             "catalog_tools": catalog,
             "mcp_tools": mcp,
             "queries": self.queries,
-            "top1": round_to(self.top1 as f64 / n, 3),
-            "top5": round_to(self.top5 as f64 / n, 3),
-            "mrr": round_to(self.reciprocal / n, 3),
+            "top1": round(self.top1 as f64 / n, 3),
+            "top5": round(self.top5 as f64 / n, 3),
+            "mrr": round(self.reciprocal / n, 3),
         });
         if let Some(misses) = misses {
             line["misses_shown"] = json!(misses);
@@ -248,8 +243,8 @@ pub async fn run(
         for i in 0..50 {
             search(&session, i, &query_of(i), 5, false).await?;
         }
-        let mut h = histogram();
-        let mut cpu = histogram();
+        let mut h = Samples::default();
+        let mut cpu = Samples::default();
         let mut done = 0usize;
         for i in 0..SEARCHES_PER_FORM {
             if Instant::now() >= deadline {
@@ -259,28 +254,18 @@ pub async fn run(
             let started = Instant::now();
             let cpu_started = process_cpu();
             search(&session, i, &query, 5, false).await?;
-            let cpu_ns = process_cpu().saturating_sub(cpu_started);
-            let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            let _ = h.record(ns.max(1));
-            let _ = cpu.record(cpu_ns.max(1));
+            cpu.record_ns(process_cpu().saturating_sub(cpu_started));
+            h.record(started.elapsed());
             done += 1;
         }
-        let p = Percentiles::of(&h);
-        let c = Percentiles::of(&cpu);
-        lines.push(
-            json!({
-                "workload": "tool_search_latency",
-                "catalog_tools": names.len(),
-                "form": form,
-                "searches": done,
-                "p50_us": super::stats::round2(p.p50),
-                "p99_us": super::stats::round2(p.p99),
-                "max_us": super::stats::round2(p.max),
-                "cpu_p50_us": super::stats::round2(c.p50),
-                "cpu_p99_us": super::stats::round2(c.p99),
-            })
-            .to_string(),
-        );
+        lines.push(h.with_latency(json!({
+            "workload": "tool_search_latency",
+            "catalog_tools": names.len(),
+            "form": form,
+            "searches": done,
+            "cpu_p50_us": round(cpu.us(0.5), 2),
+            "cpu_p99_us": round(cpu.us(0.99), 2),
+        })));
     }
     lines.push(costly_regex(&session, deadline).await?);
     lines.push(beside_costly(&engine, &queries, deadline).await?);
@@ -291,7 +276,7 @@ pub async fn run(
 
 /// p50/p99 of `regex:` patterns built to be costly, and how many the search refused.
 async fn costly_regex(session: &Session, deadline: Instant) -> Result<String, String> {
-    let mut h = histogram();
+    let mut h = Samples::default();
     let (mut done, mut refused) = (0usize, 0usize);
     let mut per_pattern: Vec<(u64, bool)> = vec![(0, false); COSTLY_PATTERNS.len()];
     for i in 0..COSTLY_PATTERNS.len() * 40 {
@@ -303,32 +288,27 @@ async fn costly_regex(session: &Session, deadline: Instant) -> Result<String, St
         let started = Instant::now();
         let answer = search(session, i, &query, 5, true).await?;
         let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let _ = h.record(ns.max(1));
+        h.record_ns(ns);
         let too_costly = answer.first().is_some_and(|a| a.contains("too costly"));
         refused += usize::from(too_costly);
         per_pattern[k] = (per_pattern[k].0.max(ns), too_costly);
         done += 1;
     }
-    let p = Percentiles::of(&h);
     let patterns: Vec<Value> = COSTLY_PATTERNS
         .iter()
         .zip(&per_pattern)
         .map(|(pattern, (max, too_costly))| {
-            json!({"pattern": pattern, "max_ms": round_to(*max as f64 / 1e6, 2), "too_costly": too_costly})
+            json!({"pattern": pattern, "max_ms": round(*max as f64 / 1e6, 2), "too_costly": too_costly})
         })
         .collect();
-    Ok(json!({
+    Ok(h.with_latency(json!({
         "workload": "tool_search_latency",
         "catalog_tools": LATENCY_TOOLS,
         "form": "regex_costly",
         "searches": done,
         "refused_too_costly": refused,
-        "p50_us": super::stats::round2(p.p50),
-        "p99_us": super::stats::round2(p.p99),
-        "max_us": super::stats::round2(p.max),
         "patterns": patterns,
-    })
-    .to_string())
+    })))
 }
 
 /// p50/p99 of one session's keyword searches while another session runs costly `regex:`
@@ -353,7 +333,7 @@ async fn beside_costly(
         i
     });
     let session = engine.session();
-    let mut h = histogram();
+    let mut h = Samples::default();
     let mut done = 0usize;
     for i in 0..SEARCHES_PER_FORM {
         if Instant::now() >= deadline && done >= 100 {
@@ -362,24 +342,18 @@ async fn beside_costly(
         let query = &queries[i % queries.len()].query;
         let started = Instant::now();
         search(&session, i, query, 5, false).await?;
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let _ = h.record(ns.max(1));
+        h.record(started.elapsed());
         done += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let costly = busy.await.unwrap_or(0);
-    let p = Percentiles::of(&h);
-    Ok(json!({
+    Ok(h.with_latency(json!({
         "workload": "tool_search_latency",
         "catalog_tools": LATENCY_TOOLS,
         "form": "keywords_beside_costly_regex",
         "searches": done,
         "costly_searches_meanwhile": costly,
-        "p50_us": super::stats::round2(p.p50),
-        "p99_us": super::stats::round2(p.p99),
-        "max_us": super::stats::round2(p.max),
-    })
-    .to_string())
+    })))
 }
 
 /// This process's CPU time in nanoseconds: what a search cost, whatever else the machine was
@@ -402,7 +376,7 @@ fn spec(name: &str, e: &Entry) -> ToolSpec {
 }
 
 fn engine_of(specs: impl IntoIterator<Item = ToolSpec>) -> Result<Engine, String> {
-    crate::metrics::detached(|| Engine::builder().tools(specs).build())
+    switchboard::metrics::detached(|| Engine::builder().tools(specs).build())
         .map_err(|e| format!("cannot build the benchmark engine: {e}"))
 }
 
@@ -447,7 +421,7 @@ async fn search(
 fn read_catalog(path: &Path) -> Result<Vec<Entry>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
-            "cannot read the search catalog {} (--search-catalog): {e}",
+            "cannot read the search catalog {} (--catalog): {e}",
             path.display()
         )
     })?;
@@ -471,7 +445,7 @@ fn read_catalog(path: &Path) -> Result<Vec<Entry>, String> {
             .collect();
         for (&i, name) in idx
             .iter()
-            .zip(crate::mcp::names::registry_names(server, &raw))
+            .zip(switchboard::mcp::registry_names(server, &raw))
         {
             names[i] = name;
         }
@@ -482,9 +456,19 @@ fn read_catalog(path: &Path) -> Result<Vec<Entry>, String> {
         let id = item["id"]
             .as_str()
             .ok_or_else(|| format!("{}: entry {i} has no string `id`", path.display()))?;
+        // Tools of no server are registered under their own name, which must be one.
         let name = match names[i].take() {
             Some(name) => name,
-            None => crate::mcp::names::sanitize(item["tool"].as_str().unwrap_or(id)),
+            None => {
+                let name = item["tool"].as_str().unwrap_or(id);
+                if !valid_name(name) {
+                    return Err(format!(
+                        "{}: entry {id}'s tool name {name:?} is not a registry name (1–64 of [A-Za-z0-9_-])",
+                        path.display()
+                    ));
+                }
+                name.to_string()
+            }
         };
         if !seen.insert(name.clone()) {
             return Err(format!(
@@ -508,7 +492,7 @@ fn read_catalog(path: &Path) -> Result<Vec<Entry>, String> {
 fn read_queries(path: &Path, entries: &[Entry]) -> Result<Vec<Query>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
-            "cannot read the search queries {} (--search-queries): {e}",
+            "cannot read the search queries {} (--queries): {e}",
             path.display()
         )
     })?;
@@ -557,14 +541,10 @@ fn read_queries(path: &Path, entries: &[Entry]) -> Result<Vec<Query>, String> {
     Ok(queries)
 }
 
-/// `--search-catalog` / `--search-queries` or their defaults.
-pub fn paths(catalog: &Option<PathBuf>, queries: &Option<PathBuf>) -> (PathBuf, PathBuf) {
-    (
-        catalog
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_CATALOG)),
-        queries
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_QUERIES)),
-    )
+/// A registry name: 1–64 of `[A-Za-z0-9_-]`.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
