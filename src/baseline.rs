@@ -141,6 +141,7 @@ impl DirectDispatcher {
             scope: &self.scope,
             policy: None,
             gate: None,
+            listener: None,
         };
         if plan.graph.is_free() {
             // Nothing waits for anything: inline calls in place, the rest polled together.

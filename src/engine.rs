@@ -431,6 +431,7 @@ impl Engine {
             view: None,
             policy: self.inner.policy.clone(),
             gate: None,
+            listener: None,
         };
         self.dispatch_on(scheduler, &self.inner.scope, calls, cancel, None, turf)
             .await
@@ -525,6 +526,7 @@ impl Engine {
             turf.policy,
             turf.gate,
         );
+        plan.listener = turf.listener;
         if let Some(sink) = sink {
             plan.collector.attach_sink(sink);
         }

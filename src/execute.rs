@@ -45,7 +45,8 @@ use crate::policy::{self, Policy};
 use crate::protocol::{ErrorCode, Timing, ToolCall, ToolDispatchResult};
 use crate::registry::RegisteredTool;
 use crate::tool::{
-    CommitGate, Handler, SessionScope, ToolContext, ToolError, ToolOutcome, ToolOutput, cap_output,
+    CommitGate, Handler, Progress, ProgressSink, SessionScope, ToolContext, ToolError, ToolOutcome,
+    ToolOutput, cap_output,
 };
 
 /// How long a handler that was told to stop (deadline passed, turn cancelled) may take to answer
@@ -88,6 +89,8 @@ pub struct CallEnv<'a> {
     pub policy: Option<&'a Policy>,
     /// What guarded calls pass right before they start (the session's journal), if anything.
     pub gate: Option<&'a dyn StartGate>,
+    /// Where the turn's calls report live progress, when somebody listens.
+    pub listener: Option<&'a ProgressSink>,
 }
 
 /// True when the call runs in place (an inline handler that neither the session's policy nor a
@@ -196,6 +199,8 @@ async fn waiting(
     ctx.commit = CommitGate::guarded();
     let gate = ctx.commit.clone();
     let span = observe::call_span(env.span, &call);
+    let progress = progress_of(&call, &span, env);
+    ctx.progress = progress.clone();
     let deadline = ctx.deadline;
     let args = std::mem::take(&mut call.arguments);
     let running = start_handler(&tool.handler, args, ctx, places, &span);
@@ -211,7 +216,17 @@ async fn waiting(
         };
         supervise(std::pin::pin!(running), stopping).await
     };
+    // The call's last progress goes before its result, and none after it.
+    progress.finish();
     answer(call, tool, outcome, env.arrived, started, &span)
+}
+
+/// The call's progress handle: live when the turn has a listener, inert otherwise.
+fn progress_of(call: &ToolCall, span: &Span, env: CallEnv<'_>) -> Progress {
+    match env.listener {
+        Some(sink) => sink.for_call(&call.id, span, &env.metrics.progress),
+        None => Progress::default(),
+    }
 }
 
 /// Runs an inline call in place: policy → handler (panic caught) → output cap. Its timeout is not
@@ -244,11 +259,15 @@ fn inline(call: ToolCall, tool: &RegisteredTool, env: CallEnv<'_>) -> ToolDispat
         return not_started(call, ErrorCode::Cancelled, "cancelled before it started");
     }
     let started = Instant::now();
-    let ctx = context(&call, tool, env.scope, started, env.cancel.clone());
+    let mut ctx = context(&call, tool, env.scope, started, env.cancel.clone());
     let span = observe::call_span(env.span, &call);
+    if env.listener.is_some() {
+        ctx.progress = progress_of(&call, &span, env);
+    }
     let outcome = span
         .in_scope(|| catch_unwind(AssertUnwindSafe(|| f(&call.arguments, &ctx))))
         .unwrap_or_else(|panic| Err(record_panic(&*panic, tool)));
+    ctx.progress.finish();
     answer(call, tool, outcome, env.arrived, started, &span)
 }
 

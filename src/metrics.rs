@@ -114,6 +114,13 @@ pub const JOURNAL_HEALTHY: &str = "switchboard_journal_healthy";
 pub const DEDUP_HITS_TOTAL: &str = "switchboard_dedup_hits_total";
 /// Calls answered `outcome_unknown`: retried after a crash that interrupted their run.
 pub const OUTCOME_UNKNOWN_TOTAL: &str = "switchboard_outcome_unknown_total";
+/// Progress events of running calls sent to a listener (a streamed turn).
+pub const PROGRESS_EVENTS_TOTAL: &str = "switchboard_progress_events_total";
+/// Bytes of output text those progress events carried.
+pub const PROGRESS_BYTES_TOTAL: &str = "switchboard_progress_bytes_total";
+/// Bytes of output a call's progress left out (its caps, a reader that does not keep up, or
+/// what was still pending when the call ended).
+pub const PROGRESS_DROPPED_BYTES_TOTAL: &str = "switchboard_progress_dropped_bytes_total";
 /// Cluster mode: sessions this node owns (holds the lease of).
 pub const CLUSTER_LEASES_HELD: &str = "switchboard_cluster_leases_held";
 /// Cluster mode: requests this node relayed to a session's owner, by outcome.
@@ -441,6 +448,27 @@ pub const METRICS: &[MetricDef] = &[
         labels: &[],
         help: "Side-effect calls answered outcome_unknown: the engine stopped (or its journal could not record the answer) while their first run was in progress.",
     },
+    MetricDef {
+        name: PROGRESS_EVENTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Count,
+        labels: &[],
+        help: "Progress events of running calls (a command's output, a progress value) sent to a listener of a streamed turn.",
+    },
+    MetricDef {
+        name: PROGRESS_BYTES_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Bytes,
+        labels: &[],
+        help: "Bytes of output text carried by progress events.",
+    },
+    MetricDef {
+        name: PROGRESS_DROPPED_BYTES_TOTAL,
+        kind: Kind::Counter,
+        unit: Unit::Bytes,
+        labels: &[],
+        help: "Bytes of a running call's output its progress left out: over the per-call or per-turn cap of unsent output (a reader that does not keep up), or still unsent when the call ended.",
+    },
 ];
 
 /// Buckets of every `_seconds` histogram: 50 µs to 120 s.
@@ -548,6 +576,44 @@ pub struct EngineMetrics {
     catalog_bytes_avoided: Histogram,
     dedup_hits: Counter,
     outcome_unknown: Counter,
+    /// Handles of the progress metrics.
+    pub progress: ProgressMetrics,
+}
+
+/// Handles of the progress metrics ([`crate::tool::Progress`]).
+#[derive(Debug, Clone)]
+pub struct ProgressMetrics {
+    events: Counter,
+    bytes: Counter,
+    dropped: Counter,
+}
+
+impl ProgressMetrics {
+    /// Handles from the recorder installed now.
+    pub fn new() -> Self {
+        ProgressMetrics {
+            events: zeroed(counter!(PROGRESS_EVENTS_TOTAL)),
+            bytes: zeroed(counter!(PROGRESS_BYTES_TOTAL)),
+            dropped: zeroed(counter!(PROGRESS_DROPPED_BYTES_TOTAL)),
+        }
+    }
+
+    /// One event sent, carrying `bytes` of output text.
+    pub fn sent(&self, bytes: usize) {
+        self.events.increment(1);
+        self.bytes.increment(bytes as u64);
+    }
+
+    /// `bytes` of output left out.
+    pub fn dropped(&self, bytes: usize) {
+        self.dropped.increment(bytes as u64);
+    }
+}
+
+impl Default for ProgressMetrics {
+    fn default() -> Self {
+        ProgressMetrics::new()
+    }
 }
 
 /// Handles of the journal's metrics.
@@ -736,6 +802,7 @@ impl EngineMetrics {
             catalog_bytes_avoided: histogram!(CATALOG_BYTES_AVOIDED),
             dedup_hits: zeroed(counter!(DEDUP_HITS_TOTAL)),
             outcome_unknown: zeroed(counter!(OUTCOME_UNKNOWN_TOTAL)),
+            progress: ProgressMetrics::new(),
         }
     }
 

@@ -51,6 +51,7 @@ use crate::plan::{self, Graph, Planned, Stage};
 use crate::policy::Policy;
 use crate::protocol::{ErrorCode, ToolCall, ToolDispatchResult};
 use crate::registry::{RegisteredTool, Snapshot};
+use crate::tool::ProgressSink;
 use crate::tool::SessionScope;
 use crate::worker::{RunStage, StageResults, WorkerPool};
 
@@ -78,6 +79,8 @@ pub struct TurnPlan {
     pub snapshot: Arc<Snapshot>,
     /// What its guarded calls pass right before they start (the session's journal).
     pub gate: Option<Arc<dyn StartGate>>,
+    /// Where its calls report live progress, when somebody listens.
+    pub listener: Option<ProgressSink>,
 }
 
 /// Plans a turn against a registry snapshot ([`plan::plan`]) and answers the rejected calls.
@@ -131,6 +134,7 @@ pub fn prepare(
         policy,
         snapshot,
         gate,
+        listener: None,
     }
 }
 
@@ -206,6 +210,7 @@ impl TurnPlan {
             scope: &self.scope,
             policy: self.policy.as_deref(),
             gate: self.gate.as_deref(),
+            listener: self.listener.as_ref(),
         };
         for p in calls {
             let (index, result, tool) = execute::run_in_place(p, env);
@@ -312,6 +317,7 @@ impl TurnPlan {
             scope: Arc::clone(&self.scope),
             policy: self.policy.clone(),
             gate: self.gate.clone(),
+            listener: self.listener.clone(),
             progress,
         }
     }

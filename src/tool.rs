@@ -36,9 +36,11 @@ pub type ToolOutcome = Result<ToolOutput, ToolError>;
 
 mod access;
 mod idempotency;
+mod progress;
 mod subject;
 pub use access::{Access, AccessFn, AccessFnSig, Mode, Resource, access_of};
 pub use idempotency::idempotency_key;
+pub use progress::{OutputStream, Progress, ProgressEvent, ProgressSink, ProgressUpdate};
 pub use subject::{Subject, SubjectFn, SubjectOf};
 
 /// What a handler knows about the call it serves: which call, of which tool, in which session
@@ -61,6 +63,10 @@ pub struct ToolContext {
     /// The turn the client named the call's turn, if it named one ([`crate::ToolCall::turn`]):
     /// part of the call's identity and of its idempotency key.
     pub turn_id: Option<Arc<str>>,
+    /// Where the call reports live progress (a command's output as it comes, a progress value):
+    /// inert unless the turn was dispatched with a listener ([`Progress`]). Never changes the
+    /// call's result.
+    pub progress: Progress,
 }
 
 impl ToolContext {
@@ -80,6 +86,7 @@ impl ToolContext {
             cancel,
             commit: CommitGate::default(),
             turn_id: None,
+            progress: Progress::default(),
         }
     }
 

@@ -59,6 +59,8 @@ pub struct RunStage {
     pub policy: Option<Arc<Policy>>,
     /// What guarded calls pass right before they start (the session's journal), if anything.
     pub gate: Option<Arc<dyn crate::execute::StartGate>>,
+    /// Where the calls report live progress, when somebody listens.
+    pub listener: Option<crate::tool::ProgressSink>,
     /// When set, each waiting call's answer goes here as soon as it comes, and the reply holds
     /// only the rest (the turn is streamed).
     pub progress: Option<StageProgress>,
@@ -83,6 +85,7 @@ impl Message<RunStage> for Worker {
             scope,
             policy,
             gate,
+            listener,
             progress,
         } = msg;
         let mut done = Vec::with_capacity(calls.len());
@@ -98,6 +101,7 @@ impl Message<RunStage> for Worker {
                     scope: &scope,
                     policy: policy.as_deref(),
                     gate: gate.as_deref(),
+                    listener: listener.as_ref(),
                 };
                 done.push(execute::run_in_place(planned, env));
             } else {
@@ -119,6 +123,7 @@ impl Message<RunStage> for Worker {
                 scope: &scope,
                 policy: policy.as_deref(),
                 gate: gate.as_deref(),
+                listener: listener.as_ref(),
             };
             let runs = waiting.into_iter().map(|p| {
                 let progress = progress.clone();

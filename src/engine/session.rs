@@ -30,7 +30,7 @@ use crate::protocol::{ToolCall, ToolDispatchResult};
 use crate::registry::{CatalogFormat, RegisteredTool, RegistryError, Snapshot};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::scheduler::Scheduler;
-use crate::tool::{SessionScope, ToolSpec};
+use crate::tool::{ProgressSink, SessionScope, ToolSpec};
 use crate::workspace::Workspace;
 
 /// How a session is opened ([`Engine::session_with`]): its id, its workspace, tools of its own and
@@ -202,6 +202,8 @@ pub(crate) struct Turf {
     pub policy: Option<Arc<crate::policy::Policy>>,
     /// What the turn's guarded calls pass right before they start (their intents).
     pub gate: Option<Arc<dyn crate::execute::StartGate>>,
+    /// Where the turn's calls report live progress, when somebody listens.
+    pub listener: Option<crate::tool::ProgressSink>,
 }
 
 impl Drop for SessionInner {
@@ -314,7 +316,7 @@ impl Session {
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
-        self.turn(calls, cancel, None).await
+        self.turn(calls, cancel, None, None).await
     }
 
     /// Like [`Session::dispatch_with_cancel`], also sending each result to `sink` with its index
@@ -327,7 +329,43 @@ impl Session {
         cancel: CancellationToken,
         sink: ResultSink,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
-        self.turn(calls, cancel, Some(sink)).await
+        self.turn(calls, cancel, Some(sink), None).await
+    }
+
+    /// Like [`Session::dispatch_with_cancel`], with each running call's live progress (a
+    /// command's output as it is written, a tool's progress values) sent to `listener` while it
+    /// runs, and each result to `results` as it is answered when given (as
+    /// [`Session::dispatch_streaming`] does). Progress is a side channel: bounded and coalesced
+    /// (a reader that does not keep up loses output, counted, never slows a call), each call's
+    /// events before its result and none after it, none for a call answered from the session's
+    /// memory; the returned answer is exactly the one [`Session::dispatch`] gives. The limits are
+    /// in `docs/progress.md`.
+    ///
+    /// ```no_run
+    /// # async fn demo(session: switchboard::Session, calls: Vec<switchboard::ToolCall>) {
+    /// use switchboard::tool::ProgressSink;
+    ///
+    /// let (listener, mut events) = ProgressSink::channel(64);
+    /// let printer = tokio::spawn(async move {
+    ///     while let Some(event) = events.recv().await {
+    ///         println!("{}", event.to_json());
+    ///     }
+    /// });
+    /// let results = session
+    ///     .dispatch_with_progress(calls, session.turn_token(), None, listener)
+    ///     .await;
+    /// printer.await.ok(); // the channel closes once the turn is answered
+    /// # let _ = results;
+    /// # }
+    /// ```
+    pub async fn dispatch_with_progress(
+        &self,
+        calls: Vec<ToolCall>,
+        cancel: CancellationToken,
+        results: Option<ResultSink>,
+        listener: ProgressSink,
+    ) -> Result<Vec<ToolDispatchResult>, EngineError> {
+        self.turn(calls, cancel, results, Some(listener)).await
     }
 
     /// One turn: the session's answers first (a re-sent `tool_use_id` is answered from them),
@@ -339,10 +377,15 @@ impl Session {
         calls: Vec<ToolCall>,
         cancel: CancellationToken,
         sink: Option<ResultSink>,
+        listener: Option<ProgressSink>,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
         let answers = &self.inner.answers;
         if calls.is_empty() || Answers::refused_whole(&calls) {
-            return self.engine_turn(calls, cancel, sink, Turf::default()).await;
+            let turf = Turf {
+                listener,
+                ..Turf::default()
+            };
+            return self.engine_turn(calls, cancel, sink, turf).await;
         }
         // Shutdown waits for the whole turn, journal writes included.
         let Some(_in_flight) = self.inner.engine.enter_turn() else {
@@ -424,6 +467,7 @@ impl Session {
                 view: Some(view),
                 policy: None,
                 gate,
+                listener,
             };
             let results = match self
                 .run_and_record(sub, &keys, cancel, sink.as_ref(), &plans, planned)
@@ -618,7 +662,12 @@ impl Session {
         sink: Option<ResultSink>,
         planned: Turf,
     ) -> Result<Vec<ToolDispatchResult>, EngineError> {
-        let Turf { view, gate, .. } = planned;
+        let Turf {
+            view,
+            gate,
+            listener,
+            ..
+        } = planned;
         // The engine's view alone is fetched by `dispatch_on` itself.
         let view = match (view, &self.inner.own) {
             (Some(view), _) => Some(view),
@@ -637,6 +686,7 @@ impl Session {
                     view,
                     policy: self.inner.policy.clone(),
                     gate,
+                    listener,
                 },
             )
             .await

@@ -58,6 +58,7 @@ impl Env {
             scope: &self.scope,
             policy: self.policy.as_ref(),
             gate: None,
+            listener: None,
         }
     }
 }

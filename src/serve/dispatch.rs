@@ -39,6 +39,7 @@ use super::errors::ApiError;
 use super::sse;
 use crate::document::{DocumentError, decode_document, encode_document};
 use crate::protocol::WireFormat;
+use crate::tool::ProgressSink;
 
 /// The header naming a turn (request and response).
 pub const TURN_ID_HEADER: HeaderName = HeaderName::from_static("switchboard-turn-id");
@@ -48,6 +49,9 @@ pub const TURN_ID_HEADER: HeaderName = HeaderName::from_static("switchboard-turn
 struct Ask {
     format: WireFormat,
     stream: bool,
+    /// A streamed turn carries its calls' live progress (`event: progress`) unless
+    /// `progress=false`.
+    progress: bool,
 }
 
 fn ask(query: Option<&str>, headers: &HeaderMap) -> Result<Ask, ApiError> {
@@ -74,9 +78,19 @@ fn ask(query: Option<&str>, headers: &HeaderMap) -> Result<Ask, ApiError> {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.contains("text/event-stream"));
+    let progress = match query_param(query, "progress") {
+        None | Some("true") | Some("1") | Some("") => true,
+        Some("false") | Some("0") => false,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "progress must be true or false, not `{other}`"
+            )));
+        }
+    };
     Ok(Ask {
         format,
         stream: by_query || by_accept,
+        progress,
     })
 }
 
@@ -209,6 +223,13 @@ async fn run(
     } else {
         (None, None)
     };
+    // A streamed turn's calls report their live progress to it (`event: progress`).
+    let (listener, progress) = if ask.stream && ask.progress {
+        let (listener, events) = ProgressSink::channel(ProgressSink::DEFAULT_CAPACITY);
+        (Some(listener), Some(events))
+    } else {
+        (None, None)
+    };
     // A streamed turn carries its approval requests (`approval_required` events) and its
     // client-tool calls (`call` events); a turn without a stream has nobody to ask, and its
     // `ask` calls are refused.
@@ -230,9 +251,14 @@ async fn run(
             .iter()
             .map(|c| (Arc::clone(&c.id), Arc::clone(&c.name)))
             .collect();
-        let results = match sink {
-            Some(sink) => engine_session.dispatch_streaming(calls, cancel, sink).await,
-            None => engine_session.dispatch_with_cancel(calls, cancel).await,
+        let results = match (sink, listener) {
+            (sink, Some(listener)) => {
+                engine_session
+                    .dispatch_with_progress(calls, cancel, sink, listener)
+                    .await
+            }
+            (Some(sink), None) => engine_session.dispatch_streaming(calls, cancel, sink).await,
+            (None, None) => engine_session.dispatch_with_cancel(calls, cancel).await,
         };
         // The turn was accepted before the server began to stop: it is answered call by call
         // even when the engine stopped before the turn reached it (it waited behind its
@@ -254,7 +280,9 @@ async fn run(
     if ask.stream {
         let task = tokio::spawn(turn);
         let results = results.unwrap_or_else(|| mpsc::unbounded_channel().1);
-        return Ok(sse::stream(ask.format, results, approvals, delegated, task));
+        return Ok(sse::stream(
+            ask.format, results, progress, approvals, delegated, task,
+        ));
     }
     // Not streamed: the turn runs on this request's task — no task of its own to spawn and a
     // worker to wake for it — and moves to a task of its own only if the request is dropped
@@ -344,7 +372,7 @@ async fn lost(
         let _ = tx.send((i, result));
     }
     let task = tokio::spawn(async move { answer });
-    Ok(sse::stream(ask.format, rx, None, None, task))
+    Ok(sse::stream(ask.format, rx, None, None, None, task))
 }
 
 /// Stops routing the session's approval requests to this turn's stream when the turn ends.

@@ -1,9 +1,12 @@
 //! The Server-Sent Events answer of a streamed dispatch: one `event: result` per call as it is
 //! answered, data `{"index": i, "result": <block or message>}`, then one `event: done` whose data
 //! is the complete ordered answer, byte for byte the non-streaming body. Between them, `event:
-//! approval_required` for a call that waits for the client's approval and `event: call` for a
+//! approval_required` for a call that waits for the client's approval, `event: call` for a
 //! client-tool call the client runs (`{"call_id", "tool_use_id", "name", "input",
-//! "deadline_ms", "idempotency_key"}`).
+//! "deadline_ms", "idempotency_key"}`), and `event: progress` for a running call's live
+//! progress (`{"tool_use_id", "seq", "kind": "output", "stream", "text"}` or `{…, "kind":
+//! "progress", "progress", "total", "message"}`; off with `progress=false`), each call's before
+//! its `result`.
 //!
 //! A forwarding task turns the engine's per-call results (the collector's result sink) into
 //! events; when the client goes away the forwarder stops and drops its end of the sink, while
@@ -18,6 +21,7 @@ use std::convert::Infallible;
 use super::client_tools::Attached;
 use crate::document::DocumentError;
 use crate::protocol::{ToolDispatchResult, WireFormat};
+use crate::tool::ProgressEvent;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -55,11 +59,12 @@ fn items(format: WireFormat, answer: &str) -> Vec<Value> {
     }
 }
 
-/// The SSE response of a turn whose results arrive on `results` and whose complete answer is
-/// what `turn` returns.
+/// The SSE response of a turn whose results arrive on `results`, its calls' live progress on
+/// `progress`, and whose complete answer is what `turn` returns.
 pub fn stream(
     format: WireFormat,
     mut results: mpsc::UnboundedReceiver<(usize, ToolDispatchResult)>,
+    mut progress: Option<mpsc::Receiver<ProgressEvent>>,
     mut approvals: Option<mpsc::UnboundedReceiver<crate::policy::ApprovalRequest>>,
     delegated: Option<(mpsc::UnboundedReceiver<Value>, Attached)>,
     turn: JoinHandle<Result<String, DocumentError>>,
@@ -76,6 +81,14 @@ pub fn stream(
         loop {
             let event = tokio::select! {
                 biased;
+                // Before results: a call's progress was sent before its result was, and goes
+                // out first (its events are rate-limited, so they cannot starve the results).
+                Some(update) = async {
+                    match progress.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => Event::default().event("progress").data(update.to_json().to_string()),
                 next = results.recv() => match next {
                     Some((index, result)) => {
                         sent.insert(index);

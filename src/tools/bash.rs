@@ -86,7 +86,7 @@ mod exit;
 mod redirect;
 use crate::protocol::ErrorCode;
 use crate::sandbox::{CallCommand, CallSandbox, Running};
-use crate::tool::{Handler, ToolContext, ToolError, ToolOutcome, ToolSpec};
+use crate::tool::{Handler, OutputStream, ToolContext, ToolError, ToolOutcome, ToolSpec};
 use crate::tools::str_arg;
 use exit::{death_signal, killed_by};
 pub use redirect::HARMLESS_DEVICES;
@@ -256,7 +256,10 @@ impl Bash {
         let mut err = Capture::new(OUTPUT_CAP);
 
         let end = {
-            let reading = futures::future::join(out.fill(stdout), err.fill(stderr));
+            let reading = futures::future::join(
+                out.fill(stdout, &ctx.progress, OutputStream::Stdout),
+                err.fill(stderr, &ctx.progress, OutputStream::Stderr),
+            );
             tokio::pin!(reading);
             let mut read_all = false;
             let end = loop {

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::tool::cap_output;
+use crate::tool::{OutputStream, Progress, cap_output};
 
 /// One output stream, bounded: the first `cap / 2` bytes, a rolling last `cap - cap / 2` bytes,
 /// and how many bytes fell between them.
@@ -33,14 +33,21 @@ impl Capture {
         }
     }
 
-    /// Reads `pipe` to its end (or first error) into the buffers.
-    pub(super) async fn fill<R: AsyncRead + Unpin>(&mut self, pipe: Option<R>) {
+    /// Reads `pipe` to its end (or first error) into the buffers, handing each piece to the
+    /// call's live `progress` as it comes (a no-op when nobody listens).
+    pub(super) async fn fill<R: AsyncRead + Unpin>(
+        &mut self,
+        pipe: Option<R>,
+        progress: &Progress,
+        stream: OutputStream,
+    ) {
         let Some(mut pipe) = pipe else { return };
         let mut buf = [0u8; 8192];
         while let Ok(n) = pipe.read(&mut buf).await {
             if n == 0 {
                 break;
             }
+            progress.output(stream, &buf[..n]);
             self.push(&buf[..n]);
         }
     }

@@ -13,6 +13,7 @@ mod serve_is_fair_and_bounded;
 mod serve_launcher;
 mod serve_load;
 mod serve_process;
+mod serve_progress;
 mod serve_restart_keeps_sessions;
 mod serve_retries;
 mod serve_routes_and_errors;

@@ -34,8 +34,21 @@ async fn a_streamed_turn_sends_each_result_once_as_it_finishes_then_the_whole_an
     let (last, rest) = events.split_last().unwrap();
     assert_eq!(last.0, "done");
     let done: Value = serde_json::from_str(&last.1).unwrap();
+    // The command's output came as progress, before its result (serve_progress.rs has more).
+    let progress = rest.iter().position(|(e, _)| e == "progress").unwrap();
+    let bash_result = rest
+        .iter()
+        .position(|(e, d)| e == "result" && d.contains("\"index\":1"))
+        .unwrap();
+    assert!(progress < bash_result);
+    assert!(
+        rest[progress].1.contains("\"text\":\"slept\\n\""),
+        "{}",
+        rest[progress].1
+    );
     let order: Vec<u64> = rest
         .iter()
+        .filter(|(event, _)| event != "progress")
         .map(|(event, data)| {
             assert_eq!(event, "result");
             let v: Value = serde_json::from_str(data).unwrap();
