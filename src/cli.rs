@@ -23,7 +23,7 @@ pub use crate::run_cmd::{ChatArgs, ModelArgs, ProviderChoice, RunArgs, chat_with
 
 use crate::command::{Early, INTERRUPTED, Interrupt, fail, remove_stale_temps, say};
 use crate::demo;
-use crate::document::dispatch_document;
+use crate::document::{dispatch_document, dispatch_document_with};
 use crate::engine::Engine;
 use crate::exporter::{LogFormat, Telemetry, init_logging};
 use crate::mcp::command::start_engine;
@@ -63,6 +63,11 @@ pub(crate) enum Command {
         /// One JSON document per line in, one per line out (for piping many turns).
         #[arg(long)]
         lines: bool,
+        /// With --lines: also print each running call's live progress (a command's output as
+        /// it is written) as JSON lines `{"event": "progress", "tool_use_id", "seq", ...}`
+        /// before the turn's answer line.
+        #[arg(long, requires = "lines")]
+        progress: bool,
         /// Let read_file and edit_file open files with more than one hard link (refused by
         /// default: another name of such a file may be outside the workspace).
         #[arg(long)]
@@ -291,6 +296,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
             workspace,
             format,
             lines,
+            progress,
             allow_hard_links,
             sandbox,
             policy,
@@ -326,7 +332,7 @@ async fn run(cli: Cli, interrupt: Interrupt) -> ExitCode {
                 Err(e) => return fail(1, format!("cannot open the session: {e}")),
             };
             let code = if lines {
-                dispatch_lines(&session, format.into(), &interrupt).await
+                dispatch_lines(&session, format.into(), progress, &interrupt).await
             } else {
                 dispatch_one(&session, format.into(), &interrupt).await
             };
@@ -519,6 +525,7 @@ async fn dispatch_one(
 async fn dispatch_lines(
     engine: &crate::Session,
     format: WireFormat,
+    progress: bool,
     interrupt: &Interrupt,
 ) -> ExitCode {
     let stopped = || interrupt.exit_code().unwrap_or(INTERRUPTED);
@@ -546,7 +553,16 @@ async fn dispatch_lines(
         if line.trim().is_empty() {
             continue;
         }
-        match dispatch_document(engine, format, &line, interrupt.token().child_token()).await {
+        let cancel = interrupt.token().child_token();
+        let answered = if progress {
+            dispatch_document_with(format, &line, |calls| {
+                with_progress_lines(engine, calls, cancel)
+            })
+            .await
+        } else {
+            dispatch_document(engine, format, &line, cancel).await
+        };
+        match answered {
             Ok(out) => print_line(&out),
             Err(e) => {
                 bad += 1;
@@ -562,6 +578,36 @@ async fn dispatch_lines(
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// One turn of `dispatch --lines --progress`: each progress event printed as a JSON line
+/// (`"event": "progress"`) as it comes, all of them before the turn's answer line.
+async fn with_progress_lines(
+    session: &crate::Session,
+    calls: Vec<crate::ToolCall>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Result<Vec<crate::ToolDispatchResult>, crate::EngineError> {
+    let (listener, mut events) =
+        crate::tool::ProgressSink::channel(crate::tool::ProgressSink::DEFAULT_CAPACITY);
+    let print = |event: crate::tool::ProgressEvent| {
+        let mut doc = event.to_json();
+        doc["event"] = "progress".into();
+        print_line(&doc.to_string());
+    };
+    let turn = session.dispatch_with_progress(calls, cancel, None, listener);
+    tokio::pin!(turn);
+    let results = loop {
+        tokio::select! {
+            biased;
+            Some(event) = events.recv() => print(event),
+            results = &mut turn => break results,
+        }
+    };
+    // Every call has ended: what its progress sent is all there, nothing more comes.
+    while let Ok(event) = events.try_recv() {
+        print(event);
+    }
+    results
 }
 
 fn print_line(text: &str) {

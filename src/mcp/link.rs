@@ -3,9 +3,11 @@
 //! `switchboard mcp list` shows it. The supervisor (`server_conn.rs`) writes it; the tool
 //! handlers (`tools.rs`) read it.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleClient};
 use serde::Serialize;
 use tokio::sync::watch;
@@ -14,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::ServerSpec;
 use crate::metrics::McpServerMetrics;
 use crate::sandbox::Containment;
+use crate::tool::Progress;
 
 /// What a call sees of its server.
 #[derive(Clone)]
@@ -37,6 +40,46 @@ pub(crate) struct Live {
     /// Cancelled when the connection ends.
     pub exited: CancellationToken,
     pub(super) reason: OnceLock<String>,
+    /// Where the connection's `notifications/progress` go: the calls in flight that have a
+    /// listener, by the progress token rmcp gave their request.
+    pub progress: ProgressRoutes,
+}
+
+/// The calls of one connection whose progress somebody listens to, by progress token.
+#[derive(Clone, Default)]
+pub(crate) struct ProgressRoutes(Arc<Mutex<HashMap<ProgressToken, Progress>>>);
+
+impl ProgressRoutes {
+    /// Sends `token`'s notifications to `progress` until the returned guard is dropped.
+    pub fn route(&self, token: ProgressToken, progress: Progress) -> RouteGuard {
+        crate::locks::lock(&self.0).insert(token.clone(), progress);
+        RouteGuard {
+            routes: self.clone(),
+            token,
+        }
+    }
+
+    /// A `notifications/progress` of the server: to its call's listener, if it has one.
+    pub fn deliver(&self, params: &ProgressNotificationParam) {
+        let progress = crate::locks::lock(&self.0)
+            .get(&params.progress_token)
+            .cloned();
+        if let Some(progress) = progress {
+            progress.report(params.progress, params.total, params.message.as_deref());
+        }
+    }
+}
+
+/// Removes a call's progress route when the call ends.
+pub(crate) struct RouteGuard {
+    routes: ProgressRoutes,
+    token: ProgressToken,
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        crate::locks::lock(&self.routes.0).remove(&self.token);
+    }
 }
 
 impl Live {

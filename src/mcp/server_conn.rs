@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::config::{ServerSpec, Transport, server_name_rule, valid_server_name};
-use super::link::{Link, Live, Shared};
+use super::link::{Link, Live, ProgressRoutes, Shared};
 pub use super::link::{ServerState, ServerStatus, ToolEntry};
 use super::wire::Unread;
 use super::{listing, names, tools, transport};
@@ -145,10 +145,12 @@ impl Server {
     }
 }
 
-/// The client side of one connection: forwards `tools/list_changed` and logs progress at debug.
+/// The client side of one connection: forwards `tools/list_changed`, and each
+/// `notifications/progress` to its call's listener (logged at debug either way).
 struct ClientSide {
     server: String,
     changed: mpsc::Sender<()>,
+    progress: ProgressRoutes,
 }
 
 impl ClientHandler for ClientSide {
@@ -162,9 +164,10 @@ impl ClientHandler for ClientSide {
         params: ProgressNotificationParam,
         _: NotificationContext<RoleClient>,
     ) {
-        // Progress extends no deadline; it is only logged.
+        // Progress extends no deadline; it goes to the call's listener, if it has one.
         tracing::debug!(server = %self.server, progress = params.progress,
             total = ?params.total, message = ?params.message, "MCP progress");
+        self.progress.deliver(&params);
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -181,6 +184,7 @@ type Running = RunningService<RoleClient, ClientSide>;
 /// tools of a page are reported, and the first listing (tools, and those skipped).
 struct Connected {
     running: Running,
+    progress: ProgressRoutes,
     changed: mpsc::Receiver<()>,
     unread: Unread,
     listed: Vec<rmcp::model::Tool>,
@@ -190,9 +194,11 @@ struct Connected {
 /// Starts the server and lists its tools, within the startup timeout.
 async fn connect(shared: &Arc<Shared>) -> Result<Connected, String> {
     let (tx, changed) = mpsc::channel(1);
+    let progress = ProgressRoutes::default();
     let handler = ClientSide {
         server: shared.name.clone(),
         changed: tx,
+        progress: progress.clone(),
     };
     let start = async {
         let (running, unread) = match &shared.spec.transport {
@@ -220,6 +226,7 @@ async fn connect(shared: &Arc<Shared>) -> Result<Connected, String> {
             listing::list_tools(running.peer(), shared.spec.list_limits, &unread).await?;
         Ok::<_, String>(Connected {
             running,
+            progress,
             changed,
             unread,
             listed,
@@ -295,6 +302,7 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
         let reason = match connect(&shared).await {
             Ok(Connected {
                 running,
+                progress,
                 changed,
                 unread,
                 listed,
@@ -305,6 +313,7 @@ async fn supervise(shared: Arc<Shared>, registry: ActorRef<Registry>) {
                     peer: running.peer().clone(),
                     exited: CancellationToken::new(),
                     reason: OnceLock::new(),
+                    progress,
                 });
                 shared.set_state(ServerState::Up);
                 shared.metrics.up(true);

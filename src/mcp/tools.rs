@@ -21,14 +21,19 @@
 //! * Timeout or cancellation drops the request; rmcp then sends `notifications/cancelled` with the
 //!   request id, and the late response is dropped. A server that exits mid-call answers the call
 //!   `execution_error` at once.
+//! * When the turn has a progress listener, the server's `notifications/progress` for the call
+//!   (the progress token rmcp puts in every request's `_meta`) go to the call's
+//!   [`crate::tool::Progress`] as values (`progress`, `total`, `message`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::ServiceError;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ContentBlock, RequestMetaObject, ResourceContents, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientRequest, ContentBlock, RequestMetaObject, ResourceContents, ServerResult, Tool,
 };
+use rmcp::service::PeerRequestOptions;
 use serde_json::Value;
 
 use super::link::{Link, Live, Shared, ToolEntry};
@@ -209,7 +214,13 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
     let started = Instant::now();
     // Dropping this future (on stop, or when the engine drops the handler) makes rmcp send
     // `notifications/cancelled` for the request; its late response is then dropped.
-    let request = live.peer.call_tool(params);
+    let request = async {
+        if ctx.progress.is_on() {
+            call_with_progress(&live, params, &ctx).await
+        } else {
+            live.peer.call_tool(params).await
+        }
+    };
     let answer = tokio::select! {
         r = request => r,
         _ = ctx.cancel.cancelled() => {
@@ -251,6 +262,54 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
             "MCP server {}: {e}",
             shared.name
         ))),
+    }
+}
+
+/// A `tools/call` whose progress goes to the call's listener: the request is sent first, so that
+/// its progress token (rmcp gives every request one) is known and routed before the server can
+/// report; as [`rmcp::Peer::call_tool`] does, a request dropped before its answer is cancelled
+/// (`notifications/cancelled`), and a reply that is no `CallToolResult` is unexpected.
+async fn call_with_progress(
+    live: &Live,
+    params: CallToolRequestParams,
+    ctx: &ToolContext,
+) -> Result<CallToolResult, ServiceError> {
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+    let handle = live
+        .peer
+        .send_request_with_option(request, PeerRequestOptions::no_options())
+        .await?;
+    let _route = live
+        .progress
+        .route(handle.progress_token.clone(), ctx.progress.clone());
+    let mut abandoned = Abandoned(Some((live.peer.clone(), handle.id.clone())));
+    let answer = handle.await_response().await;
+    abandoned.0 = None;
+    match answer? {
+        ServerResult::CallToolResult(result) => Ok(result),
+        // A result with nothing in it (`{}`): a call that answered nothing.
+        ServerResult::EmptyResult(_) => Ok(CallToolResult::default()),
+        _ => Err(ServiceError::UnexpectedResponse),
+    }
+}
+
+/// A request given up before its answer: the server is told (`notifications/cancelled`).
+struct Abandoned(Option<(rmcp::Peer<rmcp::RoleClient>, rmcp::model::RequestId)>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let Some((peer, id)) = self.0.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let params = CancelledNotificationParam::new(
+                    Some(id),
+                    Some("request abandoned by the caller".into()),
+                );
+                let _ = peer.notify_cancelled(params).await;
+            });
+        }
     }
 }
 

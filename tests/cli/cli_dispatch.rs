@@ -119,6 +119,60 @@ fn lines_mode_answers_each_document_on_its_own_line() {
     }
 }
 
+/// `--lines --progress`: a running command's output as `"event": "progress"` lines, in order,
+/// each turn's before its answer line; the answer is the same as without them.
+#[test]
+fn lines_mode_with_progress_prints_each_call_s_output_before_the_turn_s_answer() {
+    let ws = tempfile::tempdir().unwrap();
+    let turn = |id: &str, command: &str| {
+        json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "bash", "input": {"command": command}}
+        ]})
+        .to_string()
+    };
+    let input = [
+        turn("t1", "echo first; sleep 0.2; echo second; echo oops >&2"),
+        turn("t2", "echo third"),
+        // A retry of t1 (the same call again).
+        turn("t1", "echo first; sleep 0.2; echo second; echo oops >&2"),
+    ]
+    .join("\n")
+        + "\n";
+    let out = dispatch(ws.path(), &["--lines", "--progress"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let answers: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i]["role"] == "user")
+        .collect();
+    assert_eq!(answers.len(), 3, "{stdout}");
+    let progress_of = |from: usize, to: usize, stream: &str| -> String {
+        lines[from..to]
+            .iter()
+            .filter(|l| l["event"] == "progress" && l["stream"] == stream)
+            .map(|l| l["text"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(progress_of(0, answers[0], "stdout"), "first\nsecond\n");
+    assert_eq!(progress_of(0, answers[0], "stderr"), "oops\n");
+    assert!(lines[..answers[0]].iter().all(|l| l["tool_use_id"] == "t1"));
+    assert_eq!(progress_of(answers[0], answers[1], "stdout"), "third\n");
+    // The re-sent t1 is answered from the session's memory: nothing runs, no progress.
+    assert_eq!(answers[2], answers[1] + 1, "{stdout}");
+    assert_eq!(lines[answers[2]], lines[answers[0]]);
+    assert_eq!(
+        lines[answers[0]]["content"][0]["content"],
+        "first\nsecond\noops"
+    );
+    // --progress alone names the flag it needs.
+    let out = dispatch(ws.path(), &["--progress"], &input);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lines"));
+}
+
 #[test]
 fn input_that_is_not_json_exits_2_with_one_line_on_stderr_and_nothing_on_stdout() {
     let ws = tempfile::tempdir().unwrap();

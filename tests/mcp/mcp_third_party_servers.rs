@@ -324,3 +324,105 @@ async fn mcp_server_time_from_pypi_answers_and_reports_bad_timezones_as_errors()
     );
     engine.shutdown(Duration::from_secs(2)).await;
 }
+
+/// server-everything's `trigger-long-running-operation` sends `notifications/progress` for the
+/// progress token of its request: with a listener, each arrives as a progress value of the call
+/// (in order, before its result); the result is the same with or without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_s_progress_notifications_reach_the_call_s_listener() {
+    let Some(dir) = test_dir("server-everything progress") else {
+        return;
+    };
+    let engine = engine_with(vec![(
+        "everything",
+        node_server(&dir, "server-everything", &["stdio"]),
+    )])
+    .await;
+    let session = engine.session();
+    let long = |id: &str| {
+        call(
+            id,
+            "mcp__everything__trigger-long-running-operation",
+            json!({"duration": 1, "steps": 5}),
+        )
+    };
+    let (listener, mut events) =
+        switchboard::tool::ProgressSink::channel(switchboard::tool::ProgressSink::DEFAULT_CAPACITY);
+    let (results_tx, mut results_rx) = tokio::sync::mpsc::unbounded_channel();
+    let results = session
+        .dispatch_with_progress(
+            vec![
+                long("p1"),
+                call("e", "mcp__everything__echo", json!({"message": "x"})),
+            ],
+            session.turn_token(),
+            Some(results_tx),
+            listener,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        results[0].content, "Long running operation completed. Duration: 1 seconds, Steps: 5.",
+        "{:?}",
+        results[0]
+    );
+    let mut values = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        assert_eq!(&*event.tool_use_id, "p1", "{event:?}");
+        match event.update {
+            switchboard::tool::ProgressUpdate::Value {
+                progress, total, ..
+            } => values.push((event.seq, progress, total)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        values,
+        (1..=5u64)
+            .map(|i| (i, i as f64, Some(5.0)))
+            .collect::<Vec<_>>()
+    );
+    // Each result went to the result sink too; the call's own came after its progress (the
+    // events were all there when the turn ended, read above).
+    let mut answered = Vec::new();
+    while let Ok((index, _)) = results_rx.try_recv() {
+        answered.push(index);
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, [0, 1]);
+
+    // Without a listener: the same answer, nothing routed.
+    let plain = session.dispatch(vec![long("p2")]).await.unwrap();
+    assert_eq!(plain[0].content, results[0].content);
+
+    // A call given up while the server still works on it: cancelled, and the server (told so)
+    // answers the next call as before.
+    let (listener, _events) = switchboard::tool::ProgressSink::channel(8);
+    let cancel = session.turn_token();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.cancel();
+    });
+    let cancelled = session
+        .dispatch_with_progress(vec![long("p3")], cancel, None, listener)
+        .await
+        .unwrap();
+    assert_eq!(
+        cancelled[0].error,
+        Some(ErrorCode::Cancelled),
+        "{:?}",
+        cancelled[0]
+    );
+    let after = session
+        .dispatch(vec![call(
+            "e2",
+            "mcp__everything__echo",
+            json!({"message": "still here"}),
+        )])
+        .await
+        .unwrap();
+    assert_eq!(after[0].content, "Echo: still here");
+    drop(session);
+    engine.shutdown(Duration::from_secs(2)).await;
+}
