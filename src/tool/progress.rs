@@ -394,7 +394,7 @@ impl CallProgress {
             };
             let bytes = event.text_len();
             self.metrics.sent(bytes);
-            tracing::info!(
+            tracing::debug!(
                 parent: &self.span,
                 gen_ai.tool.call.id = %self.tool_use_id,
                 progress.seq = event.seq,
