@@ -273,16 +273,18 @@ class AsyncSession(c.SessionBase):
     # --- dispatch ---
 
     async def dispatch(self, message: Any, format: Optional[str] = None, *,
-                       turn_id: Optional[str] = None) -> Any:
-        """See :meth:`Session.dispatch` (``None`` when the answer calls no tool)."""
+                       turn_id: Optional[str] = None,
+                       on_progress: Optional[Callable[[Any], Any]] = None) -> Any:
+        """See :meth:`Session.dispatch` (``None`` when the answer calls no tool);
+        ``on_progress`` may be a plain or a coroutine function."""
         fmt, names, body = c.prepare(message, format)
         if names == []:
             return None
         if self._id is None:
             await self._ensure()
         tid = turn_id or c.turn_id_of(body)
-        if self._streams(names):
-            stream = AsyncDispatchStream(self, fmt, body, tid, None)
+        if on_progress is not None or self._streams(names):
+            stream = AsyncDispatchStream(self, fmt, body, tid, None, on_progress)
             async for _ in stream:
                 pass
             return stream.answer
@@ -295,7 +297,8 @@ class AsyncSession(c.SessionBase):
             self._in_flight -= 1
 
     def start(self, message: Any, format: Optional[str] = None, *,
-              turn_id: Optional[str] = None) -> "AsyncTurn":
+              turn_id: Optional[str] = None,
+              on_progress: Optional[Callable[[Any], Any]] = None) -> "AsyncTurn":
         """Starts the dispatch as a task and returns its handle: ``await turn`` is the answer,
         ``await turn.cancel()`` cancels it. Needs a running loop."""
         if turn_id is None:
@@ -303,15 +306,17 @@ class AsyncSession(c.SessionBase):
                 turn_id = c.turn_id_of(c.prepare(message, format)[2])
             except Exception:  # the dispatch itself says what is wrong with the message
                 turn_id = c.new_turn_id()
-        return AsyncTurn(self, message, format, turn_id)
+        return AsyncTurn(self, message, format, turn_id, on_progress)
 
     def stream(self, message: Any, format: Optional[str] = None,
                on_approval: Optional[Callable[[Any], Any]] = None, *,
-               turn_id: Optional[str] = None) -> "AsyncDispatchStream":
-        """See :meth:`Session.stream`; ``on_approval`` may be a plain or a coroutine
-        function."""
+               turn_id: Optional[str] = None,
+               on_progress: Optional[Callable[[Any], Any]] = None) -> "AsyncDispatchStream":
+        """See :meth:`Session.stream`; ``on_approval`` and ``on_progress`` may be plain or
+        coroutine functions."""
         fmt, _names, body = c.prepare(message, format)
-        return AsyncDispatchStream(self, fmt, body, turn_id or c.turn_id_of(body), on_approval)
+        return AsyncDispatchStream(self, fmt, body, turn_id or c.turn_id_of(body), on_approval,
+                                   on_progress)
 
     async def tools(self, format: str = "anthropic") -> List[Any]:
         await self._ensure()
@@ -359,14 +364,16 @@ class AsyncSession(c.SessionBase):
 
 
 class AsyncDispatchStream(c.StreamBase):
-    """``async for index, result in session.stream(msg)``; ``answer`` at the end."""
+    """``async for index, result in session.stream(msg)``; ``answer`` at the end;
+    ``async for kind, value in stream.events()`` for results and live progress together."""
 
     _session: AsyncSession
 
     def __init__(self, session: AsyncSession, fmt: str, body: bytes, turn_id: str,
-                 on_approval: Optional[Callable[[Any], Any]]):
-        super().__init__(session, fmt, body, turn_id, on_approval)
-        self._iter: Optional[AsyncIterator[Tuple[int, Any]]] = None
+                 on_approval: Optional[Callable[[Any], Any]],
+                 on_progress: Optional[Callable[[Any], Any]] = None):
+        super().__init__(session, fmt, body, turn_id, on_approval, on_progress)
+        self._iter: Optional[AsyncIterator[Any]] = None
 
     async def _approve(self, request: Any) -> None:
         allow = False
@@ -383,7 +390,7 @@ class AsyncDispatchStream(c.StreamBase):
             # broken connection) or timed out; the call's result says which.
             log.info("switchboard: approval %s was no longer waiting", request["approval_id"])
 
-    async def _run(self) -> AsyncIterator[Tuple[int, Any]]:
+    async def _run(self) -> AsyncIterator[Tuple[str, Any]]:
         session = self._session
         await session._ensure()
         session._in_flight += 1
@@ -393,7 +400,21 @@ class AsyncDispatchStream(c.StreamBase):
         finally:
             session._in_flight -= 1
 
-    async def _events(self) -> AsyncIterator[Tuple[int, Any]]:
+    async def _results(self) -> AsyncIterator[Tuple[int, Any]]:
+        async for kind, value in self._run():
+            if kind == "result":
+                yield value
+
+    def events(self) -> AsyncIterator[Tuple[str, Any]]:
+        """The stream's results and live progress together, in the order they come:
+        ``("progress", event)`` and ``("result", (index, result))``; ``answer`` at the end."""
+        if self._iter is not None:
+            raise RuntimeError("this stream is already being read")
+        self._progress = True
+        self._iter = self._run()
+        return self._iter
+
+    async def _events(self) -> AsyncIterator[Tuple[str, Any]]:
         session = self._session
         client = session._client
         path, headers = self._request()
@@ -410,8 +431,14 @@ class AsyncDispatchStream(c.StreamBase):
                         task.add_done_callback(tasks.discard)
                     elif kind == "approval":
                         await self._approve(value)
+                    elif kind == "progress":
+                        if self._on_progress is not None:
+                            done = self._on_progress(value)
+                            if inspect.isawaitable(done):
+                                await done
+                        yield kind, value
                     else:
-                        yield value
+                        yield kind, value
         except _TRANSPORT_ERRORS as e:
             raise c.connection_error(e) from e
         finally:
@@ -428,7 +455,7 @@ class AsyncDispatchStream(c.StreamBase):
 
     def __aiter__(self) -> AsyncIterator[Tuple[int, Any]]:
         if self._iter is None:
-            self._iter = self._run()
+            self._iter = self._results()
         return self._iter
 
 
@@ -460,11 +487,11 @@ class AsyncTurn:
     answer; ``await turn.cancel()`` cancels it on the server."""
 
     def __init__(self, session: AsyncSession, message: Any, format: Optional[str],
-                 turn_id: str):
+                 turn_id: str, on_progress: Optional[Callable[[Any], Any]] = None):
         self._session = session
         self.turn_id = turn_id
         self._task: "asyncio.Task[Any]" = asyncio.ensure_future(
-            session.dispatch(message, format, turn_id=turn_id))
+            session.dispatch(message, format, turn_id=turn_id, on_progress=on_progress))
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._task.__await__()

@@ -149,11 +149,12 @@ def args_key(name: str, args: Any) -> Tuple[str, str]:
     return name, json.dumps(args, sort_keys=True, default=str)
 
 
-async def run_cancellable(session: Any, message: Any, turn_id: Optional[str] = None) -> Any:
+async def run_cancellable(session: Any, message: Any, turn_id: Optional[str] = None,
+                          on_progress: Optional[Callable[[Any], Any]] = None) -> Any:
     """Dispatches ``message`` as a turn (named ``turn_id``, else after the message); cancelling
     this cancels the turn on the server (its calls answered ``cancelled``, its processes
-    killed)."""
-    turn = session.start(message, format="anthropic", turn_id=turn_id)
+    killed). ``on_progress`` gets the turn's live progress events."""
+    turn = session.start(message, format="anthropic", turn_id=turn_id, on_progress=on_progress)
     try:
         return await asyncio.shield(turn.task)
     except asyncio.CancelledError:

@@ -376,7 +376,8 @@ def _parse_block(block: bytes) -> Optional[Tuple[str, bytes]]:
 
 class StreamState:
     """Interprets the events of a streamed dispatch: ``result`` items are returned, ``done``
-    sets ``answer``, ``error`` raises; ``call`` and ``approval_required`` go to the callbacks."""
+    sets ``answer``, ``error`` raises; ``call``, ``approval_required`` and ``progress`` go to the
+    callbacks."""
 
     def __init__(self) -> None:
         self.answer: Any = None
@@ -386,9 +387,10 @@ class StreamState:
 
     def feed(self, chunk: bytes) -> Iterator[Tuple[str, Any]]:
         """The events of the next bytes of the body, for the client to act on one by one, in
-        order: ``("call", call)`` (run the client tool), ``("approval", request)`` (answer it)
-        and ``("result", (index, result))`` (yield it). Lazy: an ``error`` event raises only
-        once the events before it have been acted on."""
+        order: ``("call", call)`` (run the client tool), ``("approval", request)`` (answer it),
+        ``("progress", event)`` (a running call's live progress) and ``("result", (index,
+        result))`` (yield it). Lazy: an ``error`` event raises only once the events before it
+        have been acted on."""
         for event, data in self._decoder.feed(chunk):
             if event == "call":
                 call = _event(event, data)
@@ -401,6 +403,11 @@ class StreamState:
                     raise bad_response("a malformed `approval_required` event", data, 200)
                 self.approvals.append(request)
                 yield "approval", request
+            elif event == "progress":
+                update = _event(event, data)
+                if not isinstance(update, dict) or not isinstance(update.get("tool_use_id"), str):
+                    raise bad_response("a malformed `progress` event", data, 200)
+                yield "progress", update
             else:
                 item = self.handle(event, data)
                 if item is not None:
@@ -668,10 +675,14 @@ class StreamBase:
     I/O: what it sends, where, and the state of its answer."""
 
     def __init__(self, session: Any, fmt: str, body: bytes, turn_id: str,
-                 on_approval: Optional[Callable[[Any], Any]]):
+                 on_approval: Optional[Callable[[Any], Any]],
+                 on_progress: Optional[Callable[[Any], Any]] = None):
         self._session, self._fmt, self._body = session, fmt, body
         self.turn_id = turn_id
         self._on_approval = on_approval
+        self._on_progress = on_progress
+        # Whether the stream asks for progress: for ``on_progress`` or ``events()``.
+        self._progress = on_progress is not None
         self._state = StreamState()
 
     @property
@@ -682,5 +693,6 @@ class StreamBase:
     def _request(self) -> Tuple[str, Dict[str, str]]:
         """The path and headers of the streamed dispatch (the session exists)."""
         session = self._session
-        return (f"{session._base}/dispatch?format={self._fmt}&stream=true",
+        progress = "" if self._progress else "&progress=false"
+        return (f"{session._base}/dispatch?format={self._fmt}&stream=true{progress}",
                 {**session._client._stream_headers, TURN_HEADER: self.turn_id})

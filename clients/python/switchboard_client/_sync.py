@@ -266,18 +266,23 @@ class Session(c.SessionBase):
     # --- dispatch ---
 
     def dispatch(self, message: Any, format: Optional[str] = None, *,
-                 turn_id: Optional[str] = None) -> Any:
+                 turn_id: Optional[str] = None,
+                 on_progress: Optional[Callable[[Any], Any]] = None) -> Any:
         """Runs the tool calls of one model answer and returns what to append to the
         conversation: the user message of ``tool_result`` blocks (Anthropic) or the list of tool
         messages to ``extend`` it with (OpenAI); ``None`` when the answer calls no tool.
-        ``format`` is detected when not given; client-tool calls run here."""
+        ``format`` is detected when not given; client-tool calls run here. With
+        ``on_progress``, each running call's live progress (a command's output as it is written,
+        an MCP server's progress) is passed to it as it comes: a dict with ``tool_use_id``,
+        ``seq``, ``kind`` (``output``: ``stream``, ``text``; ``progress``: ``progress``,
+        ``total``, ``message``), each call's before its result; the answer is the same."""
         fmt, names, body = c.prepare(message, format)
         if names == []:
             return None
         self._ensure()
         tid = turn_id or c.turn_id_of(body)
-        if self._streams(names):
-            stream = DispatchStream(self, fmt, body, tid, None)
+        if on_progress is not None or self._streams(names):
+            stream = DispatchStream(self, fmt, body, tid, None, on_progress)
             for _ in stream:
                 pass
             return stream.answer
@@ -287,26 +292,32 @@ class Session(c.SessionBase):
                                          headers)
 
     def start(self, message: Any, format: Optional[str] = None, *,
-              turn_id: Optional[str] = None) -> "Turn":
+              turn_id: Optional[str] = None,
+              on_progress: Optional[Callable[[Any], Any]] = None) -> "Turn":
         """Starts the dispatch of ``message`` in a background thread and returns its handle:
-        ``turn.result()`` waits for the answer, ``turn.cancel()`` cancels it."""
+        ``turn.result()`` waits for the answer, ``turn.cancel()`` cancels it; ``on_progress``
+        as for :meth:`dispatch` (called on that thread)."""
         if turn_id is None:
             try:
                 turn_id = c.turn_id_of(c.prepare(message, format)[2])
             except Exception:  # the dispatch itself says what is wrong with the message
                 turn_id = c.new_turn_id()
-        return Turn(self, message, format, turn_id)
+        return Turn(self, message, format, turn_id, on_progress)
 
     def stream(self, message: Any, format: Optional[str] = None,
                on_approval: Optional[Callable[[Any], bool]] = None, *,
-               turn_id: Optional[str] = None) -> "DispatchStream":
+               turn_id: Optional[str] = None,
+               on_progress: Optional[Callable[[Any], Any]] = None) -> "DispatchStream":
         """Like :meth:`dispatch`, yielding ``(index, result)`` as each call is answered; the
         complete answer is ``.answer`` once the iteration ends. Under ``serve --policy``, a call
         an ``ask`` rule holds is passed to ``on_approval(request)`` (``approval_id``,
         ``tool_use_id``, ``tool_name``, ``tool_input``, ``subject``, ``rule``), whose truth
-        allows it; without ``on_approval`` it is denied at once. Client tools run as asked."""
+        allows it; without ``on_approval`` it is denied at once. Client tools run as asked.
+        ``on_progress`` is called with each live progress event (see :meth:`dispatch`);
+        ``.events()`` iterates over results and progress together."""
         fmt, _names, body = c.prepare(message, format)
-        return DispatchStream(self, fmt, body, turn_id or c.turn_id_of(body), on_approval)
+        return DispatchStream(self, fmt, body, turn_id or c.turn_id_of(body), on_approval,
+                              on_progress)
 
     def tools(self, format: str = "anthropic") -> List[Any]:
         """The session's catalog: the server's tools, then its client tools, for ``tools=``.
@@ -405,17 +416,27 @@ class DispatchStream(c.StreamBase):
     _session: Session
 
     def __init__(self, session: Session, fmt: str, body: bytes, turn_id: str,
-                 on_approval: Optional[Callable[[Any], bool]]):
-        super().__init__(session, fmt, body, turn_id, on_approval)
-        self._iter: Optional[Iterator[Tuple[int, Any]]] = None
+                 on_approval: Optional[Callable[[Any], bool]],
+                 on_progress: Optional[Callable[[Any], Any]] = None):
+        super().__init__(session, fmt, body, turn_id, on_approval, on_progress)
+        self._iter: Optional[Iterator[Any]] = None
 
-    def _run(self) -> Iterator[Tuple[int, Any]]:
+    def _run(self) -> Iterator[Tuple[str, Any]]:
         session = self._session
         session._ensure()
         with session._turn():
             yield from self._events()
 
-    def _events(self) -> Iterator[Tuple[int, Any]]:
+    def events(self) -> Iterator[Tuple[str, Any]]:
+        """The stream's results and live progress together, in the order they come:
+        ``("progress", event)`` and ``("result", (index, result))``; ``answer`` at the end."""
+        if self._iter is not None:
+            raise RuntimeError("this stream is already being read")
+        self._progress = True
+        self._iter = self._run()
+        return self._iter
+
+    def _events(self) -> Iterator[Tuple[str, Any]]:
         session = self._session
         client = session._client
         path, headers = self._request()
@@ -431,8 +452,12 @@ class DispatchStream(c.StreamBase):
                         client._start_call(session, value)
                     elif kind == "approval":
                         self._approve(value)
+                    elif kind == "progress":
+                        if self._on_progress is not None:
+                            self._on_progress(value)
+                        yield kind, value
                     else:
-                        yield value
+                        yield kind, value
             complete = True
         except urllib3.exceptions.HTTPError as e:
             raise _transport_error(e) from e
@@ -456,7 +481,7 @@ class DispatchStream(c.StreamBase):
 
     def __iter__(self) -> Iterator[Tuple[int, Any]]:
         if self._iter is None:
-            self._iter = self._run()
+            self._iter = (value for kind, value in self._run() if kind == "result")
         return self._iter
 
     def __next__(self) -> Tuple[int, Any]:
@@ -466,9 +491,11 @@ class DispatchStream(c.StreamBase):
 class Turn:
     """A dispatch running in a background thread, under a turn id the client chose."""
 
-    def __init__(self, session: Session, message: Any, format: Optional[str], turn_id: str):
+    def __init__(self, session: Session, message: Any, format: Optional[str], turn_id: str,
+                 on_progress: Optional[Callable[[Any], Any]] = None):
         self._session = session
         self.turn_id = turn_id
+        self._on_progress = on_progress
         self._future: "Future[Any]" = Future()
         self._thread = threading.Thread(target=self._run, args=(message, format),
                                          name=f"switchboard-turn-{turn_id}", daemon=True)
@@ -478,8 +505,8 @@ class Turn:
         if not self._future.set_running_or_notify_cancel():
             return
         try:
-            self._future.set_result(self._session.dispatch(message, format,
-                                                           turn_id=self.turn_id))
+            self._future.set_result(self._session.dispatch(
+                message, format, turn_id=self.turn_id, on_progress=self._on_progress))
         except BaseException as e:
             self._future.set_exception(e)
 

@@ -123,8 +123,10 @@ class _Bridge:
 
     def __init__(self, tools: Dict[str, Optional[FunctionTool]], client: Any, session: Any,
                  workspace: Optional[str], sandbox: Any, options: Dict[str, Dict[str, Any]],
-                 schemas: Dict[str, Tuple[str, Dict[str, Any]]]) -> None:
+                 schemas: Dict[str, Tuple[str, Dict[str, Any]]],
+                 on_progress: Optional[Callable[[Any], Any]] = None) -> None:
         self.tools = tools                    # name -> original tool (None for a built-in)
+        self.on_progress = on_progress
         self.client_arg, self.client = client, None
         self.session = session
         self.owns_session = session is None
@@ -264,7 +266,8 @@ class _Bridge:
                 try:
                     answer = await run_cancellable(session, {"role": "assistant",
                                                              "content": blocks},
-                                                   turn_id=turn_id)
+                                                   turn_id=turn_id,
+                                                   on_progress=self._progress_to(batch))
                     break
                 except SwitchboardError as e:
                     # The server closed the session (idle timeout, restart): nothing of the
@@ -293,6 +296,27 @@ class _Bridge:
             for inv in batch:
                 self.running.pop(inv.call_id, None)
             self.claims.clear()
+
+    def _progress_to(self, batch: List[_Invocation]) -> Optional[Callable[[Any], Any]]:
+        """The turn's live progress to ``on_progress``, on the loop of the run whose call it
+        is (the SDK's stream events have no kind for a tool's progress)."""
+        callback = self.on_progress
+        if callback is None:
+            return None
+        loops = {inv.call_id: inv.loop for inv in batch}
+
+        def deliver(event: Any) -> None:
+            loop = loops.get(event.get("tool_use_id"))
+            if loop is None:
+                return
+
+            def call() -> None:
+                done = callback(event)
+                if asyncio.iscoroutine(done):
+                    asyncio.ensure_future(done)
+            loop.call_soon_threadsafe(call)
+
+        return deliver
 
     async def close(self) -> None:
         if self.session is not None and self.owns_session:
@@ -347,6 +371,7 @@ def switchboard_tools(
     workspace: Optional[str] = None,
     sandbox: Any = None,
     tool_options: Optional[Dict[str, Dict[str, Any]]] = None,
+    on_progress: Optional[Callable[[Any], Any]] = None,
 ) -> Tuple[List[FunctionTool], SwitchboardHooks]:
     """Function tools for an ``Agent`` whose calls of one model response run as one turn.
 
@@ -372,6 +397,12 @@ def switchboard_tools(
             it has),
             ``effect`` (``read_only``, ``idempotent`` or ``side_effect``: what a retry after
             a crash gets).
+        on_progress: called with each live progress event of a running call (a command's
+            output as it is written, an MCP server's progress: ``{"tool_use_id", "seq",
+            "kind", ...}``, the call id the SDK gave), on the run's event loop, before the
+            call's result; a coroutine function's coroutine is scheduled there. The SDK's
+            stream events (``Runner.run_streamed``) have no kind for a tool's progress, so it
+            comes here instead.
 
     Returns ``(function_tools, hooks)``: give the tools to the ``Agent`` and the hooks to
     ``Runner.run(..., hooks=hooks)``.
@@ -401,7 +432,8 @@ def switchboard_tools(
         schemas[name] = (spec["description"], spec["input_schema"])
 
     loop = _LoopThread.get()
-    bridge = _Bridge(originals, client, session, workspace, sandbox, options, schemas)
+    bridge = _Bridge(originals, client, session, workspace, sandbox, options, schemas,
+                     on_progress)
     loop.close_at_exit(bridge, _Bridge.close)   # deletes its session if still open at exit
 
     def make(name: str, original: Optional[FunctionTool]) -> FunctionTool:

@@ -195,6 +195,29 @@ _CAUGHT: "contextvars.ContextVar[Optional[List[BaseException]]]" = contextvars.C
     "switchboard_caught", default=None)
 
 
+def _progress_to(ctx: _TurnContext, ids: Dict[str, str]) -> Optional[Callable[[Any], None]]:
+    """Where a turn's live progress goes: LangGraph's custom stream (``stream_mode="custom"``),
+    each event as ``{"event": "progress", "tool_use_id", "seq", "kind", ...}`` under the call id
+    LangGraph knows (``ids``: the id each call was sent under → its own); ``None`` when the node
+    has no stream writer."""
+    writer = getattr(ctx.runtime, "stream_writer", None)
+    if writer is None:
+        return None
+
+    def write(event: Any) -> None:
+        chunk = dict(event, event="progress")
+        sent = event.get("tool_use_id")
+        chunk["tool_use_id"] = ids.get(sent, sent)
+        if ctx.caller_loop is not None:
+            # An async graph's stream belongs to the caller's loop; a sync graph's is
+            # thread-safe.
+            ctx.caller_loop.call_soon_threadsafe(writer, chunk)
+        else:
+            writer(chunk)
+
+    return write
+
+
 def _catch_all(e: Exception) -> str:
     """``handle_tool_errors=True``: every exception is an error result. The exception itself
     goes to the engine (its answer reads ``Error [execution_error]: ValueError: ...``)."""
@@ -535,7 +558,9 @@ class ToolNode(_LangGraphToolNode):
                     try:
                         answer = await run_cancellable(
                             conv.session, {"role": "assistant", "content": wire},
-                            turn_id=ai_turn_id(ctx.ai_id))
+                            turn_id=ai_turn_id(ctx.ai_id),
+                            on_progress=_progress_to(ctx, {s["id"]: b["id"]
+                                                           for b, s in zip(blocks, wire)}))
                         break
                     except SwitchboardError as e:
                         # The server closed the session (idle timeout, restart): nothing of

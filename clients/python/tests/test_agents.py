@@ -478,3 +478,35 @@ def test_a_local_async_client_serves_the_bundle_and_closes_on_its_own_loop():
             assert client.server.returncode == 0, client.server.stderr()
     seen = asyncio.run(main())
     assert [seen["c0_0"].strip(), seen["c0_1"]] == ["async", "async-a"]
+
+
+def test_on_progress_gets_a_running_command_s_lines_on_the_run_s_loop(client):
+    """A 4-second bash loop printing a line every 200 ms: each line reaches ``on_progress``
+    (on the run's own event loop, under the SDK's call id) before the call's output reaches the
+    model; a coroutine function works too."""
+    loop_cmd = "for i in $(seq 1 20); do echo line $i; sleep 0.2; done"
+    seen = []
+    loops = set()
+
+    async def on_progress(event):
+        loops.add(asyncio.get_running_loop())
+        seen.append(event)
+
+    tools, hooks = switchboard_tools([lookup], client=client, builtins=["bash"],
+                                     on_progress=on_progress)
+    model = scripted(turn(("bash", {"command": loop_cmd}), ("lookup", {"key": "p"})))
+
+    async def main():
+        result = await Runner.run(Agent(name="a", model=model, tools=tools), "go", hooks=hooks)
+        return result.final_output, asyncio.get_running_loop()
+
+    try:
+        final, run_loop = asyncio.run(main())
+        assert final == "done"
+        assert len(seen) >= 15, seen
+        assert loops == {run_loop}
+        assert {e["tool_use_id"] for e in seen} == {"c0_0"}
+        assert "".join(e["text"] for e in seen) == "".join(f"line {i}\n" for i in range(1, 21))
+        assert outputs(model)["c0_0"].strip().endswith("line 20")
+    finally:
+        hooks.close()

@@ -655,3 +655,45 @@ def test_a_local_async_client_serves_the_node_and_closes_on_its_own_loop():
             await client.close()      # on this loop: the node never used the client's pool
             assert client.server.returncode == 0, client.server.stderr()
     assert asyncio.run(main()) == ["async", "async-a"]
+
+
+def test_a_running_command_s_lines_reach_langgraph_s_custom_stream(client):
+    """A 4-second bash loop printing a line every 200 ms: its output comes through LangGraph's
+    custom stream (``stream_mode="custom"``) line by line, before the tool's message, under the
+    call id LangGraph knows; sync ``stream`` and async ``astream`` alike."""
+    loop = "for i in $(seq 1 20); do echo line $i; sleep 0.2; done"
+    node = ToolNode([lookup], client=client, builtins=["bash"])
+    graph = hand_built(ScriptedChat(), node)
+    expected = "".join(f"line {i}\n" for i in range(1, 21))
+    try:
+        chunks = list(graph.stream(ask([("bash", {"command": loop})], prefix="sync"), thread(),
+                                   stream_mode=["custom", "updates"]))
+        progress = [c for mode, c in chunks if mode == "custom"]
+        assert len(progress) >= 15, chunks
+        assert all(c["event"] == "progress" and c["tool_use_id"] == "sync_0_0"
+                   for c in progress), progress
+        assert [c["seq"] for c in progress] == list(range(1, len(progress) + 1))
+        assert "".join(c["text"] for c in progress) == expected
+        # Every progress chunk came before the tools node's update (its ToolMessage).
+        tools_update = next(i for i, (mode, c) in enumerate(chunks)
+                            if mode == "updates" and "tools" in c)
+        last_progress = max(i for i, (mode, _) in enumerate(chunks) if mode == "custom")
+        assert last_progress < tools_update
+        message = chunks[tools_update][1]["tools"]["messages"][0]
+        assert message.content.strip().endswith("line 20")
+
+        async def astream():
+            out = []
+            async for mode, c in graph.astream(ask([("bash", {"command": loop})],
+                                                   prefix="async"),
+                                               thread(), stream_mode=["custom", "updates"]):
+                out.append((mode, c))
+            return out
+
+        chunks = asyncio.run(astream())
+        progress = [c for mode, c in chunks if mode == "custom"]
+        assert len(progress) >= 15, chunks
+        assert "".join(c["text"] for c in progress) == expected
+        assert {c["tool_use_id"] for c in progress} == {"async_0_0"}
+    finally:
+        node.close()
