@@ -18,7 +18,7 @@ import {
   prepare,
   type Format,
 } from "./common.js";
-import type { ApprovalRequest, ClientCall } from "./stream.js";
+import type { ApprovalRequest, ClientCall, ProgressEvent } from "./stream.js";
 import { DispatchStream, Turn } from "./turn.js";
 import {
   ToolRegistry,
@@ -96,7 +96,14 @@ export interface DispatchOptions {
   /** Decides calls held for approval (a server policy's `ask` rules); without it they are
    * denied. Giving it streams the turn. */
   onApproval?: ApprovalCallback;
+  /** Gets each running call's live progress (a command's output as it is written, an MCP
+   * server's progress), each call's before its result; the answer is the same. Giving it
+   * streams the turn. */
+  onProgress?: ProgressCallback;
 }
+
+/** Gets a running call's live progress event. */
+export type ProgressCallback = (event: ProgressEvent) => void | Promise<void>;
 
 /** The answer of `POST /v1/sessions/{id}/turns/{turn_id}/cancel`. */
 export interface CancelAnswer {
@@ -427,8 +434,8 @@ export class Session {
     const turnId = options.turnId ?? turnIdOf(prepared.body);
     return this._withAbort(turnId, options.signal, async () => {
       if (this._id === undefined) await this._ensure();
-      if (options.onApproval || this._registry.streams(prepared.names)) {
-        const stream = new DispatchStream(this, prepared, turnId, options.onApproval, undefined);
+      if (options.onApproval || options.onProgress || this._registry.streams(prepared.names)) {
+        const stream = new DispatchStream(this, prepared, turnId, options.onApproval, undefined, options.onProgress);
         for await (const _ of stream) {
           // results come in the answer
         }
@@ -456,7 +463,14 @@ export class Session {
    * session.stream(msg))`, then `stream.answer`. */
   stream<M>(message: M, options: DispatchOptions = {}): DispatchStream<AnswerOf<M>> {
     const prepared = prepare(message, options.format);
-    return new DispatchStream<AnswerOf<M>>(this, prepared, options.turnId ?? turnIdOf(prepared.body), options.onApproval, options.signal);
+    return new DispatchStream<AnswerOf<M>>(
+      this,
+      prepared,
+      options.turnId ?? turnIdOf(prepared.body),
+      options.onApproval,
+      options.signal,
+      options.onProgress,
+    );
   }
 
   /** @internal Runs `fn` with `signal` wired to the cancel of the turn. */

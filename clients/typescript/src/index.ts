@@ -2,11 +2,13 @@
 
 export { Client, Session } from "./client.js";
 export { DispatchStream, Turn } from "./turn.js";
+export type { TurnEvent } from "./turn.js";
 export type {
   ClientOptions,
   SessionOptions,
   DispatchOptions,
   ApprovalCallback,
+  ProgressCallback,
   CancelAnswer,
   Logger,
 } from "./client.js";
@@ -28,7 +30,7 @@ export {
 } from "./common.js";
 export type { Format } from "./common.js";
 export { SseDecoder } from "./stream.js";
-export type { ApprovalRequest, ClientCall } from "./stream.js";
+export type { ApprovalRequest, ClientCall, ProgressEvent } from "./stream.js";
 export type {
   AnswerOf,
   AnthropicAnswer,

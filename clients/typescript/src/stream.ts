@@ -76,9 +76,31 @@ export interface ApprovalRequest {
   [key: string]: unknown;
 }
 
+/** A running call's live progress (`event: progress`): its output as it is written (`kind:
+ * "output"`) or a progress value (`kind: "progress"`), each call's before its result. */
+export interface ProgressEvent {
+  /** The call it belongs to. */
+  tool_use_id: string;
+  /** 1 for the call's first event, then 2, 3, … */
+  seq: number;
+  kind: "output" | "progress";
+  /** For `output`: which pipe. */
+  stream?: "stdout" | "stderr";
+  /** For `output`: the text. */
+  text?: string;
+  /** For `progress`: the value so far, out of `total` when known, with `message`. */
+  progress?: number;
+  total?: number;
+  message?: string;
+  /** Bytes of output left out since the call's previous event (a reader that did not keep up). */
+  dropped_bytes?: number;
+  [key: string]: unknown;
+}
+
 export type StreamEvent =
   | { kind: "call"; call: ClientCall }
   | { kind: "approval"; request: ApprovalRequest }
+  | { kind: "progress"; event: ProgressEvent }
   | { kind: "result"; item: StreamResult }
   | { kind: "error"; error: SwitchboardError };
 
@@ -124,6 +146,11 @@ export class StreamState {
         const request = checkFields<ApprovalRequest>(parseJson(data, what, 200), ["approval_id"], what, 200);
         this.approvals.push(request);
         return { kind: "approval", request };
+      }
+      case "progress": {
+        const event = checkFields<ProgressEvent>(parseJson(data, what, 200), ["tool_use_id", "kind"], what, 200);
+        if (typeof event.seq !== "number") throw badResponse(`${what} has no number \`seq\`: ${snippet(data)}`, 200);
+        return { kind: "progress", event };
       }
       case "result":
         return { kind: "result", item: checkResultItem(parseJson(data, what, 200), this.format) };

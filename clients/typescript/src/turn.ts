@@ -12,15 +12,21 @@ import {
   turnIdOf,
   type Prepared,
 } from "./common.js";
-import type { ApprovalCallback, CancelAnswer, DispatchOptions, Session } from "./client.js";
-import { StreamState, type ApprovalRequest } from "./stream.js";
+import type { ApprovalCallback, CancelAnswer, DispatchOptions, ProgressCallback, Session } from "./client.js";
+import { StreamState, type ApprovalRequest, type ProgressEvent } from "./stream.js";
 import { badResponse, snippet, type DispatchAnswer, type StreamResult } from "./wire.js";
 
+/** What `DispatchStream.events()` yields: a result, or a running call's live progress. */
+export type TurnEvent = { kind: "result"; item: StreamResult } | { kind: "progress"; event: ProgressEvent };
+
 /** A streamed dispatch: `for await (const {index, result} of stream)` in the order the calls
- * finish; `answer` (the complete answer, in call order) once it has ended. Iterate it once. */
+ * finish; `answer` (the complete answer, in call order) once it has ended; `events()` for the
+ * results and the live progress together. Iterate it once. */
 export class DispatchStream<A extends DispatchAnswer = DispatchAnswer> implements AsyncIterable<StreamResult> {
   private readonly state: StreamState;
   private started = false;
+  /** Whether the stream asks for progress (for `onProgress` or `events()`). */
+  private progress: boolean;
 
   constructor(
     private readonly session: Session,
@@ -29,8 +35,10 @@ export class DispatchStream<A extends DispatchAnswer = DispatchAnswer> implement
     readonly turnId: string,
     private readonly onApproval: ApprovalCallback | undefined,
     private readonly signal: AbortSignal | undefined,
+    private readonly onProgress?: ProgressCallback,
   ) {
     this.state = new StreamState(prepared.format);
+    this.progress = onProgress !== undefined;
   }
 
   /** The complete answer, in call order (`undefined` until the stream has ended). */
@@ -46,10 +54,25 @@ export class DispatchStream<A extends DispatchAnswer = DispatchAnswer> implement
   [Symbol.asyncIterator](): AsyncIterator<StreamResult> {
     if (this.started) throw new Error("a dispatch stream can be iterated once");
     this.started = true;
+    return this.results();
+  }
+
+  /** The results and the live progress together, in the order they come:
+   * `{kind: "progress", event}` and `{kind: "result", item}`. */
+  events(): AsyncIterable<TurnEvent> {
+    if (this.started) throw new Error("a dispatch stream can be iterated once");
+    this.started = true;
+    this.progress = true;
     return this.run();
   }
 
-  private async *run(): AsyncGenerator<StreamResult> {
+  private async *results(): AsyncGenerator<StreamResult> {
+    for await (const event of this.run()) {
+      if (event.kind === "result") yield event.item;
+    }
+  }
+
+  private async *run(): AsyncGenerator<TurnEvent> {
     const session = this.session;
     const signal = this.signal;
     let cancelling: Promise<unknown> | undefined;
@@ -64,7 +87,7 @@ export class DispatchStream<A extends DispatchAnswer = DispatchAnswer> implement
     const turn = { session, turnId: this.turnId };
     turns.add(turn);
     try {
-      yield* this.events();
+      yield* this.read();
     } finally {
       turns.delete(turn);
       signal?.removeEventListener("abort", onAbort);
@@ -72,12 +95,13 @@ export class DispatchStream<A extends DispatchAnswer = DispatchAnswer> implement
     }
   }
 
-  private async *events(): AsyncGenerator<StreamResult> {
+  private async *read(): AsyncGenerator<TurnEvent> {
     const session = this.session;
     const client = session._client;
     await session._ensure();
     const { format, body } = this.prepared;
-    const resp = await client._open("POST", `${session._path}/dispatch?format=${format}&stream=true`, body, {
+    const progress = this.progress ? "" : "&progress=false";
+    const resp = await client._open("POST", `${session._path}/dispatch?format=${format}&stream=true${progress}`, body, {
       ...client._streamHeaders,
       [TURN_HEADER]: this.turnId,
     });
@@ -109,8 +133,12 @@ export class DispatchStream<A extends DispatchAnswer = DispatchAnswer> implement
               break;
             case "error":
               throw event.error;
+            case "progress":
+              if (this.onProgress) await this.onProgress(event.event);
+              yield event;
+              break;
             case "result":
-              yield event.item;
+              yield event;
               break;
           }
         }
