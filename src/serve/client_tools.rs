@@ -11,6 +11,10 @@
 //! client that left). An answer that loses that race is refused `409` and changes nothing; one
 //! that wins takes the call's commit gate, so the engine reports it even if the deadline passes
 //! a moment later.
+//!
+//! While a call waits for its answer the client may report its progress (`POST
+//! /v1/sessions/{id}/calls/{call_id}/progress`, [`parse_progress`]): it goes to the call's live
+//! progress ([`crate::tool::Progress`]), so to the turn's stream as `event: progress`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +30,8 @@ use tokio_util::sync::CancellationToken;
 use super::errors::ApiError;
 use crate::protocol::{Block, ErrorCode};
 use crate::tool::{
-    Access, CommitGate, Defer, Effect, Handler, Mode, Resource, ToolContext, ToolError,
-    ToolOutcome, ToolOutput, ToolSpec,
+    Access, CommitGate, Defer, Effect, Handler, Mode, OutputStream, Progress, Resource,
+    ToolContext, ToolError, ToolOutcome, ToolOutput, ToolSpec,
 };
 use crate::workspace::Workspace;
 
@@ -425,6 +429,16 @@ struct Pending {
     commit: CommitGate,
     cancel: CancellationToken,
     deadline: Instant,
+    progress: Progress,
+}
+
+/// What a client reports of a call it runs: output text, or a progress value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// Text the call printed, on `stream`.
+    Output(OutputStream, String),
+    /// `progress` so far, of `total`, with `message`.
+    Value(f64, Option<f64>, Option<String>),
 }
 
 /// The stream of the turn running now: where `event: call`s go, and its end.
@@ -535,6 +549,7 @@ impl Delegate {
                     commit: ctx.commit.clone(),
                     cancel: ctx.cancel.clone(),
                     deadline: ctx.deadline,
+                    progress: ctx.progress.clone(),
                 },
             );
             (id, rx, gone)
@@ -567,16 +582,42 @@ impl Delegate {
         Err(ToolError::new(ErrorCode::Cancelled, ""))
     }
 
+    /// The client's progress report of call `id`, while it waits for its answer: to the call's
+    /// live progress (nothing when the turn has no listener).
+    pub fn progress(&self, id: &str, report: Report) -> Result<(), Refused> {
+        let state = lock(&self.state);
+        let Some(pending) = state.pending.get(id) else {
+            return Err(self.refusal(&state, id));
+        };
+        if pending.cancel.is_cancelled() {
+            return Err(Refused::Closed(CANCELLED));
+        }
+        let progress = pending.progress.clone();
+        drop(state);
+        match report {
+            Report::Output(stream, text) => progress.output(stream, text.as_bytes()),
+            Report::Value(value, total, message) => {
+                progress.report(value, total, message.as_deref());
+            }
+        }
+        Ok(())
+    }
+
+    /// Why a call that is not pending takes no answer or report.
+    fn refusal(&self, state: &State, id: &str) -> Refused {
+        match state.closed.get(id) {
+            Some(Closed::Answered) => Refused::AlreadyAnswered,
+            Some(Closed::TimedOut) => Refused::Closed(TIMED_OUT),
+            Some(Closed::Cancelled) => Refused::Closed(CANCELLED),
+            None => Refused::Unknown,
+        }
+    }
+
     /// The client's answer to call `id`.
     pub fn answer(&self, id: &str, outcome: ToolOutcome) -> Result<(), Refused> {
         let mut state = lock(&self.state);
         let Some((id, pending)) = state.pending.remove_entry(id) else {
-            return Err(match state.closed.get(id) {
-                Some(Closed::Answered) => Refused::AlreadyAnswered,
-                Some(Closed::TimedOut) => Refused::Closed(TIMED_OUT),
-                Some(Closed::Cancelled) => Refused::Closed(CANCELLED),
-                None => Refused::Unknown,
-            });
+            return Err(self.refusal(&state, id));
         };
         // Taking the commit gate decides the race with the engine's deadline for good.
         let (how, refusal) = if pending.cancel.is_cancelled() {
@@ -676,6 +717,57 @@ pub fn parse_answer(text: &str) -> Result<ToolOutcome, ApiError> {
         return Ok(Err(ToolError::execution(output.into_text())));
     }
     Ok(Ok(output))
+}
+
+/// The body of `POST …/calls/{call_id}/progress`: `{"text": string, "stream": "stdout" or
+/// "stderr"}` (output, stdout by default) or `{"progress": number, "total": number, "message":
+/// string}` (a value; `total` and `message` optional).
+pub fn parse_progress(text: &str) -> Result<Report, ApiError> {
+    let shape = "the body must be {\"text\": string, \"stream\": \"stdout\" or \"stderr\"} or {\"progress\": number, \"total\": number, \"message\": string}";
+    let bad = |detail: String| ApiError::BadRequest(format!("{detail}: {shape}"));
+    let doc: Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+    let Value::Object(fields) = doc else {
+        return Err(bad("not an object".into()));
+    };
+    let known: &[&str] = if fields.contains_key("text") {
+        &["text", "stream"]
+    } else {
+        &["progress", "total", "message"]
+    };
+    if let Some(key) = fields.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(bad(format!("unknown key `{key}`")));
+    }
+    if let Some(text) = fields.get("text") {
+        let Value::String(text) = text else {
+            return Err(bad("`text` is not a string".into()));
+        };
+        let stream = match fields.get("stream").and_then(Value::as_str) {
+            None if fields.get("stream").is_none_or(Value::is_null) => OutputStream::Stdout,
+            Some("stdout") => OutputStream::Stdout,
+            Some("stderr") => OutputStream::Stderr,
+            _ => return Err(bad("`stream` is neither \"stdout\" nor \"stderr\"".into())),
+        };
+        return Ok(Report::Output(stream, text.clone()));
+    }
+    let number = |key: &str| -> Result<Option<f64>, ApiError> {
+        match fields.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|n| n.is_finite())
+                .map(Some)
+                .ok_or_else(|| bad(format!("`{key}` is not a number"))),
+        }
+    };
+    let progress = number("progress")?.ok_or_else(|| bad("no `text` and no `progress`".into()))?;
+    let total = number("total")?;
+    let message = match fields.get("message") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(m)) => Some(m.clone()),
+        Some(_) => return Err(bad("`message` is not a string".into())),
+    };
+    Ok(Report::Value(progress, total, message))
 }
 
 /// One content block: `{"type":"text","text"}` or a base64 image.

@@ -442,6 +442,36 @@ pub async fn answer_call(
     }
 }
 
+/// `POST /v1/sessions/{id}/calls/{call_id}/progress` with `{"text", "stream"}` or
+/// `{"progress", "total", "message"}`: the client's progress report of a client-tool call it is
+/// running, to the turn's stream as `event: progress`. The same refusals as an answer once the
+/// call is no longer waiting.
+pub async fn call_progress(
+    State(app): State<Arc<App>>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    use super::client_tools::Refused;
+    let Path((id, call_id)) =
+        ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
+    let session = app.sessions.open(&id).await?;
+    let text = app.read_body(&headers, body).await?;
+    let report = super::client_tools::parse_progress(&text)?;
+    let delegate = session
+        .delegate()
+        .ok_or_else(|| ApiError::UnknownCall(call_id.clone()))?;
+    match delegate.progress(&call_id, report) {
+        Ok(()) => {
+            let body = serde_json::json!({"call_id": call_id, "accepted": true}).to_string();
+            Ok(json_response(StatusCode::OK, body))
+        }
+        Err(Refused::AlreadyAnswered) => Err(ApiError::AlreadyAnswered(call_id)),
+        Err(Refused::Closed(how)) => Err(ApiError::CallClosed(call_id, how)),
+        Err(Refused::Unknown) => Err(ApiError::UnknownCall(call_id)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,6 +79,11 @@ pub fn route_table() -> Vec<RouteDef> {
         ),
         v1(
             Method::POST,
+            "/v1/sessions/{id}/calls/{call_id}/progress",
+            post(dispatch::call_progress),
+        ),
+        v1(
+            Method::POST,
             "/v1/sessions/{id}/turns/{turn_id}/cancel",
             post(cancel_turn),
         ),

@@ -277,3 +277,128 @@ async fn a_flood_of_output_to_a_client_that_does_not_read_keeps_memory_bounded()
     assert_eq!(events.last().unwrap().0, "done");
     terminate(child);
 }
+
+/// A client tool's progress: while its call waits for the client's answer, the client reports
+/// output and values (`POST …/calls/{call_id}/progress`); they reach the turn's stream as
+/// `event: progress` under the call's `tool_use_id`, before its result. Reports on a call that
+/// is answered, unknown, or malformed are refused as answers are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_tool_s_progress_reports_reach_the_stream_before_its_result() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let created = post(
+        &c,
+        &s.url("/v1/sessions"),
+        &json!({"tools": [{
+            "name": "build",
+            "description": "Builds the project on the platform.",
+            "input_schema": {"type": "object", "properties": {}},
+        }]})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.json()["session_id"].as_str().unwrap().to_string();
+    let mut response = c
+        .post(s.url(&format!("/v1/sessions/{id}/dispatch?stream=true")))
+        .bearer_auth(TOKEN)
+        .body(turn(&[("b1", "build", json!({}))]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut buffer = String::new();
+    let mut seen: Vec<(String, Value)> = Vec::new();
+    let mut call_id = None;
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            for (event, data) in events(&block) {
+                let data: Value = serde_json::from_str(&data).unwrap();
+                if event == "call" {
+                    let cid = data["call_id"].as_str().unwrap().to_string();
+                    let url = s.url(&format!("/v1/sessions/{id}/calls/{cid}/progress"));
+                    for report in [
+                        json!({"text": "compiling 1/2\n"}),
+                        json!({"progress": 1, "total": 2, "message": "compiled"}),
+                        json!({"text": "a warning\n", "stream": "stderr"}),
+                    ] {
+                        let r = post(&c, &url, &report.to_string()).await;
+                        assert_eq!(r.status, 200, "{}", r.text);
+                        assert_eq!(r.json()["accepted"], true);
+                        tokio::time::sleep(MIN_GAP).await;
+                    }
+                    for bad in [
+                        json!({"text": 1}),
+                        json!({"nope": 1}),
+                        json!({"progress": "x"}),
+                    ] {
+                        let r = post(&c, &url, &bad.to_string()).await;
+                        assert_eq!(r.status, 400, "{bad}: {}", r.text);
+                    }
+                    let answer = s.url(&format!("/v1/sessions/{id}/calls/{cid}"));
+                    let r = post(&c, &answer, &json!({"content": "built"}).to_string()).await;
+                    assert_eq!(r.status, 200, "{}", r.text);
+                    call_id = Some(cid);
+                }
+                seen.push((event, data));
+            }
+        }
+    }
+    let cid = call_id.expect("a call event");
+    let kinds: Vec<&str> = seen.iter().map(|(e, _)| e.as_str()).collect();
+    let result_at = kinds.iter().position(|k| *k == "result").unwrap();
+    let progress: Vec<&Value> = seen[..result_at]
+        .iter()
+        .filter(|(e, _)| e == "progress")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(progress.len(), 3, "{seen:?}");
+    assert!(progress.iter().all(|d| d["tool_use_id"] == "b1"));
+    assert_eq!(progress[0]["text"], "compiling 1/2\n");
+    assert_eq!(
+        (
+            progress[1]["kind"].as_str(),
+            progress[1]["progress"].as_f64(),
+            progress[1]["total"].as_f64()
+        ),
+        (Some("progress"), Some(1.0), Some(2.0))
+    );
+    assert_eq!(
+        (progress[2]["stream"].as_str(), progress[2]["text"].as_str()),
+        (Some("stderr"), Some("a warning\n"))
+    );
+    assert!(
+        kinds[result_at + 1..].iter().all(|k| *k != "progress"),
+        "{kinds:?}"
+    );
+    assert_eq!(seen.last().unwrap().1["content"][0]["content"], "built");
+    // Answered: a report now is refused as a second answer would be.
+    let late = post(
+        &c,
+        &s.url(&format!("/v1/sessions/{id}/calls/{cid}/progress")),
+        &json!({"text": "late"}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (late.status, late.code()),
+        (409, "already_answered".into()),
+        "{}",
+        late.text
+    );
+    let unknown = post(
+        &c,
+        &s.url(&format!("/v1/sessions/{id}/calls/c999/progress")),
+        &json!({"text": "?"}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (unknown.status, unknown.code()),
+        (404, "unknown_call".into())
+    );
+    s.shutdown().await.unwrap();
+}
+
+/// More than the 50 ms a call's progress batches are apart: each report its own event.
+const MIN_GAP: Duration = Duration::from_millis(80);

@@ -16,7 +16,7 @@ import aiohttp
 
 from . import _common as c
 from ._common import SwitchboardError
-from ._context import ToolCallContext, calling
+from ._context import REPORTS_BEFORE_ANSWER, Reporter, ToolCallContext, calling
 
 log = logging.getLogger("switchboard_client")
 
@@ -160,6 +160,7 @@ class AsyncSession(c.SessionBase):
         self._client: AsyncClient = client
         self._creating: Optional["asyncio.Future[str]"] = None
         self._in_flight = 0     # turns of this session running now (dispatch, stream)
+        self._reports: Set["asyncio.Task[None]"] = set()   # progress reports on their way
 
     # --- creation ---
 
@@ -218,8 +219,9 @@ class AsyncSession(c.SessionBase):
         function could start (the engine answered it ``timeout``). Whatever the function
         raises or returns is an answer; only the task's cancellation propagates."""
         call_id = call["call_id"]
+        reporter = self._reporter(call_id)
         try:
-            body = await self._call_body(call, received)
+            body = await self._call_body(call, received, reporter)
         except asyncio.CancelledError:
             raise
         except c.CallExpired:
@@ -228,15 +230,20 @@ class AsyncSession(c.SessionBase):
             return
         except BaseException as e:  # noqa: BLE001 - a failing tool is a result, never a crash
             body = c.answer_body(error=e)
+        # The call's last progress reports go before its answer (a moment at most).
+        deadline = time.monotonic() + REPORTS_BEFORE_ANSWER
+        while reporter.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         await self._answer(call_id, body)
 
-    async def _call_body(self, call: Dict[str, Any], received: float) -> bytes:
+    async def _call_body(self, call: Dict[str, Any], received: float,
+                         reporter: Optional[Reporter] = None) -> bytes:
         if c.call_expired(call, received):
             raise c.CallExpired(call["call_id"])
         entry, missing = self._call_entry(call)
         if entry is None or entry.fn is None:
             return c.error_body(missing)
-        context = ToolCallContext.from_event(call)
+        context = ToolCallContext.from_event(call, reporter)
         args, kwargs = entry.arguments(call.get("input"), context)
         with calling(context):  # this task's context, copied to a worker thread
             if entry.is_async:
@@ -249,6 +256,39 @@ class AsyncSession(c.SessionBase):
                     functools.partial(ctx.run, c.start_in_time, call, received, entry.fn,
                                       *args, **kwargs))
         return c.answer_body(value)
+
+    def _reporter(self, call_id: str) -> Reporter:
+        """The progress reports of call ``call_id``, sent by a task on this loop while there
+        are any (a tool on a worker thread reports through the loop, never waiting)."""
+        path = f"{self._base}/calls/{call_id}/progress"
+        loop = asyncio.get_running_loop()
+
+        async def drain(reporter: Reporter) -> None:
+            while True:
+                bodies = reporter.take()
+                if not bodies:
+                    return
+                for body in bodies:
+                    try:
+                        await self._client._request("POST", path, body)
+                    except SwitchboardError as e:
+                        log.debug("switchboard: a progress report of call %s was refused: %s",
+                                  call_id, e)
+
+        def start(reporter: Reporter) -> None:
+            def spawn() -> None:
+                task = loop.create_task(drain(reporter))
+                self._reports.add(task)
+                task.add_done_callback(self._reports.discard)
+            try:
+                if asyncio.get_running_loop() is loop:
+                    spawn()
+                    return
+            except RuntimeError:
+                pass
+            loop.call_soon_threadsafe(spawn)
+
+        return Reporter(start)
 
     async def _answer(self, call_id: str, body: bytes) -> None:
         """Posts a call's answer; see :meth:`Session._answer` (a refused answer is logged and

@@ -9,9 +9,20 @@ import contextvars
 import dataclasses
 import hashlib
 import inspect
+import json
+import logging
+import threading
 import types
 import typing
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
+
+log = logging.getLogger("switchboard_client")
+
+#: The most unsent output text one call's reports hold; more is left out (the server's cap of a
+#: call's unsent progress is the same).
+REPORT_PENDING = 64 * 1024
+#: How long a call's answer waits for its progress reports still on their way, in seconds.
+REPORTS_BEFORE_ANSWER = 1.0
 
 _UnionType: Any = getattr(types, "UnionType", None)  # X | Y (3.10+)
 
@@ -35,12 +46,95 @@ class ToolCallContext:
     deadline_ms: int
     #: The call's idempotency key (``sb1-`` and 32 hex digits).
     idempotency_key: Optional[str]
+    _reporter: Optional["Reporter"] = dataclasses.field(default=None, compare=False,
+                                                        repr=False)
 
     @classmethod
-    def from_event(cls, call: Mapping[str, Any]) -> "ToolCallContext":
+    def from_event(cls, call: Mapping[str, Any],
+                   reporter: Optional["Reporter"] = None) -> "ToolCallContext":
         return cls(call_id=call.get("call_id", ""), tool_use_id=call.get("tool_use_id", ""),
                    name=call.get("name", ""), deadline_ms=call.get("deadline_ms", 0),
-                   idempotency_key=call.get("idempotency_key"))
+                   idempotency_key=call.get("idempotency_key"), _reporter=reporter)
+
+    def progress(self, progress: float, total: Optional[float] = None,
+                 message: Optional[str] = None) -> None:
+        """Reports how far the call is (``progress`` of ``total`` when known, with what it is
+        doing): the turn's stream shows it as the call's live progress. Never blocks on the
+        server and never raises; reports that come faster than they can be sent are joined
+        (the newest value wins)."""
+        if self._reporter is not None:
+            body: Dict[str, Any] = {"progress": progress}
+            if total is not None:
+                body["total"] = total
+            if message is not None:
+                body["message"] = message
+            self._reporter.value(body)
+
+    def output(self, text: str, stream: str = "stdout") -> None:
+        """Reports output the call produced (``stream``: ``stdout`` or ``stderr``), shown on
+        the turn's stream as it comes; the call's result is still what the function returns.
+        Text reported faster than it can be sent is joined, up to 64 KiB unsent."""
+        if self._reporter is not None:
+            self._reporter.text(text, "stderr" if stream == "stderr" else "stdout")
+
+
+class Reporter:
+    """Sends one client-tool call's progress reports (``POST .../calls/{id}/progress``), one
+    at a time: what comes while one is on its way is joined — text appended (at most
+    :data:`REPORT_PENDING` bytes unsent, the rest left out), a value replaced by the newest.
+    ``start`` runs ``drain`` somewhere else (a thread, a task) when nothing is sending; a report
+    the server refuses (the call answered meanwhile) is logged at debug and dropped."""
+
+    def __init__(self, start: Callable[["Reporter"], None]) -> None:
+        self._start = start
+        self._lock = threading.Lock()
+        self._text: Dict[str, str] = {"stdout": "", "stderr": ""}
+        self._value: Optional[Dict[str, Any]] = None
+        self._busy = False
+        self._idle = threading.Event()
+        self._idle.set()
+
+    @property
+    def busy(self) -> bool:
+        """Whether reports are still on their way."""
+        return not self._idle.is_set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits (at most ``timeout`` seconds) until every report made so far was sent."""
+        return self._idle.wait(timeout)
+
+    def text(self, text: str, stream: str) -> None:
+        with self._lock:
+            room = REPORT_PENDING - len(self._text["stdout"]) - len(self._text["stderr"])
+            self._text[stream] += text[:max(room, 0)]
+            self._kick()
+
+    def value(self, body: Dict[str, Any]) -> None:
+        with self._lock:
+            self._value = body
+            self._kick()
+
+    def _kick(self) -> None:
+        if not self._busy:
+            self._busy = True
+            self._idle.clear()
+            self._start(self)
+
+    def take(self) -> List[bytes]:
+        """The bodies to send now (empty: nothing more; the reporter is idle again)."""
+        with self._lock:
+            bodies = []
+            if self._value is not None:
+                bodies.append(json.dumps(self._value).encode())
+            for stream in ("stdout", "stderr"):
+                if self._text[stream]:
+                    bodies.append(json.dumps({"text": self._text[stream],
+                                              "stream": stream}).encode())
+            self._value, self._text = None, {"stdout": "", "stderr": ""}
+            if not bodies:
+                self._busy = False
+                self._idle.set()
+            return bodies
 
 
 _CURRENT: "contextvars.ContextVar[Optional[ToolCallContext]]" = contextvars.ContextVar(

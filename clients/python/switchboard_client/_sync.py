@@ -15,7 +15,7 @@ import urllib3
 
 from . import _common as c
 from ._common import SwitchboardError
-from ._context import ToolCallContext, calling
+from ._context import REPORTS_BEFORE_ANSWER, Reporter, ToolCallContext, calling
 from ._tools import ToolEntry
 
 log = logging.getLogger("switchboard_client")
@@ -231,13 +231,42 @@ class Session(c.SessionBase):
                          "before a thread took it", call_id, call.get("name"))
                 return
             entry, missing = self._call_entry(call)
-            body = _call_body(entry, call.get("input"), ToolCallContext.from_event(call)) \
+            reporter = self._reporter(call_id)
+            context = ToolCallContext.from_event(call, reporter)
+            body = _call_body(entry, call.get("input"), context) \
                 if entry is not None else c.error_body(missing)
+            # The call's last progress reports go before its answer (a moment at most).
+            reporter.wait_idle(REPORTS_BEFORE_ANSWER)
             self._answer(call_id, body)
         except BaseException as e:  # noqa: BLE001 - a worker never dies with its call unanswered
             log.warning("switchboard: client call %s failed in the client: %s", call_id,
                         c.safe_text(e))
             self._answer(call_id, c.answer_body(error=e))
+
+    def _reporter(self, call_id: str) -> Reporter:
+        """The progress reports of call ``call_id``, sent from a thread of their own while
+        there are any (the tool's own thread never waits for the server)."""
+        path = f"{self._base}/calls/{call_id}/progress"
+
+        def drain(reporter: Reporter) -> None:
+            while True:
+                bodies = reporter.take()
+                if not bodies:
+                    return
+                for body in bodies:
+                    if self._client._closed:
+                        continue
+                    try:
+                        self._client._request("POST", path, body)
+                    except SwitchboardError as e:
+                        log.debug("switchboard: a progress report of call %s was refused: %s",
+                                  call_id, e)
+
+        def start(reporter: Reporter) -> None:
+            threading.Thread(target=drain, args=(reporter,), daemon=True,
+                             name=f"switchboard-progress-{call_id}").start()
+
+        return Reporter(start)
 
     def _answer(self, call_id: str, body: bytes) -> None:
         """Posts a call's answer. An answer the server refuses (4xx: larger than its

@@ -4,6 +4,7 @@ callbacks) and ``stream.events()`` line by line before its result, with the answ
 a retry answered from the session's memory reports none."""
 
 import asyncio
+import time
 
 from switchboard_client import AsyncClient, Client
 
@@ -84,5 +85,60 @@ def test_asyncio_on_progress_may_be_a_coroutine_and_events_iterate(server, token
                     on_progress=seen.append)
                 await turn
                 assert seen[-1]["tool_use_id"] == "t" and seen[-1]["text"] == "started\n"
+
+    asyncio.run(main())
+
+
+def test_a_client_tool_reports_its_progress_through_its_context(server, token):
+    """A Python client tool reports output and values through its ``ToolCallContext``; they
+    reach ``on_progress`` under the call's id, before its result, and the answer is what the
+    function returned."""
+    from switchboard_client import ToolCallContext
+
+    with Client(server.base_url, token=token) as client, client.session() as session:
+        @session.tool
+        def build(target: str, ctx: ToolCallContext) -> str:
+            """Builds a target."""
+            for i in range(1, 4):
+                ctx.output(f"step {i} of {target}\n")
+                ctx.progress(i, 3, f"step {i}")
+                time.sleep(0.1)
+            ctx.output("a warning\n", stream="stderr")
+            return f"built {target}"
+
+        events = []
+        answer = session.dispatch(assistant(tool_use("b", "build", {"target": "app"})),
+                                  on_progress=events.append)
+        assert answer["content"][0]["content"] == "built app"
+        assert {e["tool_use_id"] for e in events} == {"b"}
+        assert output(events) == "".join(f"step {i} of app\n" for i in (1, 2, 3))
+        assert output(events, "stderr") == "a warning\n"
+        values = [e["progress"] for e in events if e["kind"] == "progress"]
+        assert values and values[-1] == 3, events
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_an_async_client_tool_reports_its_progress_too(server, token):
+    from switchboard_client import ToolCallContext
+
+    async def main():
+        async with AsyncClient(server.base_url, token=token) as client:
+            async with client.session() as session:
+                @session.tool
+                async def fetch(url: str, ctx: ToolCallContext) -> str:
+                    """Fetches a URL."""
+                    for i in range(1, 4):
+                        ctx.progress(i * 10, 30, "downloading")
+                        await asyncio.sleep(0.1)
+                    ctx.output("fetched\n")
+                    return f"got {url}"
+
+                events = []
+                answer = await session.dispatch(
+                    assistant(tool_use("f", "fetch", {"url": "x"})), on_progress=events.append)
+                assert answer["content"][0]["content"] == "got x"
+                values = [e["progress"] for e in events if e["kind"] == "progress"]
+                assert values and values[-1] == 30, events
+                assert output(events) == "fetched\n"
 
     asyncio.run(main())

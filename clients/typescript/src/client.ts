@@ -360,9 +360,17 @@ export class Session {
 
   /** @internal Runs a client call and answers it. Never throws. */
   async _runCall(call: ClientCall, signal: AbortSignal): Promise<void> {
+    const reports = new Reporter((body) =>
+      this._client._request("POST", `${this._base}/calls/${encodeURIComponent(call.call_id)}/progress`, { body }).then(
+        () => undefined,
+        () => undefined, // the call was answered meanwhile: the report no longer counts
+      ),
+    );
     try {
-      const body = await this.callAnswer(call, signal);
+      const body = await this.callAnswer(call, signal, reports);
       if (signal.aborted) return; // the turn's stream has ended: the call is closed
+      // The call's last progress reports go before its answer (a moment at most).
+      await reports.idle(REPORTS_BEFORE_ANSWER_MS);
       await this.postAnswer(call, body);
     } catch (e) {
       this._client._warn(`switchboard: client call ${call.call_id} (${call.name}): ${describe(e)}`);
@@ -370,7 +378,7 @@ export class Session {
   }
 
   /** What the call's function answers: its value, or the error it threw, as an answer body. */
-  private async callAnswer(call: ClientCall, signal: AbortSignal): Promise<string> {
+  private async callAnswer(call: ClientCall, signal: AbortSignal, reports: Reporter): Promise<string> {
     const entry = this._registry.entries.get(call.name);
     if (entry?.execute === undefined) return errorBody(noFunction(call.name));
     const context: ToolCallContext = {
@@ -380,6 +388,12 @@ export class Session {
       deadlineMs: call.deadline_ms,
       idempotencyKey: call.idempotency_key,
       signal,
+      progress: (progress, total, message) => {
+        if (!signal.aborted) reports.value({ progress, ...(total === undefined ? {} : { total }), ...(message === undefined ? {} : { message }) });
+      },
+      output: (text, stream = "stdout") => {
+        if (!signal.aborted) reports.text(String(text), stream === "stderr" ? "stderr" : "stdout");
+      },
     };
     let value: unknown;
     try {
@@ -565,4 +579,64 @@ if (asyncDispose) {
       return this.close();
     },
   });
+}
+
+/** How long a client call's answer waits for its progress reports still on their way. */
+const REPORTS_BEFORE_ANSWER_MS = 1000;
+/** The most unsent output text one call's reports hold; more is left out. */
+const REPORT_PENDING = 64 * 1024;
+
+/** Sends one client call's progress reports one at a time: what comes while one is on its way
+ * is joined — text appended (at most `REPORT_PENDING` characters unsent), a value replaced by
+ * the newest. */
+class Reporter {
+  private text_: Record<"stdout" | "stderr", string> = { stdout: "", stderr: "" };
+  private value_: Record<string, unknown> | undefined;
+  private sending: Promise<void> | undefined;
+
+  constructor(private readonly send: (body: string) => Promise<void>) {}
+
+  text(text: string, stream: "stdout" | "stderr"): void {
+    const room = REPORT_PENDING - this.text_.stdout.length - this.text_.stderr.length;
+    this.text_[stream] += text.slice(0, Math.max(room, 0));
+    this.kick();
+  }
+
+  value(body: Record<string, unknown>): void {
+    this.value_ = body;
+    this.kick();
+  }
+
+  /** Resolves once every report made so far was sent, or after `ms`. */
+  async idle(ms: number): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<"late">((resolve) => (timer = setTimeout(() => resolve("late"), ms)));
+    while (this.sending) {
+      if ((await Promise.race([this.sending, late])) === "late") break;
+    }
+    clearTimeout(timer);
+  }
+
+  private kick(): void {
+    if (this.sending) return;
+    this.sending = this.drain().finally(() => {
+      this.sending = undefined;
+      // Reported after the last look but before this ran: send it too.
+      if (this.value_ || this.text_.stdout || this.text_.stderr) this.kick();
+    });
+  }
+
+  private async drain(): Promise<void> {
+    for (;;) {
+      const bodies: string[] = [];
+      if (this.value_) bodies.push(JSON.stringify(this.value_));
+      for (const stream of ["stdout", "stderr"] as const) {
+        if (this.text_[stream]) bodies.push(JSON.stringify({ text: this.text_[stream], stream }));
+      }
+      this.value_ = undefined;
+      this.text_ = { stdout: "", stderr: "" };
+      if (!bodies.length) return;
+      for (const body of bodies) await this.send(body);
+    }
+  }
 }

@@ -34,6 +34,14 @@ export interface ToolCallContext {
   idempotencyKey: string;
   /** Aborted when the turn's stream has ended (its answer no longer counts). */
   signal: AbortSignal;
+  /** Reports how far the call is (`progress` of `total` when known, with what it is doing):
+   * the turn's stream shows it as the call's live progress. Never waits for the server and never
+   * throws; reports that come faster than they can be sent are joined (the newest value wins). */
+  progress(progress: number, total?: number, message?: string): void;
+  /** Reports output the call produced (`stream`: `"stdout"`, the default, or `"stderr"`), shown
+   * on the turn's stream as it comes; the result is still what the function returns. Text
+   * reported faster than it can be sent is joined, up to 64 KiB unsent. */
+  output(text: string, stream?: "stdout" | "stderr"): void;
 }
 
 /** The access declaration of a client tool, as the scheduler understands it. */

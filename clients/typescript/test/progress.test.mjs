@@ -88,3 +88,38 @@ test("a background turn passes onProgress on", async () => {
     assert.ok(answer.content[0].content.endsWith("line 20"));
   });
 });
+
+test("a client tool reports its progress through its context", async () => {
+  const session = client.session({
+    tools: [
+      {
+        name: "build",
+        description: "Builds a target.",
+        inputSchema: { type: "object", properties: { target: { type: "string" } }, required: ["target"] },
+        execute: async ({ target }, ctx) => {
+          for (let i = 1; i <= 3; i++) {
+            ctx.output(`step ${i} of ${target}\n`);
+            ctx.progress(i, 3, `step ${i}`);
+            await new Promise((r) => setTimeout(r, 100));
+          }
+          ctx.output("a warning\n", "stderr");
+          return `built ${target}`;
+        },
+      },
+    ],
+  });
+  try {
+    const events = [];
+    const answer = await session.dispatch(assistant(toolUse("b", "build", { target: "app" })), {
+      onProgress: (e) => void events.push(e),
+    });
+    assert.equal(answer.content[0].content, "built app");
+    assert.deepEqual([...new Set(events.map((e) => e.tool_use_id))], ["b"]);
+    assert.equal(output(events), "step 1 of app\nstep 2 of app\nstep 3 of app\n");
+    assert.equal(output(events, "stderr"), "a warning\n");
+    const values = events.filter((e) => e.kind === "progress").map((e) => e.progress);
+    assert.ok(values.length > 0 && values.at(-1) === 3, JSON.stringify(events));
+  } finally {
+    await session.close();
+  }
+});
