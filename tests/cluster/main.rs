@@ -368,9 +368,65 @@ async fn a_session_made_on_one_node_is_served_by_every_node_and_streams_through_
     )
     .await;
     assert_eq!(streamed.status, 200, "{}", streamed.text);
-    let kinds: Vec<String> = events(&streamed.text).into_iter().map(|(k, _)| k).collect();
+    let got = events(&streamed.text);
+    let kinds: Vec<&str> = got
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| *k != "progress")
+        .collect();
     assert_eq!(kinds, ["result", "result", "done"], "{}", streamed.text);
     assert!(streamed.text.contains("first") && streamed.text.contains("second"));
+    // The commands' output came relayed as live progress, each call's before its result.
+    for (call, text, index) in [("s1", "first\n", 0), ("s2", "second\n", 1)] {
+        let at = |pred: &dyn Fn(&str, &Value) -> bool| {
+            got.iter()
+                .position(|(k, d)| pred(k, &serde_json::from_str(d).unwrap()))
+                .unwrap_or_else(|| panic!("{call}: {}", streamed.text))
+        };
+        let progress = at(&|k, d| k == "progress" && d["tool_use_id"] == call && d["text"] == text);
+        let result = at(&|k, d| k == "result" && d["index"] == index);
+        assert!(progress < result, "{}", streamed.text);
+    }
+    // A 4-second command printing a line every 200 ms, relayed: its lines come as they are
+    // written, before its result.
+    let looped = turn(&[(
+        "s3",
+        "bash",
+        json!({"command": "for i in $(seq 1 20); do echo line $i; sleep 0.2; done"}),
+    )]);
+    let streamed = send(
+        c.post(nc.url(&format!("/v1/sessions/{id}/dispatch?stream=true")))
+            .bearer_auth(TOKEN)
+            .body(looped),
+    )
+    .await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text);
+    let got = events(&streamed.text);
+    let result = got.iter().position(|(k, _)| k == "result").unwrap();
+    let lines: String = got[..result]
+        .iter()
+        .filter(|(k, _)| k == "progress")
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let progress = got[..result]
+        .iter()
+        .filter(|(k, _)| k == "progress")
+        .count();
+    assert!(
+        progress >= 15,
+        "{progress} progress events: {}",
+        streamed.text
+    );
+    assert_eq!(
+        lines,
+        (1..=20).map(|i| format!("line {i}\n")).collect::<String>()
+    );
+    assert!(got[result..].iter().all(|(k, _)| k != "progress"));
     // No token, no relay: the token is checked where the request arrives.
     let refused = send(
         c.post(b.url(&format!("/v1/sessions/{id}/dispatch")))
@@ -880,7 +936,10 @@ async fn a_relayed_stream_whose_owner_dies_ends_with_an_error_event() {
     let _ = cl.nodes[0].child.wait();
     let streamed = streamed.await.unwrap();
     assert_eq!(streamed.status, 200, "{}", streamed.text);
-    let got = events(&streamed.text);
+    let got: Vec<(String, String)> = events(&streamed.text)
+        .into_iter()
+        .filter(|(k, _)| k != "progress")
+        .collect();
     let kinds: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(kinds, ["result", "error"], "{}", streamed.text);
     let error: Value = serde_json::from_str(&got[1].1).unwrap();
