@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """How late a command's line reaches the client as live progress, through `switchboard serve`.
 
-    python3 benches/progress_latency.py SWITCHBOARD_BINARY [LINES]
+    python3 benches/progress_latency.py SWITCHBOARD_BINARY [LINES [INTERVAL_MS]]
 
 Starts the binary as `serve` on a free loopback port, opens a session, and dispatches (streamed,
 through the repository's Python client: `clients/python`, which needs `urllib3`) one `bash` call
-that prints LINES lines (default 200), one every 20 ms, each with the moment it was written
+that prints LINES lines (default 200), one every INTERVAL_MS (default 20), each with the moment
+it was written
 (`date +%s%N`). Each line's lag is the moment its `event: progress` was read here minus that
 moment. Prints p50, p99 and max of the lags, and how many events carried the lines (the server
 joins what a call writes within 50 ms into one batch). The server is stopped at the end.
@@ -31,6 +32,7 @@ def main() -> int:
         return 2
     binary = sys.argv[1]
     lines = int(sys.argv[2]) if len(sys.argv) > 2 else 200
+    interval = int(sys.argv[3]) if len(sys.argv) > 3 else 20
     root = tempfile.TemporaryDirectory(prefix="switchboard-progress-")
     env = dict(os.environ)
     env.pop("SWITCHBOARD_TOKEN", None)
@@ -48,7 +50,8 @@ def main() -> int:
         if base is None:
             print("the server did not start", file=sys.stderr)
             return 1
-        command = (f"for i in $(seq 1 {lines}); do echo \"$(date +%s%N)\"; sleep 0.02; done")
+        command = (f"for i in $(seq 1 {lines}); do echo \"$(date +%s%N)\"; "
+                   f"sleep {interval / 1000}; done")
         lags = []
         events = 0
 

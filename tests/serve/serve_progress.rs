@@ -402,3 +402,49 @@ async fn a_client_tool_s_progress_reports_reach_the_stream_before_its_result() {
 
 /// More than the 50 ms a call's progress batches are apart: each report its own event.
 const MIN_GAP: Duration = Duration::from_millis(80);
+
+/// Cancel stops a call's progress: a streamed command cancelled while it prints sends its lines
+/// until then, its result says `cancelled`, and no progress follows the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_stops_at_cancel() {
+    let s = start(|_| {}).await;
+    let c = client();
+    let (id, _ws) = session(&c, &s, None).await;
+    let url = s.url(&format!(
+        "/v1/sessions/{id}/dispatch?stream=true&turn_id=cancelled-loop"
+    ));
+    let body = turn(&[(
+        "loop",
+        "bash",
+        json!({"command": "while true; do echo tick; sleep 0.1; done"}),
+    )]);
+    let streaming = tokio::spawn({
+        let c = c.clone();
+        async move { stream_timed(&c, &url, &body).await }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let cancelled = post(
+        &c,
+        &s.url(&format!("/v1/sessions/{id}/turns/cancelled-loop/cancel")),
+        "",
+    )
+    .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+    let events = streaming.await.unwrap();
+    let result = events
+        .iter()
+        .position(|(e, _, _)| e == "result")
+        .expect("a result");
+    let before = events[..result]
+        .iter()
+        .filter(|(e, _, _)| e == "progress")
+        .count();
+    assert!(before >= 3, "{events:?}");
+    assert!(
+        events[result..].iter().all(|(e, _, _)| e != "progress"),
+        "{events:?}"
+    );
+    let content = events[result].1["result"]["content"].as_str().unwrap();
+    assert!(content.starts_with("Error [cancelled]"), "{content}");
+    s.shutdown().await.unwrap();
+}
