@@ -265,7 +265,7 @@ impl Progress {
     }
 
     /// A progress value: `progress` so far, of `total` when known, with what it is doing.
-    /// Values coalesce: when several come within [`MIN_INTERVAL`], the newest is sent.
+    /// Values coalesce: when several come within 50 ms, the newest is sent.
     pub fn report(&self, progress: f64, total: Option<f64>, message: Option<&str>) {
         if let Some(call) = &self.0 {
             call.push_value(progress, total, message.map(str::to_string));
