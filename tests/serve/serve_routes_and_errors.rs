@@ -380,6 +380,8 @@ async fn the_openapi_description_and_the_router_list_the_same_routes() {
                 turn(&[])
             } else if path.contains("{approval_id}") {
                 r#"{"allow": true}"#.to_string()
+            } else if path.ends_with("{call_id}/progress") {
+                r#"{"text": "x"}"#.to_string()
             } else if path.contains("{call_id}") {
                 r#"{"content": "x"}"#.to_string()
             } else {

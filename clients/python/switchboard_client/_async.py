@@ -271,8 +271,10 @@ class AsyncSession(c.SessionBase):
                 for body in bodies:
                     try:
                         await self._client._request("POST", path, body)
-                    except SwitchboardError as e:
-                        log.debug("switchboard: a progress report of call %s was refused: %s",
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a lost report never fails the call
+                        log.debug("switchboard: a progress report of call %s was not taken: %s",
                                   call_id, e)
 
         def start(reporter: Reporter) -> None:
