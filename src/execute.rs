@@ -19,7 +19,9 @@
 //! place — unless the policy or a start gate may make them wait ([`runs_in_place`]): then those
 //! are awaited on the waiting path and the handler still runs in place after them (never refused
 //! by the caps).
-//! The in-flight gauge is held by a guard for as long as a handler may run.
+//! The in-flight gauge is held by a guard for as long as a handler may run. When the turn has a
+//! progress listener, each call that runs gets a live [`Progress`] handle in its context, flushed
+//! and closed when the handler ends, before the result is made (so no progress follows a result).
 //!
 //! Where each kind runs: inline in place (no task, no spawn); async on the caller's task (a
 //! worker's stage task polls a stage's async calls together); blocking on tokio's blocking pool,

@@ -1,5 +1,6 @@
 //! What the supervisor and a server's tool handlers share: the [`Link`] a call sees (starting,
-//! up, restarting, down, stopped), the live connection, and the server's status as
+//! up, restarting, down, stopped), the live connection (with the routes of its calls' progress
+//! notifications, [`ProgressRoutes`]), and the server's status as
 //! `switchboard mcp list` shows it. The supervisor (`server_conn.rs`) writes it; the tool
 //! handlers (`tools.rs`) read it.
 

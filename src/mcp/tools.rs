@@ -18,8 +18,8 @@
 //! * Every `tools/call` carries the call's idempotency key in its `_meta`, under
 //!   [`IDEMPOTENCY_META_KEY`]: the same for every copy of the call, so a server can recognise a
 //!   call it has already run (see `docs/idempotency.md`).
-//! * Timeout or cancellation drops the request; rmcp then sends `notifications/cancelled` with the
-//!   request id, and the late response is dropped. A server that exits mid-call answers the call
+//! * Timeout or cancellation drops the request; the server is then sent `notifications/cancelled`
+//!   with the request id, and the late response is dropped. A server that exits mid-call answers the call
 //!   `execution_error` at once.
 //! * When the turn has a progress listener, the server's `notifications/progress` for the call
 //!   (the progress token rmcp puts in every request's `_meta`) go to the call's
@@ -212,15 +212,9 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
     );
     params.meta = Some(meta);
     let started = Instant::now();
-    // Dropping this future (on stop, or when the engine drops the handler) makes rmcp send
+    // Dropping this future (on stop, or when the engine drops the handler) sends
     // `notifications/cancelled` for the request; its late response is then dropped.
-    let request = async {
-        if ctx.progress.is_on() {
-            call_with_progress(&live, params, &ctx).await
-        } else {
-            live.peer.call_tool(params).await
-        }
-    };
+    let request = send_call(&live, params, &ctx);
     let answer = tokio::select! {
         r = request => r,
         _ = ctx.cancel.cancelled() => {
@@ -265,11 +259,12 @@ async fn call(shared: &Shared, raw: &str, args: Value, ctx: ToolContext) -> Tool
     }
 }
 
-/// A `tools/call` whose progress goes to the call's listener: the request is sent first, so that
-/// its progress token (rmcp gives every request one) is known and routed before the server can
-/// report; as [`rmcp::Peer::call_tool`] does, a request dropped before its answer is cancelled
-/// (`notifications/cancelled`), and a reply that is no `CallToolResult` is unexpected.
-async fn call_with_progress(
+/// One `tools/call`, as [`rmcp::Peer::call_tool`] sends it — a request dropped before its answer
+/// is cancelled (`notifications/cancelled`), an empty or `_meta`-only reply is a result with no
+/// content, any other reply that is no `CallToolResult` is unexpected — but sent through the
+/// lower-level request API, so that the request's progress token (rmcp gives every request one)
+/// is known and, when the turn has a listener, routed to the call before the server can report.
+async fn send_call(
     live: &Live,
     params: CallToolRequestParams,
     ctx: &ToolContext,
@@ -279,16 +274,27 @@ async fn call_with_progress(
         .peer
         .send_request_with_option(request, PeerRequestOptions::no_options())
         .await?;
-    let _route = live
-        .progress
-        .route(handle.progress_token.clone(), ctx.progress.clone());
+    let _route = ctx.progress.is_on().then(|| {
+        live.progress
+            .route(handle.progress_token.clone(), ctx.progress.clone())
+    });
     let mut abandoned = Abandoned(Some((live.peer.clone(), handle.id.clone())));
     let answer = handle.await_response().await;
     abandoned.0 = None;
     match answer? {
         ServerResult::CallToolResult(result) => Ok(result),
-        // A result with nothing in it (`{}`): a call that answered nothing.
-        ServerResult::EmptyResult(_) => Ok(CallToolResult::default()),
+        // A result with nothing in it (`{}`, or only `_meta`): a call that answered nothing.
+        ServerResult::EmptyResult(_) | ServerResult::TaskAckResult(_) => {
+            Ok(CallToolResult::default())
+        }
+        ServerResult::CustomResult(custom)
+            if custom
+                .0
+                .as_object()
+                .is_some_and(|o| o.keys().all(|k| k == "_meta")) =>
+        {
+            Ok(CallToolResult::default())
+        }
         _ => Err(ServiceError::UnexpectedResponse),
     }
 }

@@ -1,5 +1,7 @@
 //! `POST /v1/sessions/{id}/dispatch`: one turn of a session, answered with exactly what
-//! `switchboard dispatch` prints for the same document, or streamed as Server-Sent Events.
+//! `switchboard dispatch` prints for the same document, or streamed as Server-Sent Events (with
+//! the calls' live progress unless `progress=false`). Also what a client sends about its
+//! client-tool calls: their answers and progress reports (`…/calls/{call_id}[/progress]`).
 //!
 //! The turn runs on a task of its own, which holds everything the turn needs (its request
 //! permit, its place in the session's turn order, the session itself) until the engine has
@@ -422,24 +424,16 @@ pub async fn answer_call(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    use super::client_tools::Refused;
-    let Path((id, call_id)) =
-        ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
-    let session = app.sessions.open(&id).await?;
-    let text = app.read_body(&headers, body).await?;
-    let outcome = super::client_tools::parse_answer(&text)?;
-    let delegate = session
-        .delegate()
-        .ok_or_else(|| ApiError::UnknownCall(call_id.clone()))?;
-    match delegate.answer(&call_id, outcome) {
-        Ok(()) => {
-            let body = serde_json::json!({"call_id": call_id, "accepted": true}).to_string();
-            Ok(json_response(StatusCode::OK, body))
-        }
-        Err(Refused::AlreadyAnswered) => Err(ApiError::AlreadyAnswered(call_id)),
-        Err(Refused::Closed(how)) => Err(ApiError::CallClosed(call_id, how)),
-        Err(Refused::Unknown) => Err(ApiError::UnknownCall(call_id)),
-    }
+    let parse = super::client_tools::parse_answer;
+    to_call(
+        &app,
+        ids,
+        &headers,
+        body,
+        parse,
+        |delegate, call_id, outcome| delegate.answer(call_id, outcome),
+    )
+    .await
 }
 
 /// `POST /v1/sessions/{id}/calls/{call_id}/progress` with `{"text", "stream"}` or
@@ -452,16 +446,44 @@ pub async fn call_progress(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let parse = super::client_tools::parse_progress;
+    to_call(
+        &app,
+        ids,
+        &headers,
+        body,
+        parse,
+        |delegate, call_id, report| delegate.progress(call_id, report),
+    )
+    .await
+}
+
+/// What a client sends about one of its calls (`…/calls/{call_id}` and below): the body read
+/// with `parse` (a malformed one is `400`, whatever the call's state), `act` applied to the
+/// session's client tools, then `200 {"call_id", "accepted": true}` or the refusal as its error.
+async fn to_call<T>(
+    app: &App,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    headers: &HeaderMap,
+    body: Body,
+    parse: fn(&str) -> Result<T, ApiError>,
+    act: impl FnOnce(
+        &super::client_tools::Delegate,
+        &str,
+        T,
+    ) -> Result<(), super::client_tools::Refused>,
+) -> Result<Response, ApiError> {
     use super::client_tools::Refused;
     let Path((id, call_id)) =
         ids.map_err(|e| ApiError::BadRequest(format!("bad ids in the path: {e}")))?;
     let session = app.sessions.open(&id).await?;
-    let text = app.read_body(&headers, body).await?;
-    let report = super::client_tools::parse_progress(&text)?;
-    let delegate = session
-        .delegate()
-        .ok_or_else(|| ApiError::UnknownCall(call_id.clone()))?;
-    match delegate.progress(&call_id, report) {
+    let text = app.read_body(headers, body).await?;
+    let what = parse(&text)?;
+    let done = match session.delegate() {
+        Some(delegate) => act(delegate, &call_id, what),
+        None => Err(Refused::Unknown),
+    };
+    match done {
         Ok(()) => {
             let body = serde_json::json!({"call_id": call_id, "accepted": true}).to_string();
             Ok(json_response(StatusCode::OK, body))

@@ -3,7 +3,8 @@
 //! Each stream keeps its first half-cap bytes and a rolling last half-cap, counting what fell in
 //! between, so memory never grows past the cap however much a command prints; [`combine`] joins
 //! stdout and stderr the way the seed does (trimmed, `(no output)` when empty) and marks any gap
-//! as `… N bytes truncated …`, cutting only on UTF-8 boundaries.
+//! as `… N bytes truncated …`, cutting only on UTF-8 boundaries. Each piece read is also handed
+//! to the call's live progress as it comes (a no-op when nobody listens).
 
 use std::collections::VecDeque;
 

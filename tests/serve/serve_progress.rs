@@ -1,8 +1,10 @@
 //! Live progress through `switchboard serve` (`event: progress` on a streamed turn): a running
 //! command's lines arrive as they are written, before the call's result and never after it, with
-//! the final answer unchanged; a retried turn answered from memory sends none; `progress=false`
-//! turns them off; and a 100 MB flood of output to a client that does not read keeps the
-//! server's memory bounded (the real binary, its peak RSS read from /proc).
+//! the final answer unchanged, and are counted in the progress metrics; a retried turn answered
+//! from memory sends none; `progress=false` turns them off; a 100 MB flood of output to a client
+//! that does not read keeps the server's memory bounded (the real binary, its peak RSS read from
+//! /proc) and what it left out is counted; a client tool's reports reach the stream; cancel
+//! stops a call's progress.
 
 use crate::serve_common;
 
@@ -275,6 +277,21 @@ async fn a_flood_of_output_to_a_client_that_does_not_read_keeps_memory_bounded()
         "shown {shown}, dropped {dropped}"
     );
     assert_eq!(events.last().unwrap().0, "done");
+    // The metrics count what was sent and what was left out (this server ran nothing else
+    // with a listener).
+    let exposition = get(&c, &format!("{base}/metrics")).await.text;
+    let value = |name: &str| -> f64 {
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    assert_eq!(
+        value("switchboard_progress_events_total "),
+        progress.len() as f64
+    );
+    assert_eq!(value("switchboard_progress_bytes_total "), shown as f64);
+    assert!(value("switchboard_progress_dropped_bytes_total ") >= dropped as f64);
     terminate(child);
 }
 

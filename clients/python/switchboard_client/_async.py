@@ -447,15 +447,6 @@ class AsyncDispatchStream(c.StreamBase):
             if kind == "result":
                 yield value
 
-    def events(self) -> AsyncIterator[Tuple[str, Any]]:
-        """The stream's results and live progress together, in the order they come:
-        ``("progress", event)`` and ``("result", (index, result))``; ``answer`` at the end."""
-        if self._iter is not None:
-            raise RuntimeError("this stream is already being read")
-        self._progress = True
-        self._iter = self._run()
-        return self._iter
-
     async def _events(self) -> AsyncIterator[Tuple[str, Any]]:
         session = self._session
         client = session._client

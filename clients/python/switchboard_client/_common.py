@@ -690,6 +690,17 @@ class StreamBase:
         """The complete ordered answer (set once the stream has ended)."""
         return self._state.answer
 
+    def events(self) -> Any:
+        """The stream's results and live progress together, in the order they come:
+        ``("progress", event)`` and ``("result", (index, result))``; ``answer`` at the end. An
+        iterator (an async iterator for :class:`AsyncDispatchStream`); read a stream once,
+        either this way or for its results alone."""
+        if getattr(self, "_iter", None) is not None:
+            raise RuntimeError("this stream is already being read")
+        self._progress = True
+        self._iter = self._run()  # type: ignore[attr-defined]
+        return self._iter
+
     def _request(self) -> Tuple[str, Dict[str, str]]:
         """The path and headers of the streamed dispatch (the session exists)."""
         session = self._session

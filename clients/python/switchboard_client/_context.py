@@ -1,6 +1,7 @@
 """What a client tool's function knows about the call it runs: a :class:`ToolCallContext`,
-handed to a parameter annotated with it or read with :func:`current_call`; and
-:func:`idempotency_key`, the server's derivation of a call's key, for computing it again."""
+handed to a parameter annotated with it or read with :func:`current_call`, through which it
+also reports its progress (sent by a :class:`Reporter`); and :func:`idempotency_key`, the
+server's derivation of a call's key, for computing it again."""
 
 from __future__ import annotations
 

@@ -456,15 +456,6 @@ class DispatchStream(c.StreamBase):
         with session._turn():
             yield from self._events()
 
-    def events(self) -> Iterator[Tuple[str, Any]]:
-        """The stream's results and live progress together, in the order they come:
-        ``("progress", event)`` and ``("result", (index, result))``; ``answer`` at the end."""
-        if self._iter is not None:
-            raise RuntimeError("this stream is already being read")
-        self._progress = True
-        self._iter = self._run()
-        return self._iter
-
     def _events(self) -> Iterator[Tuple[str, Any]]:
         session = self._session
         client = session._client

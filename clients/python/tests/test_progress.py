@@ -6,6 +6,8 @@ a retry answered from the session's memory reports none."""
 import asyncio
 import time
 
+import pytest
+
 from switchboard_client import AsyncClient, Client
 
 LOOP = "for i in $(seq 1 20); do echo line $i; sleep 0.2; done"
@@ -56,6 +58,8 @@ def test_stream_events_interleave_progress_and_results_in_order(server, token):
         assert progress and max(progress) < loop_result, kinds
         assert output([v for k, v in kinds if k == "progress"]) == "one\ntwo\n"
         assert stream.answer["content"][1]["content"] == "one\ntwo"
+        with pytest.raises(RuntimeError):
+            stream.events()
         # Iterating a stream for its results alone asks for no progress, and sees none.
         plain = session.stream(assistant(tool_use("p", "bash", {"command": "echo p"})))
         assert [r["tool_use_id"] for _, r in plain] == ["p"]

@@ -239,3 +239,46 @@ fn an_incomplete_character_is_found_at_the_end_only() {
     assert_eq!(cut(&"a😀".as_bytes()[..3], false), 1);
     assert_eq!(cut(&"a😀".as_bytes()[..3], true), 3);
 }
+
+/// Every event sent is also a `progress` event on the call's span (at debug), naming the call
+/// and the event's sequence number and size.
+#[tokio::test]
+async fn each_event_sent_is_an_event_on_the_call_s_span() {
+    use std::io::Write;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            lock(&self.0).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let span = tracing::info_span!("execute_tool", gen_ai.tool.call.id = "toolu_9");
+    let (sink, mut rx) = ProgressSink::channel(8);
+    let progress = sink.for_call(&Arc::from("toolu_9"), &span, &ProgressMetrics::new());
+    progress.output(OutputStream::Stdout, b"hello\n");
+    progress.finish();
+    assert_eq!(drain(&mut rx).len(), 1);
+    let text = String::from_utf8(lock(&lines.0).clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("progress"))
+        .unwrap_or_else(|| panic!("no progress event: {text}"));
+    assert!(line.contains("execute_tool"), "{line}");
+    assert!(
+        line.contains("progress.seq=1") && line.contains("progress.bytes=6"),
+        "{line}"
+    );
+}
